@@ -1,0 +1,239 @@
+"""Trial metrics: pure functions from request records to numbers.
+
+Definitions follow ``vllm bench serve`` (``vllm/benchmarks/serve.py``,
+``calculate_metrics``) so numbers can be compared with it directly:
+
+* TTFT: first streamed token minus send time, per successful request.
+* TPOT: ``(latency - ttft) / (output_tokens - 1)`` for successful requests with more
+  than one output token.
+* ITL: every gap between consecutive token-carrying chunks, pooled over requests.
+* E2E latency (``e2el``): last token minus send time.
+* Throughputs divide by the benchmark duration: from the first send to the last
+  request's end (failed requests included, as vLLM's wall clock does).
+* Goodput: successful requests meeting every per-request SLO (ttft, tpot, e2el; a
+  request with one output token has TPOT 0 for this test), per second.
+* Percentiles: ``numpy.percentile`` with linear interpolation.
+
+Warm-up requests are excluded before anything is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.records import RequestErrorKind, RequestRecord
+
+PERCENTILES = (50, 90, 95, 99)
+LATENCY_FAMILIES = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass(frozen=True)
+class RequestSLO:
+    """Per-request latency limits used for goodput (milliseconds; None = no limit)."""
+
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    e2el_ms: Optional[float] = None
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None
+
+    def met_by(self, record: RequestRecord) -> bool:
+        if not record.success:
+            return False
+        if self.ttft_ms is not None and record.ttft_s * 1000 > self.ttft_ms:
+            return False
+        if self.tpot_ms is not None and (record.tpot_s or 0.0) * 1000 > self.tpot_ms:
+            return False
+        if self.e2el_ms is not None and record.latency_s * 1000 > self.e2el_ms:
+            return False
+        return True
+
+
+def _latency_fields() -> list[str]:
+    names = []
+    for fam in LATENCY_FAMILIES:
+        names.append(f"{fam}_mean_ms")
+        names += [f"{fam}_p{p}_ms" for p in PERCENTILES]
+    return names
+
+
+@dataclass(frozen=True)
+class LoadMetrics:
+    """Client-side measurements of one load window."""
+
+    num_requests: int
+    completed: int
+    failed: int
+    duration_s: float
+    request_throughput: float
+    input_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    output_throughput_per_gpu: float
+    goodput: float
+    slo_attainment: float
+    total_input_tokens: int
+    total_output_tokens: int
+    max_concurrency: int
+    requested_rate: Optional[float]
+    achieved_rate: Optional[float]
+    sched_lag_p50_ms: Optional[float]
+    sched_lag_p99_ms: Optional[float]
+    sched_lag_max_ms: Optional[float]
+    failed_timeout: int
+    failed_http: int
+    failed_connection: int
+    failed_bad_response: int
+    ttft_mean_ms: Optional[float] = None
+    ttft_p50_ms: Optional[float] = None
+    ttft_p90_ms: Optional[float] = None
+    ttft_p95_ms: Optional[float] = None
+    ttft_p99_ms: Optional[float] = None
+    tpot_mean_ms: Optional[float] = None
+    tpot_p50_ms: Optional[float] = None
+    tpot_p90_ms: Optional[float] = None
+    tpot_p95_ms: Optional[float] = None
+    tpot_p99_ms: Optional[float] = None
+    itl_mean_ms: Optional[float] = None
+    itl_p50_ms: Optional[float] = None
+    itl_p90_ms: Optional[float] = None
+    itl_p95_ms: Optional[float] = None
+    itl_p99_ms: Optional[float] = None
+    e2el_mean_ms: Optional[float] = None
+    e2el_p50_ms: Optional[float] = None
+    e2el_p90_ms: Optional[float] = None
+    e2el_p95_ms: Optional[float] = None
+    e2el_p99_ms: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+LOAD_METRIC_NAMES: tuple[str, ...] = tuple(f.name for f in fields(LoadMetrics))
+
+# Metrics where larger is better; every other metric is "smaller is better".
+HIGHER_IS_BETTER = frozenset({
+    "completed", "request_throughput", "input_throughput", "output_throughput",
+    "total_token_throughput", "output_throughput_per_gpu", "goodput", "slo_attainment",
+    "total_input_tokens", "total_output_tokens", "achieved_rate", "capacity_rps",
+    "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
+})
+
+
+def percentile_summary(values_s: Sequence[float], family: str) -> dict[str, Optional[float]]:
+    """Mean and percentiles in milliseconds of ``values_s`` (seconds); None if empty."""
+    out: dict[str, Optional[float]] = {}
+    if len(values_s) == 0:
+        out[f"{family}_mean_ms"] = None
+        for p in PERCENTILES:
+            out[f"{family}_p{p}_ms"] = None
+        return out
+    arr = np.asarray(values_s, dtype=float) * 1000.0
+    out[f"{family}_mean_ms"] = float(arr.mean())
+    for p, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES)):
+        out[f"{family}_p{p}_ms"] = float(v)
+    return out
+
+
+def peak_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
+    """Most requests in flight at once, over half-open intervals [start, end)."""
+    events: list[tuple[float, int]] = []
+    for start, end in intervals:
+        events.append((start, 1))
+        events.append((end, -1))
+    # At equal times, ends (-1) sort before starts: [a, b) and [b, c) do not overlap.
+    events.sort()
+    peak = cur = 0
+    for _, delta in events:
+        cur += delta
+        peak = max(peak, cur)
+    return peak
+
+
+def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSLO = RequestSLO(),
+              requested_rate: Optional[float] = None) -> LoadMetrics:
+    """Summarise one load window (warm-up requests are dropped here)."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.success]
+    failed = [r for r in measured if not r.success]
+
+    sends = [r.sent_s for r in measured if r.sent_s is not None]
+    ends = [r.end_s for r in measured if r.end_s is not None]
+    if sends:
+        start = min(sends)
+        end = max(ends + sends)
+        duration = max(end - start, 1e-9)
+    else:
+        duration = 0.0
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    total_in = sum((r.prompt_tokens if r.prompt_tokens is not None else r.expected_prompt_tokens) for r in ok)
+    total_out = sum(r.output_tokens for r in ok)
+    good = sum(1 for r in ok if slo.met_by(r)) if not slo.empty else len(ok)
+
+    lags = [(r.sent_s - r.scheduled_s) for r in measured if r.sent_s is not None]
+    achieved = None
+    if len(sends) >= 2 and max(sends) > min(sends):
+        achieved = (len(sends) - 1) / (max(sends) - min(sends))
+
+    def count(kind: RequestErrorKind) -> int:
+        return sum(1 for r in failed if r.error_kind == kind)
+
+    latency: dict[str, Optional[float]] = {}
+    latency.update(percentile_summary([r.ttft_s for r in ok], "ttft"))
+    latency.update(percentile_summary([r.tpot_s for r in ok if r.tpot_s is not None], "tpot"))
+    latency.update(percentile_summary([x for r in ok for x in r.itl_s], "itl"))
+    latency.update(percentile_summary([r.latency_s for r in ok], "e2el"))
+
+    lag_ms = np.asarray(lags, dtype=float) * 1000.0 if lags else None
+    return LoadMetrics(
+        num_requests=len(measured),
+        completed=len(ok),
+        failed=len(failed),
+        duration_s=duration,
+        request_throughput=per_s(len(ok)),
+        input_throughput=per_s(total_in),
+        output_throughput=per_s(total_out),
+        total_token_throughput=per_s(total_in + total_out),
+        output_throughput_per_gpu=per_s(total_out) / max(gpus, 1),
+        goodput=per_s(good),
+        slo_attainment=(good / len(measured)) if measured else 0.0,
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        max_concurrency=peak_concurrency((r.sent_s, r.end_s) for r in ok),
+        requested_rate=requested_rate,
+        achieved_rate=achieved,
+        sched_lag_p50_ms=float(np.percentile(lag_ms, 50)) if lag_ms is not None else None,
+        sched_lag_p99_ms=float(np.percentile(lag_ms, 99)) if lag_ms is not None else None,
+        sched_lag_max_ms=float(lag_ms.max()) if lag_ms is not None else None,
+        failed_timeout=count(RequestErrorKind.TIMEOUT),
+        failed_http=count(RequestErrorKind.HTTP_STATUS),
+        failed_connection=count(RequestErrorKind.CONNECTION),
+        failed_bad_response=count(RequestErrorKind.BAD_RESPONSE) + count(RequestErrorKind.CLIENT),
+        **latency,
+    )
+
+
+# Metrics that come from the engine and the devices rather than the client
+# (see orchestrator.telemetry); null where a source is unavailable.
+TELEMETRY_METRIC_NAMES: tuple[str, ...] = (
+    "gpu_mem_peak_gib", "gpu_util_mean", "gpu_power_mean_w", "gpu_energy_j",
+    "kv_cache_usage_peak", "kv_cache_usage_mean", "num_requests_running_peak",
+    "num_requests_waiting_peak", "num_preemptions", "prefix_cache_hit_rate",
+)
+# Facts of the engine start.
+ENGINE_METRIC_NAMES: tuple[str, ...] = ("startup_s", "kv_cache_tokens", "kv_cache_gib", "gpus")
+# Capacity search (highest SLO-compliant request rate of one configuration).
+CAPACITY_METRIC_NAMES: tuple[str, ...] = ("capacity_rps", "capacity_goodput")
+
+
+def known_metric_names() -> list[str]:
+    """Every metric an objective or constraint may name."""
+    return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES)

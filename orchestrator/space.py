@@ -1,0 +1,271 @@
+"""Search space: typed parameters named as vLLM engine arguments, with conditions.
+
+YAML forms (under ``space:``)::
+
+    max_num_seqs: {type: int, low: 8, high: 512, log: true}
+    gpu_memory_utilization: {type: float, low: 0.80, high: 0.95, step: 0.05}
+    kv_cache_dtype: [auto, fp8]                 # a list is a categorical
+    enforce_eager: false                        # a scalar is fixed
+    max_num_batched_tokens: {type: categorical, choices: [2048, 8192],
+                             when: {enable_chunked_prefill: true}}
+
+``when`` makes a parameter exist only when other parameters have one of the given
+values. The space compiles to an Optuna define-by-run function
+(:meth:`SearchSpace.suggest`), parents before children.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+
+from orchestrator.engine_args import ENGINE_ARG_RULES, TUNABLE_ENGINE_ARGS, validate_engine_arg
+
+Scalar = Union[bool, int, float, str, None]
+
+
+class _Param(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    when: Optional[dict[str, Union[Scalar, list[Scalar]]]] = Field(
+        default=None, description="exists only when each named parameter has (one of) the given value(s)")
+
+    def active(self, values: dict[str, Any]) -> bool:
+        if not self.when:
+            return True
+        for name, expected in self.when.items():
+            if name not in values:
+                return False
+            allowed = expected if isinstance(expected, list) else [expected]
+            if values[name] not in allowed:
+                return False
+        return True
+
+
+class IntParam(_Param):
+    type: Literal["int"] = "int"
+    low: int
+    high: int
+    step: int = Field(default=1, ge=1)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        if self.log and (self.low < 1 or self.step != 1):
+            raise ValueError("log: true needs low >= 1 and step 1")
+        return self
+
+    def values(self) -> list[Any]:
+        if self.log:
+            # Grid for a log-scale int: powers of two inside [low, high] plus both ends.
+            pts = {self.low, self.high}
+            p = 1
+            while p <= self.high:
+                if p >= self.low:
+                    pts.add(p)
+                p *= 2
+            return sorted(pts)
+        return list(range(self.low, self.high + 1, self.step))
+
+    def suggest(self, trial, name: str):
+        return trial.suggest_int(name, self.low, self.high, step=self.step, log=self.log)
+
+
+class FloatParam(_Param):
+    type: Literal["float"] = "float"
+    low: float
+    high: float
+    step: Optional[float] = Field(default=None, gt=0)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        if self.log and (self.low <= 0 or self.step is not None):
+            raise ValueError("log: true needs low > 0 and no step")
+        return self
+
+    def values(self) -> list[Any]:
+        if self.step is not None:
+            n = int(math.floor((self.high - self.low) / self.step + 1e-9))
+            return [round(self.low + i * self.step, 10) for i in range(n + 1)]
+        if self.log:
+            return [self.low * (self.high / self.low) ** (i / 4) for i in range(5)]
+        return [self.low + (self.high - self.low) * i / 4 for i in range(5)]
+
+    def suggest(self, trial, name: str):
+        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
+
+
+class CategoricalParam(_Param):
+    type: Literal["categorical"] = "categorical"
+    choices: list[Scalar] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _unique(cls, v):
+        seen = []
+        for c in v:
+            if any(type(c) is type(s) and c == s for s in seen):
+                raise ValueError(f"duplicate choice {c!r}")
+            seen.append(c)
+        return v
+
+    def values(self) -> list[Any]:
+        return list(self.choices)
+
+    def suggest(self, trial, name: str):
+        return trial.suggest_categorical(name, self.choices)
+
+
+class FixedParam(_Param):
+    type: Literal["fixed"] = "fixed"
+    value: Scalar
+
+    def values(self) -> list[Any]:
+        return [self.value]
+
+    def suggest(self, trial, name: str):
+        return self.value
+
+
+ParamSpec = Annotated[Union[IntParam, FloatParam, CategoricalParam, FixedParam], Field(discriminator="type")]
+
+
+def _shorthand(value: Any) -> Any:
+    if isinstance(value, list):
+        return {"type": "categorical", "choices": value}
+    if not isinstance(value, dict):
+        return {"type": "fixed", "value": value}
+    return value
+
+
+class SearchSpace(RootModel[dict[str, ParamSpec]]):
+    """Ordered parameters; validated against vLLM's engine arguments."""
+
+    model_config = ConfigDict(frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data):
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ValueError("expected a mapping of engine argument name to parameter")
+        bad = [k for k in data if k not in ENGINE_ARG_RULES]
+        if bad:
+            k = bad[0]
+            close = difflib.get_close_matches(str(k), TUNABLE_ENGINE_ARGS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown engine argument {k!r}{hint}; allowed: {', '.join(TUNABLE_ENGINE_ARGS)}")
+        return {k: _shorthand(v) for k, v in data.items()}
+
+    @model_validator(mode="after")
+    def _check(self):
+        params = self.root
+        for name, p in params.items():
+            for v in _bounds_to_check(p):
+                why = validate_engine_arg(name, v)
+                if why:
+                    raise ValueError(f"{name}: value {v!r} not allowed: {why}")
+            for other in (p.when or {}):
+                if other not in params:
+                    known = ", ".join(params) or "none"
+                    raise ValueError(f"{name}.when: condition on unknown parameter {other!r}; parameters: {known}")
+                if other == name:
+                    raise ValueError(f"{name}.when: a parameter cannot depend on itself")
+        self.ordered_names()  # raises on cycles
+        return self
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.root
+
+    def ordered_names(self) -> list[str]:
+        """Parameters with every condition's parents first (stable otherwise)."""
+        params = self.root
+        order: list[str] = []
+        state: dict[str, int] = {}
+
+        def visit(n: str, path: tuple[str, ...]):
+            if state.get(n) == 2:
+                return
+            if state.get(n) == 1:
+                raise ValueError("conditions form a cycle: " + " -> ".join(path + (n,)))
+            state[n] = 1
+            for parent in (params[n].when or {}):
+                visit(parent, path + (n,))
+            state[n] = 2
+            order.append(n)
+
+        for n in params:
+            visit(n, ())
+        return order
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """Optuna define-by-run: sample active parameters; fixed ones are returned, not sampled."""
+        values: dict[str, Any] = {}
+        for name in self.ordered_names():
+            p = self.root[name]
+            if not p.active(values):
+                continue
+            values[name] = p.suggest(trial, name)
+        return values
+
+    def sampled_names(self) -> list[str]:
+        return [n for n, p in self.root.items() if not isinstance(p, FixedParam)]
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every combination of parameter values (conditions applied, duplicates dropped)."""
+        names = self.ordered_names()
+        points: list[dict[str, Any]] = [{}]
+        for name in names:
+            p = self.root[name]
+            nxt = []
+            for pt in points:
+                if p.active(pt):
+                    nxt += [{**pt, name: v} for v in p.values()]
+                else:
+                    nxt.append(pt)
+            points = nxt
+        seen, out = set(), []
+        for pt in points:
+            key = tuple(sorted((k, repr(v)) for k, v in pt.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(pt)
+        return out
+
+    def grid_size(self) -> int:
+        return len(self.grid())
+
+    def column_types(self) -> dict[str, str]:
+        """Arrow-friendly type of each parameter column: bool, int, float or string."""
+        out = {}
+        for name, p in self.root.items():
+            rule = ENGINE_ARG_RULES[name]
+            if rule.kind in ("int", "float", "bool"):
+                out[name] = rule.kind
+            else:
+                vals = [v for v in p.values() if v is not None]
+                if vals and all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+                    out[name] = "int"
+                else:
+                    out[name] = "string"
+        return out
+
+
+def _bounds_to_check(p) -> list[Any]:
+    if isinstance(p, (IntParam, FloatParam)):
+        return [p.low, p.high]
+    if isinstance(p, CategoricalParam):
+        return list(p.choices)
+    return [p.value]
+
+

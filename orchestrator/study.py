@@ -1,0 +1,468 @@
+"""The study file: what to tune, on what, under which traffic and SLOs.
+
+Strict on input: unknown keys are errors, and every problem is reported as one
+line naming the key path, the bad value and what is allowed
+(:class:`StudyFileError`). See ``search_spaces/quickstart.yaml`` for an example.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from orchestrator.metrics import HIGHER_IS_BETTER, RequestSLO, known_metric_names
+from orchestrator.space import SearchSpace
+from orchestrator.workload.spec import WorkloadSpec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ------------------------------------------------------------------ engines
+class SimCalibration(_Strict):
+    """Multipliers fitted against real vLLM runs (1.0 = the catalog roofline as is)."""
+
+    compute_efficiency: float = Field(default=1.0, gt=0, le=10)
+    bandwidth_efficiency: float = Field(default=1.0, gt=0, le=10)
+    step_overhead: float = Field(default=1.0, gt=0, le=100)
+    slowdown: float = Field(default=1.0, gt=0, le=100, description="multiplies every step time")
+
+
+class SimEngineSpec(_Strict):
+    kind: Literal["sim"] = "sim"
+    mode: Literal["served", "virtual"] = Field(
+        default="served", description="served: a Ray Serve app in real time; virtual: no HTTP, no sleeping")
+    startup_s: float = Field(default=0.0, ge=0, le=3600, description="simulated engine start time (served mode)")
+    calibration: SimCalibration = SimCalibration()
+
+
+class VllmEngineSpec(_Strict):
+    kind: Literal["vllm"] = "vllm"
+    platform: Literal["auto", "cuda", "cpu"] = "auto"
+    load_format: Literal["auto", "dummy"] = Field(
+        default="auto", description="dummy: random weights from config.json (shape-only runs)")
+    model_source: Optional[str] = Field(default=None, description="local model directory (checkpoint or config + tokenizer)")
+    start_timeout_s: float = Field(default=900, gt=0)
+    teardown_timeout_s: float = Field(default=120, gt=0)
+    cpu_kv_cache_gib: int = Field(default=1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="fixed extra engine arguments")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the engine processes")
+
+
+class ExternalEngineSpec(_Strict):
+    kind: Literal["external"] = "external"
+    base_url: str = Field(description="e.g. http://127.0.0.1:8000 (the /v1 routes live under it)")
+    model_name: Optional[str] = None
+    api_key_env: Optional[str] = Field(default=None, description="environment variable holding the API key")
+    metrics_url: Optional[str] = None
+
+
+EngineSpec = Annotated[Union[SimEngineSpec, VllmEngineSpec, ExternalEngineSpec], Field(discriminator="kind")]
+
+
+# ------------------------------------------------------------------ the rest
+class ModelSpec(_Strict):
+    name: str = Field(description="a catalog name (search_spaces/models/NAME.json) or a config.json path")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    served_name: Optional[str] = Field(default=None, description="model id the endpoint serves")
+
+
+class HardwareSpec(_Strict):
+    gpu: str = Field(description="GPU type from the catalog (orchestrator.sim.hardware)")
+    gpus_per_node: int = Field(default=1, ge=1, le=64)
+    nodes: int = Field(default=1, ge=1, le=4096)
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        from orchestrator.sim.hardware import GPUS, get_gpu
+
+        if v.upper() == "CPU":
+            return "CPU"
+        try:
+            return get_gpu(v).name
+        except KeyError:
+            close = difflib.get_close_matches(v, list(GPUS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown GPU{hint}; allowed: {', '.join(GPUS)}, CPU") from None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class Objective(_Strict):
+    metric: str
+    direction: Optional[Literal["maximize", "minimize"]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data):
+        if isinstance(data, str):  # "maximize output_throughput"
+            parts = data.split()
+            if len(parts) == 2 and parts[0] in ("maximize", "minimize"):
+                return {"metric": parts[1], "direction": parts[0]}
+            return {"metric": data}
+        return data
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _check_metric(v)
+
+    @property
+    def resolved_direction(self) -> str:
+        if self.direction:
+            return self.direction
+        return "maximize" if self.metric in HIGHER_IS_BETTER else "minimize"
+
+
+_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+class Constraint(_Strict):
+    """An SLO on a trial metric, e.g. ``ttft_p99_ms <= 200``."""
+
+    metric: str
+    op: Literal["<=", ">=", "<", ">"]
+    value: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, data):
+        if isinstance(data, str):
+            m = _CONSTRAINT_RE.match(data)
+            if not m:
+                raise ValueError(f"cannot parse {data!r}; expected 'METRIC <= NUMBER' (or >=, <, >)")
+            return {"metric": m.group(1), "op": m.group(2), "value": float(m.group(3))}
+        return data
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _check_metric(v)
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+    def violation(self, value: Optional[float]) -> float:
+        """Optuna constraint value: <= 0 when met, else the relative excess."""
+        if value is None:
+            return 1.0
+        scale = max(abs(self.value), 1e-9)
+        if self.op in ("<=", "<"):
+            return (value - self.value) / scale
+        return (self.value - value) / scale
+
+    def met(self, value: Optional[float]) -> bool:
+        if value is None:
+            return False
+        return {"<=": value <= self.value, "<": value < self.value,
+                ">=": value >= self.value, ">": value > self.value}[self.op]
+
+
+class SearchSettings(_Strict):
+    sampler: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
+    n_startup_trials: Optional[int] = Field(default=None, ge=0, description="random trials before the model kicks in")
+    warm_start: list[str] = Field(default_factory=list, description="result datasets whose best points are tried first")
+    preflight: bool = Field(default=True, description="skip configurations that cannot fit in memory")
+
+
+class Budget(_Strict):
+    trials: int = Field(default=16, ge=1, le=100_000)
+    wall_time_s: Optional[float] = Field(default=None, gt=0)
+    max_concurrent_trials: int = Field(default=1, ge=1, le=1024)
+
+
+class Study(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+    description: str = ""
+    seed: int = 0
+    engine: EngineSpec = SimEngineSpec()
+    model: ModelSpec
+    hardware: HardwareSpec
+    workload: WorkloadSpec = WorkloadSpec()
+    space: SearchSpace
+    objectives: list[Objective] = Field(min_length=1)
+    constraints: list[Constraint] = Field(default_factory=list)
+    search: SearchSettings = SearchSettings()
+    budget: Budget = Budget()
+    output: str = Field(default="results", description="local path or pyarrow filesystem URI (s3://, gs://)")
+
+    # Set by load_study: where the file lives (relative model paths resolve from there).
+    source_path: Optional[str] = Field(default=None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_shorthand(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("objectives"), (str, dict)):
+            data = {**data, "objectives": [data["objectives"]]}
+        return data
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: ModelSpec) -> ModelSpec:
+        from orchestrator.sim.models import find_model_config
+
+        try:
+            find_model_config(v.name)
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @model_validator(mode="after")
+    def _check(self):
+        metrics = [o.metric for o in self.objectives]
+        if len(set(metrics)) != len(metrics):
+            raise ValueError(f"objectives: each metric at most once, got {metrics}")
+        return self
+
+    # ---- derived
+    @property
+    def directions(self) -> list[str]:
+        return [o.resolved_direction for o in self.objectives]
+
+    def request_slo(self) -> RequestSLO:
+        """Per-request limits for goodput, from constraints on ttft/tpot/e2el percentiles."""
+        limits: dict[str, float] = {}
+        for c in self.constraints:
+            fam = c.metric.split("_", 1)[0]
+            if fam in ("ttft", "tpot", "e2el") and c.metric.endswith("_ms") and c.op in ("<=", "<"):
+                key = f"{fam}_ms"
+                limits[key] = min(limits.get(key, float("inf")), c.value)
+        return RequestSLO(**limits)
+
+    def fingerprint(self) -> str:
+        """Hash of what defines the measurements (not the budget): same hash, comparable trials."""
+        body = self.model_dump(mode="json", exclude={"budget", "description", "output", "source_path", "search"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def base_dir(self) -> Optional[Path]:
+        return Path(self.source_path).parent if self.source_path else None
+
+
+def _check_metric(v: str) -> str:
+    names = known_metric_names()
+    if v not in names:
+        close = difflib.get_close_matches(v, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown metric{hint}; allowed: {', '.join(sorted(names))}")
+    return v
+
+
+# ------------------------------------------------------------------ loading
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    message: str
+    value: Any = None
+    has_value: bool = False
+
+    def __str__(self) -> str:
+        got = f" (got {_short(self.value)})" if self.has_value else ""
+        return f"{self.path or '<root>'}: {self.message}{got}"
+
+
+class StudyFileError(Exception):
+    """A study file that cannot be used; ``problems`` holds one entry per bad key."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _allowed_keys(model: type[BaseModel]) -> list[str]:
+    return [n for n, f in model.model_fields.items() if not f.exclude]
+
+
+_ALLOWED_AT = {
+    (): Study, ("engine",): None, ("model",): ModelSpec, ("hardware",): HardwareSpec, ("workload",): WorkloadSpec,
+    ("search",): SearchSettings, ("budget",): Budget,
+}
+
+
+def _problems_from_validation(err: ValidationError, data: Any) -> list[Problem]:
+    problems = []
+    for e in err.errors(include_url=False):
+        loc = _data_path(data, [str(x) for x in e["loc"]])
+        msg = e["msg"].removeprefix("Value error, ")
+        etype = e["type"]
+        path = ".".join(loc)
+        if etype == "extra_forbidden":
+            parent = tuple(loc[:-1])
+            model = _ALLOWED_AT.get(parent)
+            if model is None:
+                model = _model_for_path(data, parent)
+            allowed = _allowed_keys(model) if model is not None else []
+            close = difflib.get_close_matches(loc[-1], allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            msg = f"unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+            problems.append(Problem(path, msg))
+            continue
+        if etype == "missing":
+            problems.append(Problem(path, "required key is missing"))
+            continue
+        if etype in ("union_tag_invalid", "literal_error"):
+            ctx = e.get("ctx") or {}
+            expected = ctx.get("expected_tags") or ctx.get("expected")
+            if expected:
+                msg = f"not allowed; expected one of {expected}"
+        problems.append(Problem(path, msg, e.get("input"), has_value="input" in e and etype != "missing"))
+    return problems
+
+
+def _data_path(data: Any, loc: list[str]) -> list[str]:
+    """Drop pydantic's union-member tags (``engine.sim.x`` -> ``engine.x``) from an error location."""
+    out: list[str] = []
+    cur = data
+    for seg in loc:
+        if seg.startswith(("function-", "tagged-union[")):
+            continue
+        if isinstance(cur, dict):
+            if seg in cur:
+                cur = cur[seg]
+                out.append(seg)
+            elif cur.get("kind") == seg or cur.get("type") == seg or seg in ("int", "str", "float", "bool"):
+                continue
+            else:
+                out.append(seg)
+                cur = None
+        elif isinstance(cur, list) and seg.isdigit() and int(seg) < len(cur):
+            cur = cur[int(seg)]
+            out.append(seg)
+        elif cur is None:
+            out.append(seg)
+        else:
+            break  # a shorthand scalar (``output_len: 0``): report at its key
+    return out
+
+
+def _model_for_path(data: Any, loc: tuple[str, ...]):
+    """Best effort: the pydantic model describing the mapping at ``loc`` (for 'allowed keys')."""
+    from orchestrator import space as space_mod
+    from orchestrator.workload import spec as wl
+
+    if loc == ("engine",):
+        kind = (data or {}).get("engine", {}).get("kind", "sim") if isinstance(data, dict) else "sim"
+        return {"sim": SimEngineSpec, "vllm": VllmEngineSpec, "external": ExternalEngineSpec}.get(kind)
+    if len(loc) == 2 and loc[0] == "space":
+        entry = (data or {}).get("space", {}).get(loc[1], {})
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        return {"int": space_mod.IntParam, "float": space_mod.FloatParam,
+                "categorical": space_mod.CategoricalParam, "fixed": space_mod.FixedParam}.get(kind)
+    if loc[:1] == ("workload",) and len(loc) == 2:
+        entry = (data or {}).get("workload", {}).get(loc[1], {})
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        table = {"poisson": wl.PoissonArrival, "gamma": wl.GammaArrival, "constant": wl.ConstantArrival,
+                 "concurrency": wl.ConcurrencyArrival, "burst": wl.BurstArrival, "fixed": wl.FixedLength,
+                 "uniform": wl.UniformLength, "normal": wl.NormalLength, "lognormal": wl.LognormalLength,
+                 "choice": wl.ChoiceLength}
+        if loc[1] == "shared_prefix":
+            return wl.SharedPrefix
+        return table.get(kind)
+    if loc[:1] == ("engine",) and loc[1:] == ("calibration",):
+        return SimCalibration
+    return None
+
+
+def _space_problems(raw: Any) -> list[Problem]:
+    """Validate ``space`` entry by entry so each problem names its parameter."""
+    from orchestrator.engine_args import ENGINE_ARG_RULES, TUNABLE_ENGINE_ARGS, validate_engine_arg
+    from orchestrator.space import ParamSpec, _bounds_to_check, _shorthand
+
+    if raw is None:
+        return [Problem("space", "required key is missing")]
+    if not isinstance(raw, dict) or not raw:
+        return [Problem("space", "expected a non-empty mapping of engine argument -> parameter", raw, True)]
+    problems: list[Problem] = []
+    adapter = TypeAdapter(ParamSpec)
+    parsed = {}
+    for name, value in raw.items():
+        if name not in ENGINE_ARG_RULES:
+            close = difflib.get_close_matches(str(name), TUNABLE_ENGINE_ARGS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(Problem(f"space.{name}", f"unknown engine argument{hint}; allowed: "
+                                    + ", ".join(TUNABLE_ENGINE_ARGS)))
+            continue
+        try:
+            p = adapter.validate_python(_shorthand(value))
+        except ValidationError as err:
+            for pr in _problems_from_validation(err, _shorthand(value)):
+                sub = pr.path
+                path = f"space.{name}" + (f".{sub}" if sub else "")
+                if sub and pr.message.startswith("unknown key"):
+                    model = _model_for_path({"space": {name: _shorthand(value)}}, ("space", name))
+                    allowed = _allowed_keys(model) if model else []
+                    pr = Problem(path, "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else ""))
+                    problems.append(pr)
+                else:
+                    problems.append(Problem(path, pr.message, pr.value, pr.has_value))
+            continue
+        parsed[name] = p
+        for v in _bounds_to_check(p):
+            why = validate_engine_arg(name, v)
+            if why:
+                problems.append(Problem(f"space.{name}", f"value not allowed for {name}: {why}", v, True))
+                break
+    for name, p in parsed.items():
+        for other in (p.when or {}):
+            if other not in raw:
+                problems.append(Problem(f"space.{name}.when.{other}", "condition on an unknown parameter; parameters: "
+                                        + ", ".join(map(str, raw))))
+    if not problems:
+        try:
+            SearchSpace.model_validate(raw)
+        except ValidationError as err:
+            for e in err.errors(include_url=False):
+                problems.append(Problem("space", e["msg"].removeprefix("Value error, ")))
+    return problems
+
+
+def parse_study(data: Any, source: str = "<study>") -> Study:
+    """Validate a parsed YAML document; raise :class:`StudyFileError` with every problem."""
+    if not isinstance(data, dict):
+        raise StudyFileError(source, [Problem("", "expected a mapping at the top level", data, True)])
+    problems = _space_problems(data.get("space"))
+    try:
+        study = Study.model_validate(data)
+    except ValidationError as err:
+        found = _problems_from_validation(err, data)
+        # space problems were already reported entry by entry
+        problems += [p for p in found if not p.path.startswith("space")] if problems else found
+        raise StudyFileError(source, problems) from None
+    if problems:
+        raise StudyFileError(source, problems)
+    return study
+
+
+def load_study(path: str | Path) -> Study:
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise StudyFileError(source, [Problem("", "file not found")])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise StudyFileError(source, [Problem("", f"{where}not valid YAML: {getattr(e, 'problem', e)}")]) from None
+    except UnicodeDecodeError:
+        raise StudyFileError(source, [Problem("", "not a text file")]) from None
+    study = parse_study(data, source)
+    return study.model_copy(update={"source_path": str(path.resolve())})
