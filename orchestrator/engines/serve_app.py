@@ -1,0 +1,118 @@
+"""Deploying and deleting one trial's Ray Serve application, with bounded waits.
+
+``serve.run`` blocks until healthy with no timeout and raises on failure with a
+generic message; a tuner needs a start timeout and the replica's own error text to
+classify the failure, so the app is submitted without blocking and its status is
+polled here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Callable, Optional
+
+from orchestrator.failures import EngineStartError, FailureKind, classify_start_error
+
+log = logging.getLogger(__name__)
+
+# The Serve HTTP proxy trials talk to (a proxy runs on every node by default).
+SERVE_HOST_ENV = "ORCHESTRATOR_SERVE_HOST"
+SERVE_PORT_ENV = "ORCHESTRATOR_SERVE_PORT"
+
+
+def app_name_for(trial_id: str) -> str:
+    return f"tune-{trial_id}"
+
+
+def serve_base_url(route_prefix: str) -> str:
+    host = os.environ.get(SERVE_HOST_ENV, "127.0.0.1")
+    port = int(os.environ.get(SERVE_PORT_ENV, "8000"))
+    return f"http://{host}:{port}{route_prefix}"
+
+
+def submit_app(app, *, name: str, route_prefix: str) -> None:
+    """Submit without waiting (Ray's internal ``_run`` with ``_blocking=False``)."""
+    from ray import serve
+    from ray.serve import api as serve_api
+
+    run = getattr(serve_api, "_run", None)
+    if run is not None:
+        run(app, _blocking=False, name=name, route_prefix=route_prefix)
+    else:  # pragma: no cover - older/newer Ray without _run
+        serve.run(app, name=name, route_prefix=route_prefix)
+
+
+def _app_status(name: str):
+    from ray import serve
+
+    return serve.status().applications.get(name)
+
+
+def _failure_text(app_status) -> str:
+    parts = [app_status.message or ""]
+    for dep in (app_status.deployments or {}).values():
+        if dep.message:
+            parts.append(dep.message)
+    return "\n".join(p for p in parts if p)
+
+
+_EXC_LINE = re.compile(r"(?:^|\n)(?:[\w.]+\.)?(EngineStartError|ValueError|RuntimeError|OutOfMemoryError|"
+                       r"torch\.OutOfMemoryError|AssertionError|TypeError|Exception)[:(](.*)")
+
+
+def engine_message(text: str) -> str:
+    """The engine's own error line from a Serve failure message (last exception line wins)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        m = re.match(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)", ln)
+        if m and "ray.exceptions" not in ln and "RayActorError" not in ln:
+            return m.group(2).strip()[:2000]
+    return (lines[-1] if lines else "deployment failed")[:2000]
+
+
+def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
+                       on_wait: Optional[Callable[[float], None]] = None,
+                       classify: Callable[[str], FailureKind] = classify_start_error) -> float:
+    """Wait for the app to be RUNNING; return seconds waited. Raise EngineStartError otherwise."""
+    t0 = time.monotonic()
+    last = None
+    while True:
+        elapsed = time.monotonic() - t0
+        st = _app_status(name)
+        if st is not None:
+            last = st
+            status = str(getattr(st.status, "value", st.status))
+            if status == "RUNNING":
+                return elapsed
+            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                text = _failure_text(st)
+                raise EngineStartError(classify(text), engine_message(text))
+        if elapsed > timeout_s:
+            detail = _failure_text(last) if last is not None else "application never appeared"
+            raise EngineStartError(FailureKind.START_TIMEOUT,
+                                   f"not ready after {timeout_s:.0f} s: {engine_message(detail) if detail else ''}".strip())
+        if on_wait is not None:
+            on_wait(elapsed)
+        time.sleep(poll_s)
+
+
+def delete_app(name: str, *, timeout_s: float = 120) -> Optional[str]:
+    """Delete the app and wait until it is gone; return a problem description or None."""
+    from ray import serve
+
+    t0 = time.monotonic()
+    try:
+        serve.delete(name, _blocking=False)
+    except Exception as e:  # noqa: BLE001 - report, never raise from teardown
+        return f"serve.delete failed: {e}"
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if _app_status(name) is None:
+                return None
+        except Exception as e:  # noqa: BLE001
+            return f"serve.status failed during teardown: {e}"
+        time.sleep(0.25)
+    return f"application {name} still present {timeout_s:.0f} s after delete"

@@ -1,0 +1,115 @@
+"""The ``sim`` engine in served mode: one Ray Serve application per trial.
+
+The replica asks Ray for the GPUs a real vLLM replica would hold (TP x PP on one
+node), so a CPU-only cluster started with fake ``num_gpus`` packs trials exactly
+as a GPU cluster would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.request
+from typing import Optional
+
+from orchestrator.engine_args import EngineArgs
+from orchestrator.engines import serve_app
+from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
+from orchestrator.failures import EngineStartError
+from orchestrator.sim.hardware import get_gpu
+from orchestrator.sim.models import ModelShape, find_model_config
+
+
+def sim_resolve(study, args: EngineArgs) -> EngineArgs:
+    gpu = get_gpu(study.hardware.gpu)
+    model = ModelShape.load(study.model.name, study.base_dir)
+    return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
+                         model_max_len=model.max_position_embeddings)
+
+
+class _SimDeployment(Deployment):
+    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float):
+        self.name = name
+        self.endpoint = endpoint
+        self.teardown_timeout_s = teardown_timeout_s
+        self._problems: list[str] = []
+
+    def health(self) -> Optional[str]:
+        try:
+            with urllib.request.urlopen(self.endpoint.base_url + "/health", timeout=5) as r:
+                return None if r.status == 200 else f"/health answered {r.status}"
+        except Exception as e:  # noqa: BLE001
+            return f"/health failed: {e}"
+
+    def teardown_problems(self) -> list[str]:
+        return self._problems
+
+    def __exit__(self, *exc) -> None:
+        problem = serve_app.delete_app(self.name, timeout_s=self.teardown_timeout_s)
+        if problem:
+            self._problems.append(problem)
+
+
+class ServedSimEngine(Engine):
+    kind = "sim"
+
+    def __init__(self, study):
+        super().__init__(study)
+        with open(find_model_config(study.model.name, study.base_dir)) as f:
+            self.model_config = json.load(f)
+        self.model_name = ModelShape.from_config(self.model_config).name
+
+    def resolve(self, args: EngineArgs) -> EngineArgs:
+        return sim_resolve(self.study, args)
+
+    def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
+        from ray import serve
+
+        from orchestrator.engines.sim_server import build_ingress_class
+
+        study = self.study
+        served = study.model.served_name or study.model.name
+        name = serve_app.app_name_for(trial_id)
+        route = f"/{name}"
+        cls = build_ingress_class()
+        dep = serve.deployment(
+            cls,
+            name="SimLLMServer",
+            num_replicas=1,
+            max_ongoing_requests=100_000,  # the engine queues; Serve must not
+            ray_actor_options={"num_cpus": 0, "num_gpus": args.gpus},
+            health_check_period_s=2,
+            health_check_timeout_s=10,
+        )
+        args_dict = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name != "extra"}
+        bound = dep.bind(
+            model_config=self.model_config, model_name=study.model.name, gpu=study.hardware.gpu,
+            engine_args=args_dict, calibration=study.engine.calibration.model_dump(),
+            served_model_name=served, startup_s=study.engine.startup_s, dtype=study.model.dtype,
+        )
+        t0 = time.monotonic()
+        serve_app.submit_app(bound, name=name, route_prefix=route)
+        try:
+            serve_app.wait_until_running(name, timeout_s=max(60.0, study.engine.startup_s * 3 + 60))
+        except EngineStartError:
+            serve_app.delete_app(name, timeout_s=60)
+            raise
+        base = serve_app.serve_base_url(route)
+        facts = _get_json(base + "/engine_facts")
+        endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=base + "/metrics",
+                                  startup_s=time.monotonic() - t0, facts=facts)
+        return _SimDeployment(name, endpoint, teardown_timeout_s=60)
+
+
+def _get_json(url: str, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.loads(r.read())
+        except Exception as e:  # noqa: BLE001 - the proxy may need a moment to route a new app
+            last = e
+            time.sleep(0.2)
+    raise EngineStartError(serve_app.FailureKind.START_TIMEOUT, f"{url} did not answer: {last}")

@@ -1,0 +1,122 @@
+"""Progress of a running study, one line per finished trial, in the terminal and job logs.
+
+Each line: trial count, the trial's status and parameters, its objectives, whether
+it met the SLOs; then done / running / failed counts, the best feasible value of the
+first objective so far and an ETA from the mean trial time.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Optional
+
+from orchestrator.study import Study
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != v:  # NaN
+            return "-"
+        if abs(v) >= 100:
+            return f"{v:,.0f}"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _duration(s: float) -> str:
+    s = int(max(0, s))
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class ProgressPrinter:
+    def __init__(self, study: Study, *, total: int, already_done: int = 0, quiet: bool = False, stream=None):
+        self.study = study
+        self.total = total
+        self.done = already_done
+        self.failed = 0
+        self.feasible = 0
+        self.running = 0
+        self.best: Optional[float] = None
+        self.quiet = quiet
+        self.stream = stream or sys.stdout
+        self.t0 = time.monotonic()
+        self.finished_here = 0
+        self.concurrency = 1
+
+    def _print(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=self.stream, flush=True)
+
+    def header(self, run_id: str, *, resumed: bool, stale: int, state_dir: str) -> None:
+        s = self.study
+        objs = ", ".join(f"{o.resolved_direction} {o.metric}" for o in s.objectives)
+        slos = ", ".join(str(c) for c in s.constraints) or "none"
+        self._print(f"study {s.name}: engine {s.engine.kind}, model {s.model.name}, {s.hardware.gpu} "
+                    f"x{s.hardware.total_gpus}, sampler {s.search.sampler}, {self.total} trials")
+        self._print(f"  objectives: {objs}; SLOs: {slos}")
+        if resumed:
+            self._print(f"  resuming run {run_id}: {self.done} trials already recorded"
+                        + (f", {stale} interrupted trial(s) will be retried" if stale else ""))
+        else:
+            self._print(f"  run {run_id}; Optuna journal in {state_dir}")
+
+    def start(self, *, concurrency: int, cluster) -> None:
+        self.concurrency = max(1, concurrency)
+        self._print(f"  {cluster.total_units} {cluster.resource}(s) in the cluster; "
+                    f"up to {concurrency} trial(s) at once")
+
+    def trial_started(self) -> None:
+        self.running += 1
+
+    def trial_finished(self, result: dict, params: dict) -> None:
+        self.running = max(0, self.running - 1)
+        self.done += 1
+        self.finished_here += 1
+        status = result.get("status", "?")
+        if status != "completed":
+            self.failed += 1
+        first = self.study.objectives[0]
+        value = result.get(first.metric)
+        if result.get("feasible"):
+            self.feasible += 1
+            if value is not None:
+                better = (self.best is None or (value > self.best if first.resolved_direction == "maximize"
+                                                else value < self.best))
+                if better:
+                    self.best = value
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not k.startswith("__"))
+        objs = "  ".join(f"{o.metric}={_fmt(result.get(o.metric))}" for o in self.study.objectives) \
+            if status == "completed" else (result.get("failure_kind") or "")
+        slo = "" if status != "completed" else ("  SLO ok" if result.get("feasible") else "  SLO missed")
+        elapsed = time.monotonic() - self.t0
+        left = self.total - self.done
+        eta = elapsed / self.finished_here * left / 1 if self.finished_here else 0
+        best = _fmt(self.best) if self.best is not None else "-"
+        width = len(str(self.total))
+        self._print(f"[{self.done:>{width}}/{self.total}] {result.get('trial_id', '')} {status:<10} {shown}")
+        self._print(f"{'':>{2 * width + 4}}{objs}{slo} | done {self.done}, running {self.running}, "
+                    f"not completed {self.failed} | best {first.metric} {best} | "
+                    f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
+
+    def tune_callback(self):
+        from ray.tune import Callback
+
+        printer = self
+
+        class _Progress(Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                printer.trial_started()
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                printer.trial_finished(trial.last_result or {}, trial.config or {})
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                printer.trial_finished({"status": "error", "trial_id": trial.trial_id,
+                                        "failure_kind": "trial actor died"}, trial.config or {})
+
+        return _Progress()

