@@ -42,6 +42,9 @@ class SimEngineSpec(_Strict):
     mode: Literal["served", "virtual"] = Field(
         default="served", description="served: a Ray Serve app in real time; virtual: no HTTP, no sleeping")
     startup_s: float = Field(default=0.0, ge=0, le=3600, description="simulated engine start time (served mode)")
+    transport: Literal["direct", "serve"] = Field(
+        default="direct", description="direct: HTTP straight to the replica (as vLLM's API server); "
+                                      "serve: through Ray Serve's proxy (adds its per-chunk cost)")
     calibration: SimCalibration = SimCalibration()
 
 

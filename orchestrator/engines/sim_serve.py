@@ -16,7 +16,7 @@ from typing import Optional
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
-from orchestrator.failures import EngineStartError
+from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape, find_model_config
 
@@ -87,6 +87,7 @@ class ServedSimEngine(Engine):
             model_config=self.model_config, model_name=study.model.name, gpu=study.hardware.gpu,
             engine_args=args_dict, calibration=study.engine.calibration.model_dump(),
             served_model_name=served, startup_s=study.engine.startup_s, dtype=study.model.dtype,
+            direct=study.engine.transport == "direct",
         )
         t0 = time.monotonic()
         serve_app.submit_app(bound, name=name, route_prefix=route)
@@ -95,11 +96,20 @@ class ServedSimEngine(Engine):
         except EngineStartError:
             serve_app.delete_app(name, timeout_s=60)
             raise
-        base = serve_app.serve_base_url(route)
-        facts = _get_json(base + "/engine_facts")
+        serve_url = serve_app.serve_base_url(route)
+        facts = _get_json(serve_url + "/engine_facts")
+        base = serve_url
+        if facts.get("direct_url") and facts.get("node_ip") == _node_ip():
+            base = facts["direct_url"]  # same host: talk to the replica's own server
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=base + "/metrics",
-                                  startup_s=time.monotonic() - t0, facts=facts)
+                                  startup_s=time.monotonic() - t0, facts=facts, node_ip=facts.get("node_ip"))
         return _SimDeployment(name, endpoint, teardown_timeout_s=60)
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def _get_json(url: str, timeout_s: float = 30) -> dict:
@@ -112,4 +122,4 @@ def _get_json(url: str, timeout_s: float = 30) -> dict:
         except Exception as e:  # noqa: BLE001 - the proxy may need a moment to route a new app
             last = e
             time.sleep(0.2)
-    raise EngineStartError(serve_app.FailureKind.START_TIMEOUT, f"{url} did not answer: {last}")
+    raise EngineStartError(FailureKind.START_TIMEOUT, f"{url} did not answer: {last}")

@@ -1,10 +1,19 @@
-"""The simulated engine as an OpenAI-compatible streaming server (a Ray Serve deployment).
+"""The simulated engine as an OpenAI-compatible streaming server inside a Ray Serve replica.
 
-One asyncio task runs the engine loop: schedule a step with the simulator core,
-sleep its simulated duration, hand each request its new tokens. Requests that
-arrive during a step wait for the next one, as in vLLM. The server speaks
-``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (SSE streaming and
-plain JSON), ``/health`` and ``/metrics`` (Prometheus text with vLLM's metric names).
+The engine (simulator core + a loop that sleeps each step's simulated duration)
+runs on its own thread and event loop, like vLLM's engine core beside its API
+server. Two HTTP front doors share it:
+
+* the Serve ingress (FastAPI routes behind Ray Serve's proxy), and
+* a direct aiohttp server in the replica (``transport: direct``). Serve's proxy
+  moves each streamed chunk as a Ray object, a few hundred chunks per second on
+  a small machine, far below what a simulated H100 emits; measuring through it
+  would measure the proxy. The direct door is how vLLM's own API server is
+  reached, and costs tens of microseconds per chunk.
+
+Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (SSE or
+JSON), ``/health``, ``/metrics`` (Prometheus text with vLLM's metric names) and
+``/engine_facts``.
 """
 
 from __future__ import annotations
@@ -12,22 +21,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import threading
 import time
 import zlib
 from typing import Any, AsyncIterator, Optional
-
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from orchestrator.engine_args import EngineArgs
 from orchestrator.sim.core import SimEngineCore, SimRequest
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape
 
-_FINISHED = object()
+_FINISHED = "finished"
 
 
-def _words_to_ids(text: str, vocab_size: int) -> list[int]:
+def words_to_ids(text: str, vocab_size: int) -> list[int]:
     """Text prompts: word ``t123`` is token 123 (the workload's encoding); other words hash."""
     ids = []
     for w in text.split():
@@ -38,209 +45,237 @@ def _words_to_ids(text: str, vocab_size: int) -> list[int]:
     return ids or [0]
 
 
-class _Stream:
-    """Per-request mailbox between the engine loop and the HTTP response."""
+class BadRequest(ValueError):
+    pass
 
-    __slots__ = ("queue", "prompt_tokens", "cached_tokens", "generated")
 
-    def __init__(self):
+class _Mailbox:
+    """Tokens for one request, delivered into the caller's event loop."""
+
+    __slots__ = ("queue", "loop", "prompt_tokens", "cached_tokens", "generated")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.loop = loop
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generated = 0
 
 
-class SimServer:
-    """Deployment body; wrapped with ``serve.deployment`` + ``serve.ingress`` in sim_serve.py."""
+class SimRuntime:
+    """Owns the simulator core; all core calls happen on the engine thread."""
 
-    def __init__(self, *, model_config: dict, model_name: str, gpu: str, engine_args: dict,
-                 calibration: dict, served_model_name: str, startup_s: float = 0.0, dtype: str = "auto"):
-        from orchestrator.study import SimCalibration
-
-        t0 = time.monotonic()
-        self.model = ModelShape.from_config(model_config, name=model_name)
-        args = EngineArgs(**{k: v for k, v in engine_args.items() if k != "extra"})
-        # Raises EngineStartError (KV cache too small, weights OOM, ...) like vLLM at start.
-        self.core = SimEngineCore(self.model, get_gpu(gpu), args, SimCalibration(**calibration), dtype=dtype)
-        self.args = args
-        self.served_model_name = served_model_name
-        self.streams: dict[str, _Stream] = {}
+    def __init__(self, core: SimEngineCore):
+        self.core = core
+        self.loop = asyncio.new_event_loop()
+        self.mailboxes: dict[str, _Mailbox] = {}
         self.ids = itertools.count()
-        self.wake: Optional[asyncio.Event] = None
-        self.loop_task: Optional[asyncio.Task] = None
-        self.loop_error: Optional[BaseException] = None
+        self.error: Optional[BaseException] = None
         self.request_success = 0
-        self.created = int(time.time())
-        if startup_s > 0:
-            time.sleep(max(0.0, startup_s - (time.monotonic() - t0)))
+        self._wake: Optional[asyncio.Event] = None
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._thread_main, args=(ready,), name="sim-engine", daemon=True)
+        self.thread.start()
+        ready.wait()
 
-    # ------------------------------------------------------------ engine loop
-    def _ensure_loop(self) -> None:
-        if self.loop_task is None or self.loop_task.done():
-            self.wake = asyncio.Event()
-            self.loop_task = asyncio.get_running_loop().create_task(self._run())
+    def _thread_main(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._wake = asyncio.Event()
+        self.loop.create_task(self._engine_loop())
+        ready.set()
+        self.loop.run_forever()
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _deliver(self, box: _Mailbox, item) -> None:
+        if box.loop is self.loop:
+            box.queue.put_nowait(item)
+        else:
+            box.loop.call_soon_threadsafe(box.queue.put_nowait, item)
+
+    async def _engine_loop(self) -> None:
+        loop = self.loop
         next_free = loop.time()
         try:
             while True:
                 if not self.core.has_work():
-                    self.wake.clear()
-                    await self.wake.wait()
+                    self._wake.clear()
+                    await self._wake.wait()
                     next_free = loop.time()
                     continue
                 start = max(loop.time(), next_free)
                 result = self.core.step()
-                # Keep simulated step boundaries on a wall-clock timeline: a late wake-up
-                # shortens the next sleep instead of drifting every later token.
+                # Step boundaries stay on a wall-clock timeline: a late wake-up shortens
+                # the next sleep instead of shifting every later token.
                 next_free = start + result.duration_s
                 delay = next_free - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 for out in result.outputs:
-                    stream = self.streams.get(out.request_id)
-                    if stream is None:
+                    box = self.mailboxes.get(out.request_id)
+                    if box is None:
                         continue
-                    stream.prompt_tokens = out.num_prompt_tokens
-                    stream.cached_tokens = out.num_cached_tokens
+                    box.prompt_tokens = out.num_prompt_tokens
+                    box.cached_tokens = out.num_cached_tokens
                     if out.new_tokens:
-                        stream.generated += out.new_tokens
-                        stream.queue.put_nowait(out.new_tokens)
+                        box.generated += out.new_tokens
+                        self._deliver(box, out.new_tokens)
                     if out.finished:
-                        stream.queue.put_nowait(_FINISHED)
-        except BaseException as e:  # noqa: BLE001 - surface to every waiting request
-            self.loop_error = e
-            for s in self.streams.values():
-                s.queue.put_nowait(e)
+                        self.mailboxes.pop(out.request_id, None)
+                        self.request_success += 1
+                        self._deliver(box, _FINISHED)
+        except BaseException as e:  # noqa: BLE001 - every waiting request must learn of it
+            self.error = e
+            for box in list(self.mailboxes.values()):
+                self._deliver(box, e)
             raise
 
-    def _submit(self, prompt_ids: list[int], max_tokens: int) -> tuple[str, _Stream]:
-        self._ensure_loop()
+    # ---- called from any thread / loop
+    def submit(self, prompt_ids: list[int], max_tokens: int):
+        """Queue a request on the engine thread; returns (request id, mailbox, accepted future)."""
+        if self.error is not None:
+            raise RuntimeError(f"engine dead: {self.error!r}")
         rid = f"cmpl-{next(self.ids)}"
-        stream = _Stream()
-        stream.prompt_tokens = len(prompt_ids)
-        self.streams[rid] = stream
-        self.core.add_request(SimRequest(rid, prompt_ids, max_tokens, arrival_s=time.monotonic()))
-        self.wake.set()
-        return rid, stream
+        box = _Mailbox(asyncio.get_running_loop())
+        box.prompt_tokens = len(prompt_ids)
+        fut: "asyncio.Future" = asyncio.get_running_loop().create_future()
+        caller = asyncio.get_running_loop()
 
-    def _release(self, rid: str, finished: bool) -> None:
-        self.streams.pop(rid, None)
-        if finished:
-            self.request_success += 1
-        else:
+        def _add():
             try:
-                self.core.abort_request(rid)
-            except Exception:  # noqa: BLE001 - already finished
-                pass
+                self.core.add_request(SimRequest(rid, prompt_ids, max_tokens, arrival_s=time.monotonic()))
+            except ValueError as e:  # too long for max_model_len: vLLM answers 400
+                caller.call_soon_threadsafe(fut.set_exception, BadRequest(str(e)))
+                return
+            self.mailboxes[rid] = box
+            self._wake.set()
+            caller.call_soon_threadsafe(fut.set_result, None)
 
-    # ------------------------------------------------------------ request parsing
+        self.loop.call_soon_threadsafe(_add)
+        return rid, box, fut
+
+    def abort(self, rid: str) -> None:
+        def _abort():
+            if self.mailboxes.pop(rid, None) is not None:
+                try:
+                    self.core.abort_request(rid)
+                except Exception:  # noqa: BLE001 - it finished meanwhile
+                    pass
+
+        self.loop.call_soon_threadsafe(_abort)
+
+
+class OpenAIFrontend:
+    """Request parsing and response bodies, written once for both HTTP front doors."""
+
+    def __init__(self, runtime: SimRuntime, model: ModelShape, args: EngineArgs, served_model_name: str):
+        self.rt = runtime
+        self.model = model
+        self.args = args
+        self.name = served_model_name
+        self.created = int(time.time())
+
+    def models_body(self) -> dict:
+        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
+                                            "owned_by": "orchestrator-sim", "max_model_len": self.args.max_model_len}]}
+
     def _prompt_ids(self, body: dict, chat: bool) -> list[int]:
         v = self.model.vocab_size
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
-                raise ValueError("'messages' must be a non-empty list")
-            text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-            return _words_to_ids(text, v)
+                raise BadRequest("'messages' must be a non-empty list")
+            return words_to_ids(" ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict)), v)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
-            prompt = prompt[0]  # batch of one
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return [t % v for t in prompt]
         if isinstance(prompt, str) and prompt:
-            return _words_to_ids(prompt, v)
-        raise ValueError("'prompt' must be a non-empty string or list of token ids")
+            return words_to_ids(prompt, v)
+        raise BadRequest("'prompt' must be a non-empty string or list of token ids")
 
-    async def handle(self, request: Request, chat: bool) -> Response:
+    async def start(self, body: Any, chat: bool):
+        """Validate and submit; returns (rid, mailbox) or raises BadRequest."""
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        if body.get("model") not in (None, self.name):
+            raise BadRequest(f"The model `{body.get('model')}` does not exist.")
+        ids = self._prompt_ids(body, chat)
         try:
-            body = await request.json()
-        except Exception:  # noqa: BLE001
-            return _error(400, "request body is not JSON")
-        try:
-            ids = self._prompt_ids(body, chat)
             max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-            if max_tokens < 1:
-                raise ValueError("max_tokens must be at least 1")
-            rid, stream = self._submit(ids, max_tokens)
-        except ValueError as e:
-            return _error(400, str(e))
-        if self.loop_error is not None:
-            return _error(500, f"engine dead: {self.loop_error!r}")
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._sse(rid, stream, chat, include_usage), media_type="text/event-stream")
-        return await self._full(rid, stream, chat)
+        except (TypeError, ValueError):
+            raise BadRequest("max_tokens must be an integer") from None
+        if max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1")
+        rid, box, accepted = self.rt.submit(ids, max_tokens)
+        await accepted
+        return rid, box
 
-    async def _tokens(self, rid: str, stream: _Stream) -> AsyncIterator[int]:
+    async def tokens(self, rid: str, box: _Mailbox) -> AsyncIterator[int]:
         finished = False
         try:
             while True:
-                item = await stream.queue.get()
-                if item is _FINISHED:
+                item = await box.queue.get()
+                if item == _FINISHED:
                     finished = True
                     return
                 if isinstance(item, BaseException):
                     raise RuntimeError(f"engine died: {item!r}")
-                # Coalesce tokens that piled up while the client was slow, as vLLM's frontend does.
                 n = item
-                while not stream.queue.empty():
-                    nxt = stream.queue._queue[0]  # noqa: SLF001 - peek
+                # Coalesce tokens that piled up while the client was slow, as vLLM's frontend does.
+                while not box.queue.empty():
+                    nxt = box.queue._queue[0]  # noqa: SLF001 - peek
                     if not isinstance(nxt, int):
                         break
-                    n += stream.queue.get_nowait()
+                    n += box.queue.get_nowait()
                 yield n
         finally:
-            self._release(rid, finished)
+            if not finished:
+                self.rt.abort(rid)
 
-    async def _sse(self, rid: str, stream: _Stream, chat: bool, include_usage: bool):
-        created = int(time.time())
-        model = self.served_model_name
+    async def sse(self, rid: str, box: _Mailbox, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+        created, name = int(time.time()), self.name
         obj = "chat.completion.chunk" if chat else "text_completion"
+        prefix = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
         if chat:
-            head = {"id": rid, "object": obj, "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-            yield f"data: {json.dumps(head)}\n\n"
-        async for n in self._tokens(rid, stream):
-            text = " tok" * n
-            if chat:
-                choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
-            yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                         "choices": [choice]}) + "\n\n"
-        done_choice = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
-                       else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
-        yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                     "choices": [done_choice]}) + "\n\n"
-        if include_usage:
-            usage = {"prompt_tokens": stream.prompt_tokens, "completion_tokens": stream.generated,
-                     "total_tokens": stream.prompt_tokens + stream.generated,
-                     "prompt_tokens_details": {"cached_tokens": stream.cached_tokens}}
-            yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                         "choices": [], "usage": usage}) + "\n\n"
-        yield "data: [DONE]\n\n"
-
-    async def _full(self, rid: str, stream: _Stream, chat: bool) -> Response:
+            yield ("data: " + prefix + '{"index":0,"delta":{"role":"assistant","content":""},'
+                   '"finish_reason":null}]}\n\n').encode()
         try:
-            async for _ in self._tokens(rid, stream):
-                pass
+            async for n in self.tokens(rid, box):
+                text = " tok" * n
+                if chat:
+                    body = f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}'
+                else:
+                    body = f'{{"index":0,"text":"{text}","logprobs":null,"finish_reason":null}}]}}'
+                yield ("data: " + prefix + body + "\n\n").encode()
         except RuntimeError as e:
-            return _error(500, str(e))
-        text = " tok" * stream.generated
-        usage = {"prompt_tokens": stream.prompt_tokens, "completion_tokens": stream.generated,
-                 "total_tokens": stream.prompt_tokens + stream.generated}
+            err = {"error": {"message": str(e), "type": "InternalServerError", "code": 500}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+            return
+        last = ('{"index":0,"delta":{},"finish_reason":"length"}]}' if chat
+                else '{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}')
+        yield ("data: " + prefix + last + "\n\n").encode()
+        if include_usage:
+            usage = {"prompt_tokens": box.prompt_tokens, "completion_tokens": box.generated,
+                     "total_tokens": box.prompt_tokens + box.generated,
+                     "prompt_tokens_details": {"cached_tokens": box.cached_tokens}}
+            yield ("data: " + prefix + "]," + f'"usage":{json.dumps(usage)}}}' + "\n\n").encode()
+        yield b"data: [DONE]\n\n"
+
+    async def full(self, rid: str, box: _Mailbox, chat: bool) -> dict:
+        async for _ in self.tokens(rid, box):
+            pass
+        text = " tok" * box.generated
+        usage = {"prompt_tokens": box.prompt_tokens, "completion_tokens": box.generated,
+                 "total_tokens": box.prompt_tokens + box.generated}
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
                   if chat else {"index": 0, "text": text, "finish_reason": "length"})
-        return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": self.served_model_name,
-                             "choices": [choice], "usage": usage})
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage}
 
-    # ------------------------------------------------------------ metrics
     def metrics_text(self) -> str:
-        s = self.core.stats()
-        labels = f'{{model_name="{self.served_model_name}",engine="0"}}'
+        s = self.rt.core.stats()
+        m = self.rt.core.memory
+        labels = f'{{model_name="{self.name}",engine="0"}}'
         rows = [
             ("vllm:num_requests_running", "gauge", s.num_requests_running),
             ("vllm:num_requests_waiting", "gauge", s.num_requests_waiting),
@@ -250,71 +285,173 @@ class SimServer:
             ("vllm:prefix_cache_hits_total", "counter", s.prefix_cache_hits_total),
             ("vllm:prompt_tokens_total", "counter", s.prompt_tokens_total),
             ("vllm:generation_tokens_total", "counter", s.generation_tokens_total),
-            ("vllm:request_success_total", "counter", self.request_success),
-            ("vllm:cache_config_info", "gauge", 1),
+            ("vllm:request_success_total", "counter", self.rt.request_success),
         ]
         out = []
         for name, kind, value in rows:
-            base = name[:-6] if name.endswith("_total") else name
-            out.append(f"# TYPE {base} {kind}")
-            if name == "vllm:cache_config_info":
-                m = self.core.memory
-                out.append(f'{name}{{block_size="{m.block_size}",num_gpu_blocks="{m.num_blocks}",'
-                           f'model_name="{self.served_model_name}",engine="0"}} 1')
-            else:
-                out.append(f"{name}{labels} {float(value)}")
+            out.append(f"# TYPE {name.removesuffix('_total')} {kind}")
+            out.append(f"{name}{labels} {float(value)}")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        out.append(f'vllm:cache_config_info{{block_size="{m.block_size}",num_gpu_blocks="{m.num_blocks}",'
+                   f'engine="0"}} 1.0')
         return "\n".join(out) + "\n"
 
     def facts(self) -> dict[str, Any]:
-        m = self.core.memory
+        m = self.rt.core.memory
         return {"kv_cache_tokens": m.kv_tokens, "kv_cache_gib": m.kv_bytes / 2**30,
                 "num_gpu_blocks": m.num_blocks, "block_size": m.block_size,
                 "weights_gib": m.weight_bytes_per_gpu / 2**30}
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "BadRequestError" if status < 500 else "InternalError",
-                                   "code": status}}, status_code=status)
+def error_body(status: int, message: str) -> dict:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+async def start_direct_server(front: OpenAIFrontend, host: str = "127.0.0.1") -> int:
+    """aiohttp server on the engine loop; returns its port."""
+    from aiohttp import web
+
+    async def completions(request: web.Request, chat: bool):
+        try:
+            body = await request.json()
+        except Exception:  # noqa: BLE001
+            return web.json_response(error_body(400, "request body is not JSON"), status=400)
+        try:
+            rid, box = await front.start(body, chat)
+        except BadRequest as e:
+            return web.json_response(error_body(400, str(e)), status=400)
+        except RuntimeError as e:
+            return web.json_response(error_body(500, str(e)), status=500)
+        if not body.get("stream"):
+            try:
+                return web.json_response(await front.full(rid, box, chat))
+            except RuntimeError as e:
+                return web.json_response(error_body(500, str(e)), status=500)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        async for chunk in front.sse(rid, box, chat, include_usage):
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def health(_):
+        if front.rt.error is not None:
+            return web.json_response(error_body(500, f"engine dead: {front.rt.error!r}"), status=500)
+        return web.Response(status=200)
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", lambda _: _json(front.models_body()))
+    app.router.add_post("/v1/completions", lambda r: completions(r, False))
+    app.router.add_post("/v1/chat/completions", lambda r: completions(r, True))
+    app.router.add_get("/metrics", lambda _: _text(front.metrics_text()))
+    app.router.add_get("/engine_facts", lambda _: _json(front.facts()))
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    return site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the bound ephemeral port
+
+
+async def _json(body: dict):
+    from aiohttp import web
+
+    return web.json_response(body)
+
+
+async def _text(text: str):
+    from aiohttp import web
+
+    return web.Response(text=text, content_type="text/plain")
+
+
+def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_args: dict, calibration: dict,
+                       served_model_name: str, dtype: str = "auto") -> OpenAIFrontend:
+    """Build core + runtime (raises EngineStartError exactly as vLLM would fail to start)."""
+    from orchestrator.study import SimCalibration
+
+    model = ModelShape.from_config(model_config, name=model_name)
+    args = EngineArgs(**{k: v for k, v in engine_args.items() if k != "extra"})
+    core = SimEngineCore(model, get_gpu(gpu), args, SimCalibration(**calibration), dtype=dtype)
+    return OpenAIFrontend(SimRuntime(core), model, args, served_model_name)
 
 
 def build_ingress_class():
-    """The FastAPI-ingress class Serve wraps (routes bound to a SimServer instance)."""
+    """The Serve deployment class: FastAPI routes over the shared frontend, plus the direct server."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from ray import serve
 
     api = FastAPI()
 
     @serve.ingress(api)
-    class SimLLMServer(SimServer):
+    class SimLLMServer:
+        def __init__(self, *, startup_s: float = 0.0, direct: bool = True, **kwargs):
+            t0 = time.monotonic()
+            self.front = build_sim_frontend(**kwargs)
+            self.direct_url = None
+            if direct:
+                import ray
+
+                port = asyncio.run_coroutine_threadsafe(start_direct_server(self.front), self.front.rt.loop)
+                self.direct_url = f"http://127.0.0.1:{port.result(timeout=30)}"
+                self.node_ip = ray.util.get_node_ip_address()
+            if startup_s > 0:
+                time.sleep(max(0.0, startup_s - (time.monotonic() - t0)))
+
         @api.get("/health")
         async def health(self):
-            if self.loop_error is not None:
-                return _error(500, f"engine dead: {self.loop_error!r}")
+            if self.front.rt.error is not None:
+                return JSONResponse(error_body(500, f"engine dead: {self.front.rt.error!r}"), status_code=500)
             return Response(status_code=200)
 
         @api.get("/v1/models")
         async def models(self):
-            return JSONResponse({"object": "list", "data": [{
-                "id": self.served_model_name, "object": "model", "created": self.created,
-                "owned_by": "orchestrator-sim", "max_model_len": self.args.max_model_len}]})
+            return JSONResponse(self.front.models_body())
+
+        async def _complete(self, request: Request, chat: bool):
+            try:
+                body = await request.json()
+            except Exception:  # noqa: BLE001
+                return JSONResponse(error_body(400, "request body is not JSON"), status_code=400)
+            try:
+                rid, box = await self.front.start(body, chat)
+            except BadRequest as e:
+                return JSONResponse(error_body(400, str(e)), status_code=400)
+            except RuntimeError as e:
+                return JSONResponse(error_body(500, str(e)), status_code=500)
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return StreamingResponse(self.front.sse(rid, box, chat, include_usage),
+                                         media_type="text/event-stream")
+            try:
+                return JSONResponse(await self.front.full(rid, box, chat))
+            except RuntimeError as e:
+                return JSONResponse(error_body(500, str(e)), status_code=500)
 
         @api.post("/v1/completions")
         async def completions(self, request: Request):
-            return await self.handle(request, chat=False)
+            return await self._complete(request, chat=False)
 
         @api.post("/v1/chat/completions")
         async def chat(self, request: Request):
-            return await self.handle(request, chat=True)
+            return await self._complete(request, chat=True)
 
         @api.get("/metrics")
         async def metrics(self):
-            return PlainTextResponse(self.metrics_text())
+            return PlainTextResponse(self.front.metrics_text())
 
         @api.get("/engine_facts")
         async def engine_facts(self):
-            return JSONResponse(self.facts())
+            facts = self.front.facts()
+            facts["direct_url"] = self.direct_url
+            facts["node_ip"] = getattr(self, "node_ip", None)
+            return JSONResponse(facts)
 
         def check_health(self):
-            if self.loop_error is not None:
-                raise RuntimeError(f"engine loop died: {self.loop_error!r}")
+            if self.front.rt.error is not None:
+                raise RuntimeError(f"engine loop died: {self.front.rt.error!r}")
 
     return SimLLMServer

@@ -1,0 +1,459 @@
+"""Streaming HTTP load generator for OpenAI-compatible servers (asyncio + aiohttp).
+
+One request is one call of :func:`send_request`, whatever the API: the differences
+between ``/v1/completions`` and ``/v1/chat/completions`` (request body, which chunk
+carries a token) live in the small :data:`APIS` registry, and the SSE parsing is
+:class:`~orchestrator.loadgen.sse.SSEParser`, written once.
+
+:func:`run_load` plays a :class:`RequestSet`: warm-up first (all at once, awaited),
+then the measured requests, open loop at their precomputed arrival times (or
+closed loop with N workers when the set says so), over one shared session.
+
+Records (see :mod:`orchestrator.records`) are raw observations on one clock: seconds
+since the start of the load window (the moment the first measured request was due;
+warm-up times are therefore negative). Every request gets exactly one record and no
+exception escapes for a failed request. Error kinds:
+
+* ``HTTP_STATUS``: a non-200 answer (status, reason and the start of the body), or an
+  ``error`` object sent inside a 200 stream (vLLM reports errors raised after the
+  headers were sent this way; it is the server saying "failed", not a garbled reply);
+* ``CONNECTION``: refused, reset, or the stream ended before ``data: [DONE]``;
+* ``TIMEOUT``: no end of stream within ``timeout_s`` of starting the request;
+* ``BAD_RESPONSE``: unparsable JSON, a body that is not an event stream, or a
+  complete stream without a single token;
+* ``CLIENT``: the load generator itself failed (e.g. a body that cannot be serialised).
+
+A stream that ends with ``[DONE]`` but without a ``usage`` chunk (a server that ignores
+``stream_options.include_usage``) still succeeds; its token count falls back to the
+number of token-carrying chunks (:attr:`RequestRecord.output_tokens`). Tokens and
+times received before a failure are kept in the record. Error texts are at most
+:data:`MAX_ERROR_CHARS` characters, and the API key is sent only in the
+``Authorization`` header: it is scrubbed from any error text and never stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Literal, Optional, Sequence
+
+import aiohttp
+
+from orchestrator.loadgen.sse import SSEParser
+from orchestrator.records import RequestErrorKind, RequestRecord
+from orchestrator.workload.generate import token_ids_to_text
+from orchestrator.workload.requests import Request, RequestSet
+
+__all__ = [
+    "APIS", "ApiFormat", "Endpoint", "MAX_ERROR_CHARS", "ProgressFn",
+    "run_load", "run_load_sync", "send_request", "wait_ready",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 500
+_BODY_SNIPPET_BYTES = 2048
+
+ApiName = Literal["completions", "chat"]
+Clock = Callable[[], float]
+ProgressFn = Callable[[int, int], None]  # (measured requests finished, measured requests in all)
+
+
+# ---------------------------------------------------------------- API formats
+@dataclass(frozen=True)
+class ApiFormat:
+    """What differs between two OpenAI-style streaming APIs."""
+
+    path: str  # appended to Endpoint.base_url
+    build_body: Callable[["Endpoint", Request, bool], dict]  # (endpoint, request, ignore_eos) -> JSON body
+    carries_token: Callable[[dict], bool]  # choices[0] of a chunk -> does it carry generated tokens?
+
+
+def _common(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
+    return {
+        "model": endpoint.model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,
+        "temperature": 0,
+    }
+
+
+def _completions_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
+    body = _common(endpoint, req, ignore_eos)
+    body["prompt"] = req.prompt_token_ids  # a list of token ids: the server does not tokenize
+    body["max_tokens"] = req.output_len
+    body.update(endpoint.extra_body)
+    return body
+
+
+def _chat_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
+    body = _common(endpoint, req, ignore_eos)
+    body["messages"] = [{"role": "user", "content": token_ids_to_text(req.prompt_token_ids)}]
+    # The chat API's name for the output limit (``max_tokens`` is deprecated there),
+    # as ``vllm bench serve`` sends it.
+    body["max_completion_tokens"] = req.output_len
+    body.update(endpoint.extra_body)
+    return body
+
+
+def _completions_token(choice: dict) -> bool:
+    # ``text`` may be "" for a token that detokenizes to nothing; it still is a token.
+    return choice.get("text") is not None
+
+
+def _chat_token(choice: dict) -> bool:
+    delta = choice.get("delta")
+    if not delta:
+        return False
+    content = delta.get("content")
+    if content is not None:
+        # vLLM's first chunk is {"role": "assistant", "content": ""}: no token yet.
+        return content != "" or "role" not in delta
+    # Reasoning parsers stream thinking tokens outside ``content``.
+    return delta.get("reasoning_content") is not None or delta.get("reasoning") is not None
+
+
+APIS: dict[str, ApiFormat] = {
+    "completions": ApiFormat("/v1/completions", _completions_body, _completions_token),
+    "chat": ApiFormat("/v1/chat/completions", _chat_body, _chat_token),
+}
+
+
+@dataclass
+class Endpoint:
+    """Where to send requests: ``base_url`` (e.g. ``http://127.0.0.1:8000/trial-3``) + API path."""
+
+    base_url: str
+    model: str
+    api: ApiName = "completions"
+    api_key: Optional[str] = field(default=None, repr=False)
+    extra_body: dict = field(default_factory=dict)  # merged into every request body (overrides ours)
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"unknown api {self.api!r}; valid: {sorted(APIS)}")
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + APIS[self.api].path
+
+    @property
+    def models_url(self) -> str:
+        return self.base_url.rstrip("/") + "/v1/models"
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    def scrub(self, text: str) -> str:
+        """``text`` without the API key, cut to :data:`MAX_ERROR_CHARS`."""
+        if self.api_key and self.api_key in text:
+            text = text.replace(self.api_key, "***")
+        return text[:MAX_ERROR_CHARS]
+
+
+# ---------------------------------------------------------------- one request
+async def _with_timeout(aw: Awaitable[Any], timeout_s: float) -> Any:
+    """Await ``aw`` under a deadline; raises ``asyncio.TimeoutError`` when it passes."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout_s):
+            return await aw
+    return await asyncio.wait_for(aw, timeout_s)  # pragma: no cover - Python 3.10
+
+
+def _fail(rec: RequestRecord, kind: RequestErrorKind, text: str) -> None:
+    rec.error_kind = kind
+    rec.error = text or kind.value
+
+
+def _consume(events: list[bytes], t: float, carries_token: Callable[[dict], bool], rec: RequestRecord) -> bool:
+    """Apply the events of one network read (arrived at ``t``); True if one was an error.
+
+    Raises ``ValueError`` for a payload that is not a JSON object.
+    """
+    loads = json.loads
+    for payload in events:
+        try:
+            data = loads(payload)
+        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{e}; payload: {payload[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"payload is not a JSON object: {payload[:200]!r}")
+        choices = data.get("choices")
+        if choices and carries_token(choices[0]):
+            rec.token_times_s.append(t)
+        usage = data.get("usage")
+        if usage:
+            if usage.get("prompt_tokens") is not None:
+                rec.prompt_tokens = usage["prompt_tokens"]
+            if usage.get("completion_tokens") is not None:
+                rec.completion_tokens = usage["completion_tokens"]
+        err = data.get("error")
+        if err is not None:
+            if isinstance(err, dict):
+                msg = f"error in stream (code {err.get('code')}, {err.get('type')}): {err.get('message')}"
+            else:
+                msg = f"error in stream: {err}"
+            _fail(rec, RequestErrorKind.HTTP_STATUS, msg)
+            return True
+    return False
+
+
+async def _exchange(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
+                    fmt: ApiFormat, rec: RequestRecord, parser: SSEParser, clock: Clock) -> None:
+    """POST and read the stream into ``rec``; failures are written to ``rec``, not raised."""
+    carries_token = fmt.carries_token
+    try:
+        rec.sent_s = clock()
+        async with session.post(url, data=body, headers=headers) as resp:
+            if resp.status != 200:
+                snippet = (await resp.content.read(_BODY_SNIPPET_BYTES)).decode("utf-8", "replace")
+                _fail(rec, RequestErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason or ''}: {snippet}")
+                return
+            async for chunk in resp.content.iter_any():
+                if parser.done:
+                    continue  # drain to the end of the body so the connection can be reused
+                events = parser.feed(chunk)
+                # One timestamp per network read: its events arrived together.
+                if events and _consume(events, clock(), carries_token, rec):
+                    return
+        if not parser.done:
+            events = parser.flush()  # an event missing only its final blank line
+            if events:
+                _consume(events, clock(), carries_token, rec)
+    except (aiohttp.ClientError, OSError) as e:
+        if parser.done:
+            return  # everything arrived; only the close after [DONE] went wrong
+        _fail(rec, RequestErrorKind.CONNECTION, f"{type(e).__name__}: {e}")
+    except ValueError as e:
+        _fail(rec, RequestErrorKind.BAD_RESPONSE, str(e))
+
+
+def _finish(rec: RequestRecord, parser: SSEParser) -> None:
+    """Judge a stream that ended without an error of its own."""
+    if not parser.done:
+        if not rec.token_times_s and parser.invalid_lines:
+            _fail(rec, RequestErrorKind.BAD_RESPONSE,
+                  f"not an event stream ({parser.invalid_lines} invalid lines); first: {parser.first_invalid!r}")
+        else:
+            _fail(rec, RequestErrorKind.CONNECTION,
+                  f"stream ended before [DONE] after {len(rec.token_times_s)} token chunks")
+    elif not rec.token_times_s:
+        _fail(rec, RequestErrorKind.BAD_RESPONSE, "complete stream without any token")
+
+
+async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: Request, *, clock: Clock,
+                       timeout_s: float, ignore_eos: bool = True,
+                       scheduled_s: Optional[float] = None) -> RequestRecord:
+    """Send one streaming request and record what happened; never raises for a failed request.
+
+    ``clock()`` gives the record's time axis (seconds). ``scheduled_s`` defaults to
+    ``req.arrival_s``. ``timeout_s`` bounds the whole request, connection included.
+    """
+    rec = RequestRecord(
+        index=req.index,
+        scheduled_s=req.arrival_s if scheduled_s is None else scheduled_s,
+        expected_prompt_tokens=req.prompt_len,
+        expected_output_tokens=req.output_len,
+        warmup=req.warmup,
+        prefix_group=req.prefix_group,
+    )
+    fmt = APIS[endpoint.api]
+    parser = SSEParser()
+    try:
+        body = json.dumps(fmt.build_body(endpoint, req, ignore_eos), separators=(",", ":")).encode()
+        await _with_timeout(_exchange(session, endpoint.url, body, endpoint.headers(), fmt, rec, parser, clock),
+                            timeout_s)
+        if rec.error is None:
+            _finish(rec, parser)
+    except asyncio.TimeoutError:
+        if rec.error is None:
+            if parser.done:  # complete, but the server did not close the stream after [DONE]
+                _finish(rec, parser)
+            else:
+                _fail(rec, RequestErrorKind.TIMEOUT,
+                      f"no end of stream within {timeout_s:g} s ({len(rec.token_times_s)} token chunks received)")
+    except Exception as e:  # a bug of ours, not the server's
+        _fail(rec, RequestErrorKind.CLIENT, f"{type(e).__name__}: {e}")
+    if rec.token_times_s:
+        rec.first_token_s = rec.token_times_s[0]
+        rec.end_s = rec.token_times_s[-1]
+    if rec.error is not None:
+        rec.error = endpoint.scrub(rec.error)
+    return rec
+
+
+# ---------------------------------------------------------------- a whole load window
+def _raise_fd_limit(wanted: int) -> None:
+    """Let the process open ``wanted`` sockets (soft RLIMIT_NOFILE up to the hard limit)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):  # pragma: no cover
+        log.warning("could not raise the open-file limit from %d to %d", soft, new)
+
+
+class _Progress:
+    def __init__(self, fn: Optional[ProgressFn], total: int):
+        self.fn, self.total, self.done = fn, total, 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.fn is not None:
+            try:
+                self.fn(self.done, self.total)
+            except Exception:  # a broken progress bar must not lose records
+                log.exception("on_progress failed; progress reporting disabled")
+                self.fn = None
+
+
+async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float,
+                   max_concurrency: Optional[int] = None, ignore_eos: bool = True,
+                   on_progress: Optional[ProgressFn] = None) -> list[RequestRecord]:
+    """Play ``requests`` against ``endpoint``; one record per request, warm-up first, by index.
+
+    Warm-up requests are sent all at once and awaited (records flagged ``warmup``; their
+    times are negative on the measured clock). Then a fresh t0 starts the load window:
+
+    * open loop: each request is started at ``t0 + arrival_s`` whatever happened to the
+      earlier ones (sleep-until on ``time.perf_counter``, so lag never accumulates);
+      with ``max_concurrency`` it then waits for a slot, and ``sent_s`` is when it got
+      one while ``scheduled_s`` stays its due time;
+    * closed loop (``requests.closed_loop_concurrency`` = N): N workers (at most
+      ``max_concurrency``) each send the next request as soon as their previous one
+      ends; ``scheduled_s`` is when the worker picked it.
+
+    ``on_progress(done, total)`` is called after each measured request. The soft
+    open-file limit is raised (up to the hard limit) if it is below the number of
+    sockets the load may hold open at once.
+    """
+    measured = requests.measured
+    n = len(measured)
+    closed = requests.closed_loop_concurrency
+    in_flight = closed or n
+    if max_concurrency:
+        in_flight = min(in_flight, max_concurrency)
+    _raise_fd_limit(max(in_flight, len(requests.warmup)) + 256)
+
+    now = time.perf_counter
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        warm: list[RequestRecord] = []
+        tw = now()
+        if requests.warmup:
+            warm = list(await asyncio.gather(*(
+                send_request(session, endpoint, r, clock=lambda: now() - tw, timeout_s=timeout_s,
+                             ignore_eos=ignore_eos, scheduled_s=0.0)
+                for r in requests.warmup)))
+        t0 = now()
+        for rec in warm:  # onto the measured clock
+            _shift(rec, tw - t0)
+
+        def clock() -> float:
+            return now() - t0
+
+        records: list[Optional[RequestRecord]] = [None] * n
+        progress = _Progress(on_progress, n)
+
+        async def one(pos: int, scheduled_s: Optional[float], sem: Optional[asyncio.Semaphore]) -> None:
+            req = measured[pos]
+            try:
+                if sem is None:
+                    rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
+                                             ignore_eos=ignore_eos, scheduled_s=scheduled_s)
+                else:
+                    async with sem:
+                        rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
+                                                 ignore_eos=ignore_eos, scheduled_s=scheduled_s)
+            except Exception as e:  # pragma: no cover - send_request does not raise
+                rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
+                                    error=f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS],
+                                    error_kind=RequestErrorKind.CLIENT)
+            records[pos] = rec
+            progress()
+
+        if closed:
+            positions = iter(range(n))
+
+            async def worker() -> None:
+                for pos in positions:  # shared iterator: each worker takes the next request
+                    await one(pos, clock(), None)
+
+            await asyncio.gather(*(worker() for _ in range(min(in_flight, n))))
+        else:
+            sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+            tasks = []
+            for pos in sorted(range(n), key=lambda i: measured[i].arrival_s):
+                due = t0 + measured[pos].arrival_s
+                while (delay := due - now()) > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(pos, None, sem)))
+            await asyncio.gather(*tasks)
+
+    warm.sort(key=lambda r: r.index)
+    done = [r for r in records if r is not None]
+    assert len(done) == n, "a measured request has no record"
+    done.sort(key=lambda r: r.index)
+    return warm + done
+
+
+def _shift(rec: RequestRecord, dt: float) -> None:
+    rec.scheduled_s += dt
+    if rec.sent_s is not None:
+        rec.sent_s += dt
+    if rec.first_token_s is not None:
+        rec.first_token_s += dt
+    if rec.end_s is not None:
+        rec.end_s += dt
+    rec.token_times_s = [t + dt for t in rec.token_times_s]
+
+
+def run_load_sync(endpoint: Endpoint, requests: RequestSet, **kwargs: Any) -> list[RequestRecord]:
+    """:func:`run_load` from synchronous code (starts and closes its own event loop)."""
+    return asyncio.run(run_load(endpoint, requests, **kwargs))
+
+
+async def wait_ready(endpoint: Endpoint, timeout_s: float, *, interval_s: float = 0.5) -> None:
+    """Poll ``GET {base_url}/v1/models`` until it answers 200.
+
+    Raises ``TimeoutError`` (with the last error seen) after ``timeout_s``.
+    """
+    url = endpoint.models_url
+    headers = {k: v for k, v in endpoint.headers().items() if k == "Authorization"}
+    deadline = time.perf_counter() + timeout_s
+    last = "no attempt made"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        while True:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                raise TimeoutError(endpoint.scrub(f"{url} not ready after {timeout_s:g} s; last error: {last}"))
+            try:
+                async def probe() -> Optional[str]:
+                    async with session.get(url, headers=headers) as resp:
+                        if resp.status == 200:
+                            return None
+                        text = (await resp.content.read(_BODY_SNIPPET_BYTES)).decode("utf-8", "replace")
+                        return f"HTTP {resp.status}: {text}"
+
+                last = await _with_timeout(probe(), min(remaining, 10.0))
+                if last is None:
+                    return
+            except asyncio.TimeoutError:
+                last = "no answer within the probe timeout"
+            except (aiohttp.ClientError, OSError) as e:
+                last = f"{type(e).__name__}: {e}"
+            await asyncio.sleep(max(0.0, min(interval_s, deadline - time.perf_counter())))

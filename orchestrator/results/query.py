@@ -1,0 +1,236 @@
+"""Read the results dataset into pandas, and pick the best trials.
+
+The files need no project code (``pandas.read_parquet("<output>/<study>/trials")``
+works); these helpers add what people keep rewriting: find the table under any of
+``<output>``, ``<output>/<study>`` or the table directory itself, filter while
+reading (partition pruning on ``date`` and ``run``), return partition columns as
+plain strings, order trials by start time, and drop a stale copy of a rewritten
+trial. ``path`` may be a local path or a pyarrow filesystem URI (``s3://``,
+``gs://``, ``file://``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import date, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from orchestrator.results.pareto import ConstraintLike, _candidates, normalize_objectives, to_losses
+from orchestrator.results.schema import REQUESTS_SCHEMA, TIMESTAMP, trials_schema
+
+TABLES = ("trials", "requests")
+PARTITIONING = ds.partitioning(pa.schema([("date", pa.string()), ("run", pa.string())]), flavor="hive")
+
+DateLike = Union[str, date, datetime, pd.Timestamp]
+
+
+def resolve_location(path: Union[str, os.PathLike], filesystem: Optional[pafs.FileSystem] = None
+                     ) -> tuple[pafs.FileSystem, str]:
+    """``(filesystem, path inside it)`` for a local path or a URI (``s3://``, ``gs://``, ``file://``)."""
+    text = os.fspath(path)
+    if filesystem is not None:
+        return filesystem, text.rstrip("/") or "/"
+    if "://" in text:
+        fs, inner = pafs.FileSystem.from_uri(text)
+        return fs, inner.rstrip("/") or "/"
+    return pafs.LocalFileSystem(), Path(text).expanduser().resolve().as_posix()
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file of a table: ``<table>/date=<date>/run=<run>/<trial_id>.parquet``."""
+
+    path: str
+    date: str
+    run: str
+    trial_id: str
+
+
+def _is_dir(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.Directory
+
+
+def list_data_files(fs: pafs.FileSystem, table_dir: str) -> list[DataFile]:
+    """Visible data files under a table directory (names starting with ``.`` or ``_`` skipped).
+
+    Where one (run, trial) appears under two dates (a rewrite that crashed before
+    removing the old copy) only the latest date is listed.
+    """
+    infos = fs.get_file_info(pafs.FileSelector(table_dir, recursive=True, allow_not_found=True))
+    latest: dict[tuple[str, str], DataFile] = {}
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+            continue
+        rel = info.path[len(table_dir):].strip("/").split("/")
+        if any(part.startswith((".", "_")) for part in rel):
+            continue
+        if len(rel) != 3 or not rel[0].startswith("date=") or not rel[1].startswith("run="):
+            continue
+        f = DataFile(info.path, rel[0][len("date="):], rel[1][len("run="):], rel[2][: -len(".parquet")])
+        key = (f.run, f.trial_id)
+        if key not in latest or f.date > latest[key].date:
+            latest[key] = f
+    return sorted(latest.values(), key=lambda f: (f.date, f.run, f.trial_id))
+
+
+def _table_dirs(fs: pafs.FileSystem, base: str, table: str, study: Optional[str]) -> list[str]:
+    info = fs.get_file_info(base)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"no results at {base!r}")
+    name = base.rstrip("/").rsplit("/", 1)[-1]
+    if name == table:
+        return [base]
+    if name in TABLES:  # the other table's directory: use its sibling
+        sibling = base.rstrip("/").rsplit("/", 1)[0] + "/" + table
+        return [sibling] if _is_dir(fs, sibling) else []
+    if _is_dir(fs, f"{base}/{table}"):  # a study directory
+        return [f"{base}/{table}"]
+    if study is not None:  # the output directory, one study
+        d = f"{base}/{study}/{table}"
+        return [d] if _is_dir(fs, d) else []
+    # The output directory: every study in it.
+    children = fs.get_file_info(pafs.FileSelector(base, recursive=False))
+    return sorted(f"{c.path}/{table}" for c in children
+                  if c.type == pafs.FileType.Directory and not c.base_name.startswith((".", "_"))
+                  and _is_dir(fs, f"{c.path}/{table}"))
+
+
+def _read_files(fs: pafs.FileSystem, table_dir: str, files: list[DataFile],
+                filter_expr: Optional[ds.Expression]) -> Optional[pa.Table]:
+    if not files:
+        return None
+    paths = [f.path for f in files]
+    dataset = ds.dataset(paths, filesystem=fs, format="parquet", partitioning=PARTITIONING,
+                         partition_base_dir=table_dir)
+    # Files of one study share a schema by construction; unify anyway, so that a
+    # changed search space or a newer schema version never drops a column silently.
+    schemas = {frag.physical_schema for frag in dataset.get_fragments()}
+    if len(schemas) > 1:
+        unified = pa.unify_schemas(list(schemas), promote_options="permissive")
+        unified = unified.append(pa.field("date", pa.string())).append(pa.field("run", pa.string()))
+        dataset = ds.dataset(paths, schema=unified, filesystem=fs, format="parquet",
+                             partitioning=PARTITIONING, partition_base_dir=table_dir)
+    return dataset.to_table(filter=filter_expr)
+
+
+def _as_list(value: Union[str, Enum, Iterable, None]) -> Optional[list[str]]:
+    if value is None:
+        return None
+    if isinstance(value, (str, Enum)):
+        value = [value]
+    return [v.value if isinstance(v, Enum) else str(v) for v in value]
+
+
+def _utc(value: DateLike) -> pd.Timestamp:
+    ts = pd.Timestamp(value)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def empty_frame(schema: pa.Schema) -> pd.DataFrame:
+    """An empty DataFrame with the columns (and partition columns) of a table schema."""
+    schema = schema.append(pa.field("date", pa.string())).append(pa.field("run", pa.string()))
+    return schema.empty_table().to_pandas()
+
+
+def _and(a: Optional[ds.Expression], b: ds.Expression) -> ds.Expression:
+    return b if a is None else a & b
+
+
+def _concat(tables: list[pa.Table]) -> Optional[pa.Table]:
+    tables = [t for t in tables if t is not None]
+    if not tables:
+        return None
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def load_trials(path: Union[str, os.PathLike], study: Optional[str] = None, since: Optional[DateLike] = None,
+                status: Union[str, Sequence[str], None] = None, run: Union[str, Sequence[str], None] = None,
+                *, filesystem: Optional[pafs.FileSystem] = None) -> pd.DataFrame:
+    """The trials table as a DataFrame, one row per trial, ordered by ``started_at``.
+
+    ``path``: ``<output>`` (every study in it unless ``study`` is given),
+    ``<output>/<study>`` or the ``trials`` directory. ``since``: a date, datetime or
+    ISO string (naive means UTC); keeps trials started at or after it. ``status``
+    and ``run``: one value or a list. ``date`` and ``run`` come back as plain
+    string columns. A trial present twice (a crashed rewrite) appears once.
+    """
+    fs, base = resolve_location(path, filesystem)
+    expr: Optional[ds.Expression] = None
+    if study is not None:
+        expr = _and(expr, ds.field("study") == study)
+    statuses = _as_list(status)
+    if statuses is not None:
+        expr = _and(expr, ds.field("status").isin(statuses))
+    runs = _as_list(run)
+    if runs is not None:
+        expr = _and(expr, ds.field("run").isin(runs))
+    if since is not None:
+        t = _utc(since)
+        expr = _and(expr, ds.field("date") >= t.date().isoformat())
+        expr = _and(expr, ds.field("started_at") >= pa.scalar(t.to_pydatetime(), TIMESTAMP))
+    tables = []
+    for d in _table_dirs(fs, base, "trials", study):
+        files = [f for f in list_data_files(fs, d) if runs is None or f.run in runs]
+        tables.append(_read_files(fs, d, files, expr))
+    table = _concat(tables)
+    if table is None:
+        return empty_frame(trials_schema({}))
+    df = table.to_pandas()
+    df = df.sort_values(["started_at", "trial_number"], kind="stable")
+    df = df.drop_duplicates(["study", "run_id", "trial_id"], keep="last")
+    return df.reset_index(drop=True)
+
+
+def load_requests(path: Union[str, os.PathLike], study: Optional[str] = None,
+                  trial_ids: Optional[Iterable[str]] = None, include_warmup: bool = False,
+                  *, run: Union[str, Sequence[str], None] = None,
+                  filesystem: Optional[pafs.FileSystem] = None) -> pd.DataFrame:
+    """The per-request table as a DataFrame, ordered by run, trial and request index.
+
+    ``path`` as for :func:`load_trials` (a ``trials`` directory means its sibling
+    ``requests``). ``trial_ids`` selects files by name, so only those trials are
+    read. Warm-up requests are dropped unless ``include_warmup``.
+    """
+    fs, base = resolve_location(path, filesystem)
+    wanted = None if trial_ids is None else set(_as_list(trial_ids) or [])
+    runs = _as_list(run)
+    expr: Optional[ds.Expression] = None
+    if study is not None:
+        expr = _and(expr, ds.field("study") == study)
+    if not include_warmup:
+        expr = _and(expr, ds.field("warmup") == False)  # noqa: E712 (an Arrow expression)
+    tables = []
+    for d in _table_dirs(fs, base, "requests", study):
+        files = [f for f in list_data_files(fs, d)
+                 if (wanted is None or f.trial_id in wanted) and (runs is None or f.run in runs)]
+        tables.append(_read_files(fs, d, files, expr))
+    table = _concat(tables)
+    if table is None:
+        return empty_frame(REQUESTS_SCHEMA)
+    df = table.to_pandas()
+    df = df.sort_values(["run_id", "trial_id", "request_index"], kind="stable")
+    return df.reset_index(drop=True)
+
+
+def best_under_slos(df: pd.DataFrame, objective: str, direction: str,
+                    constraints: Sequence[ConstraintLike] = ()) -> pd.DataFrame:
+    """Completed rows that meet every constraint, best ``objective`` first.
+
+    Rows with a missing objective value are dropped; ``.iloc[0]`` is the best trial
+    (an empty frame when none qualifies). Ties keep their order in ``df``.
+    """
+    objs = normalize_objectives([(objective, direction)])
+    cand, values = _candidates(df, objs, constraints)
+    losses = to_losses(values, [direction])[:, 0]
+    return cand.iloc[np.argsort(losses, kind="stable")]

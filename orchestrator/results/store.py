@@ -1,0 +1,226 @@
+"""Write trials into the results dataset, one Parquet file per trial and table.
+
+Layout (hive partitions ``date`` = the trial's UTC start date, ``run`` = its run id)::
+
+    <output>/<study>/trials/date=YYYY-MM-DD/run=<run_id>/<trial_id>.parquet     one row
+    <output>/<study>/requests/date=YYYY-MM-DD/run=<run_id>/<trial_id>.parquet   one row per request
+
+Rules:
+
+* A trial is written requests first, trials row last: the trials file is the
+  commit mark, and :meth:`ResultsStore.trial_ids` (what resume skips) lists only
+  those files.
+* Each file appears whole or not at all. On a local filesystem the bytes go to a
+  hidden temporary name in the target directory (``.<name>.<random>.tmp``, which
+  every dataset reader skips), are fsynced, then renamed over the final name. On
+  object stores (S3, GCS), where rename is a copy, the final key is written
+  directly: a PUT is atomic there. A killed writer can leave a temporary file
+  behind; readers ignore it.
+* A trial is identified by ``(run_id, trial_id)``. Writing it again replaces its
+  files, also when its start date (hence its partition) changed; the old copies
+  are removed after the new ones are in place, and readers that see both keep
+  the newest date.
+* Any write failure (disk full, permissions, network) raises
+  :class:`ResultsWriteError` and leaves no visible partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from orchestrator.results.query import (DataFile, empty_frame, list_data_files, load_requests, load_trials,
+                                        resolve_location)
+from orchestrator.results.schema import REQUESTS_SCHEMA, trial_row_to_table, trials_schema
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+COMPRESSION = "zstd"
+
+
+class ResultsWriteError(Exception):
+    """A results file could not be written; nothing partial is visible. ``path``: the target."""
+
+    def __init__(self, path: str, cause: BaseException):
+        self.path = path
+        self.cause = cause
+        super().__init__(f"could not write results file {path}: {cause}")
+
+
+def _check_name(what: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(f"{what} {value!r} cannot name a file or partition; "
+                         "use letters, digits, '_', '.', '-' (not first), at most 200 characters")
+    return value
+
+
+def _serialize(table: pa.Table) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression=COMPRESSION)
+    return sink.getvalue()
+
+
+class ResultsStore:
+    """The results dataset of one study under ``output`` (a local path or a filesystem URI).
+
+    ``filesystem`` overrides the one derived from ``output`` (``output`` is then a
+    path inside it). Rename-then-publish is used when the filesystem is a
+    :class:`pyarrow.fs.LocalFileSystem`; any other is treated as an object store.
+    """
+
+    def __init__(self, output: Union[str, os.PathLike], study_name: str, *,
+                 filesystem: Optional[pafs.FileSystem] = None):
+        self.study_name = _check_name("study name", study_name)
+        self.filesystem, base = resolve_location(output, filesystem)
+        self.root = f"{base.rstrip('/')}/{study_name}"
+        self.trials_dir = f"{self.root}/trials"
+        self.requests_dir = f"{self.root}/requests"
+        self._local = isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"ResultsStore({self.root!r}, filesystem={self.filesystem.type_name})"
+
+    # ------------------------------------------------------------------ writing
+    def write_trial(self, row: Mapping[str, Any], requests: Optional[pa.Table] = None, *,
+                    param_types: Mapping[str, str]) -> str:
+        """Write (or replace) one trial; returns the trials file path.
+
+        ``row`` is validated by :func:`~orchestrator.results.schema.trial_row_to_table`
+        (``ValueError`` on unknown keys or bad values, before anything is written);
+        ``requests`` must have :data:`REQUESTS_SCHEMA` and this trial's ids.
+        """
+        table = trial_row_to_table(row, trials_schema(param_types))
+        study = table.column("study")[0].as_py()
+        if study != self.study_name:
+            raise ValueError(f"row is for study {study!r}, this store holds {self.study_name!r}")
+        run_id = _check_name("run_id", table.column("run_id")[0].as_py())
+        trial_id = _check_name("trial_id", table.column("trial_id")[0].as_py())
+        started: datetime = table.column("started_at")[0].as_py()
+        date = started.date().isoformat()
+        trial_path = f"{self.trials_dir}/date={date}/run={run_id}/{trial_id}.parquet"
+        request_path = f"{self.requests_dir}/date={date}/run={run_id}/{trial_id}.parquet"
+
+        if requests is not None:
+            requests = self._check_requests(requests, run_id, trial_id)
+            self._put(request_path, _serialize(requests))
+        try:
+            self._put(trial_path, _serialize(table))
+        except ResultsWriteError:
+            if requests is not None:
+                self._delete(request_path)  # no requests without their trial
+            raise
+        # The new copy is in place: drop what an earlier write of this trial left elsewhere.
+        stale = [f.path for f in self._copies(self.trials_dir, run_id, trial_id) if f.path != trial_path]
+        stale += [f.path for f in self._copies(self.requests_dir, run_id, trial_id)
+                  if f.path != request_path or requests is None]
+        for path in stale:
+            self._delete(path)
+        return trial_path
+
+    def _check_requests(self, requests: pa.Table, run_id: str, trial_id: str) -> pa.Table:
+        if not isinstance(requests, pa.Table):
+            raise TypeError(f"requests must be a pyarrow.Table (see requests_to_table), got {type(requests).__name__}")
+        if requests.schema.names != REQUESTS_SCHEMA.names:
+            missing = [n for n in REQUESTS_SCHEMA.names if n not in requests.schema.names]
+            extra = [n for n in requests.schema.names if n not in REQUESTS_SCHEMA.names]
+            raise ValueError(f"requests table does not match REQUESTS_SCHEMA (missing: {missing}, unknown: {extra})")
+        requests = requests.cast(REQUESTS_SCHEMA)
+        for column, expected in (("study", self.study_name), ("run_id", run_id), ("trial_id", trial_id)):
+            values = requests.column(column)
+            if len(values) and not pc.all(pc.equal(values, expected)).as_py():
+                raise ValueError(f"requests table: column {column!r} must be {expected!r} in every row")
+        return requests
+
+    def _put(self, path: str, data: pa.Buffer) -> None:
+        fs = self.filesystem
+        parent, name = path.rsplit("/", 1)
+        try:
+            fs.create_dir(parent, recursive=True)
+            if not self._local:
+                # Object store: a PUT is atomic; the buffer is written in one call so the
+                # upload happens at close().
+                out = fs.open_output_stream(path)
+                out.write(data)
+                out.close()
+                return
+            tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+            try:
+                with fs.open_output_stream(tmp) as out:
+                    out.write(data)
+                _fsync(tmp)
+                fs.move(tmp, path)
+            except BaseException:
+                self._delete(tmp)
+                raise
+            _fsync(parent)
+        except (OSError, pa.ArrowException) as e:
+            raise ResultsWriteError(path, e) from e
+
+    def _delete(self, path: str) -> None:
+        try:
+            self.filesystem.delete_file(path)
+        except (OSError, pa.ArrowException):
+            pass  # gone already, or cleanup impossible: a hidden temp is ignored by readers
+
+    def _copies(self, table_dir: str, run_id: str, trial_id: str) -> list[DataFile]:
+        """Every file of (run, trial) under a table, across date partitions."""
+        try:
+            days = self.filesystem.get_file_info(pafs.FileSelector(table_dir, allow_not_found=True))
+        except (OSError, pa.ArrowException):
+            return []
+        candidates = [f"{d.path}/run={run_id}/{trial_id}.parquet" for d in days
+                      if d.type == pafs.FileType.Directory and d.base_name.startswith("date=")]
+        found = self.filesystem.get_file_info(candidates) if candidates else []
+        return [DataFile(i.path, i.path.rsplit("/", 3)[-3][len("date="):], run_id, trial_id)
+                for i in found if i.type == pafs.FileType.File]
+
+    # ------------------------------------------------------------------ reading
+    def trial_ids(self, run_id: Optional[str] = None) -> set[str]:
+        """Ids of the trials written so far (from file names; no file is opened)."""
+        return {f.trial_id for f in list_data_files(self.filesystem, self.trials_dir)
+                if run_id is None or f.run == run_id}
+
+    def read_trials(self, *, run_id: Union[str, Sequence[str], None] = None,
+                    status: Union[str, Sequence[str], None] = None, since: Any = None) -> pd.DataFrame:
+        """The study's trials (see :func:`~orchestrator.results.query.load_trials`)."""
+        if not self._exists(self.trials_dir):
+            return empty_frame(trials_schema({}))
+        return load_trials(self.trials_dir, since=since, status=status, run=run_id, filesystem=self.filesystem)
+
+    def read_requests(self, trial_ids: Optional[Iterable[str]] = None, *,
+                      run_id: Union[str, Sequence[str], None] = None) -> pd.DataFrame:
+        """Every request row (warm-up included) of the given trials, or of all."""
+        if not self._exists(self.requests_dir):
+            return empty_frame(REQUESTS_SCHEMA)
+        return load_requests(self.requests_dir, trial_ids=trial_ids, include_warmup=True, run=run_id,
+                             filesystem=self.filesystem)
+
+    def _exists(self, path: str) -> bool:
+        return self.filesystem.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def _fsync(path: str) -> None:
+    """Flush a local file or directory to disk (directories: best effort, not on Windows)."""
+    is_dir = os.path.isdir(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if is_dir:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not is_dir:
+            raise
+    finally:
+        os.close(fd)
+

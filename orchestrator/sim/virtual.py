@@ -1,0 +1,136 @@
+"""Virtual-time simulation: run a :class:`RequestSet` through a :class:`SimEngineCore` without sleeping.
+
+A discrete-event loop. The engine is either busy with one step (requests that
+arrive meanwhile join at the step's end, as they reach vLLM's busy engine core)
+or idle until the next arrival. Records are what an ideal client would see: a
+request reaches the engine ``frontend_latency_s`` after it is sent (HTTP,
+tokenization, IPC) and a token arrives when the step producing it ends. Times are
+seconds from the start of the load window; warm-up requests run one at a time
+before it (negative times).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Optional
+
+from orchestrator.records import RequestErrorKind, RequestRecord
+from orchestrator.sim.core import SimEngineCore, SimRequest
+from orchestrator.workload.requests import Request, RequestSet
+
+
+class _Driver:
+    """Owns the virtual clock; feeds requests to the core and fills their records."""
+
+    def __init__(self, core: SimEngineCore):
+        self.core = core
+        self.t = 0.0
+        self.latency = core.cost.frontend_latency_s
+        self.live: dict[str, RequestRecord] = {}
+        self.records: dict[tuple[bool, int], RequestRecord] = {}
+        self._due: list = []  # (time reaching the engine, seq, request id, Request)
+        self._seq = itertools.count()
+
+    def send(self, req: Request, at: float, scheduled: Optional[float] = None) -> RequestRecord:
+        rec = RequestRecord(index=req.index, scheduled_s=at if scheduled is None else scheduled, sent_s=at,
+                            expected_prompt_tokens=req.prompt_len, expected_output_tokens=req.output_len,
+                            warmup=req.warmup, prefix_group=req.prefix_group, prompt_tokens=req.prompt_len,
+                            completion_tokens=0)
+        self.records[(req.warmup, req.index)] = rec
+        heapq.heappush(self._due, (at + self.latency, next(self._seq), req))
+        return rec
+
+    def deliver(self) -> list[RequestRecord]:
+        """Hand the engine every request due by now; return the ones it rejected."""
+        rejected = []
+        while self._due and self._due[0][0] <= self.t:
+            _, _, req = heapq.heappop(self._due)
+            rec = self.records[(req.warmup, req.index)]
+            rid = f"{'w' if req.warmup else 'r'}{req.index}"
+            try:
+                self.core.add_request(SimRequest(rid, req.prompt_token_ids, req.output_len, arrival_s=self.t))
+            except ValueError as e:  # the server's 400 answer
+                rec.error, rec.error_kind, rec.completion_tokens = str(e), RequestErrorKind.HTTP_STATUS, None
+                rec.end_s = self.t
+                rejected.append(rec)
+                continue
+            self.live[rid] = rec
+        return rejected
+
+    def next_due(self) -> Optional[float]:
+        return self._due[0][0] if self._due else None
+
+    def advance(self) -> list[RequestRecord]:
+        """Deliver due requests, then run one step (or idle to the next arrival). Returns requests that ended."""
+        ended = self.deliver()
+        if not self.core.has_work():
+            nxt = self.next_due()
+            if nxt is not None:
+                self.t = max(self.t, nxt)
+            return ended
+        res = self.core.step()
+        self.t += res.duration_s
+        t = self.t
+        for out in res.outputs:
+            if not out.new_tokens:
+                continue
+            rec = self.live[out.request_id]
+            if rec.first_token_s is None:
+                rec.first_token_s = t
+            rec.token_times_s.append(t)
+            rec.completion_tokens += out.new_tokens
+            if out.finished:
+                rec.end_s = t
+                del self.live[out.request_id]
+                ended.append(rec)
+        return ended
+
+    def busy(self) -> bool:
+        return bool(self._due) or self.core.has_work()
+
+
+def _shift(rec: RequestRecord, dt: float) -> None:
+    rec.scheduled_s += dt
+    rec.sent_s = None if rec.sent_s is None else rec.sent_s + dt
+    rec.first_token_s = None if rec.first_token_s is None else rec.first_token_s + dt
+    rec.end_s = None if rec.end_s is None else rec.end_s + dt
+    rec.token_times_s = [x + dt for x in rec.token_times_s]
+
+
+def simulate(core: SimEngineCore, requests: RequestSet) -> list[RequestRecord]:
+    """Run the workload to completion in virtual time; records of warm-ups first, then measured by index.
+
+    Warm-ups are sent one after another, each when the previous ended, and shifted
+    so the last ends at t=0. Open loop: each measured request is sent at its
+    ``arrival_s``. Closed loop (``closed_loop_concurrency`` = C): C requests at t=0,
+    then the next one whenever one ends. A request the engine rejects (too long
+    for max_model_len) gets an error record, as an HTTP 400 would.
+    """
+    drv = _Driver(core)
+    warm = []
+    for req in requests.warmup:
+        warm.append(drv.send(req, drv.t))
+        while drv.busy():
+            drv.advance()
+    for rec in warm:
+        _shift(rec, -drv.t)
+    drv.t = 0.0
+
+    measured = sorted(requests.measured, key=lambda r: (r.arrival_s, r.index))
+    conc = requests.closed_loop_concurrency
+    if conc is None:
+        for req in measured:
+            drv.send(req, req.arrival_s, scheduled=req.arrival_s)
+        while drv.busy():
+            drv.advance()
+    else:
+        todo = iter(measured)
+        for req in itertools.islice(todo, max(1, conc)):
+            drv.send(req, 0.0)
+        while drv.busy():
+            for _ in drv.advance():
+                nxt = next(todo, None)
+                if nxt is not None:
+                    drv.send(nxt, drv.t)
+    return warm + [drv.records[(False, r.index)] for r in sorted(requests.measured, key=lambda r: r.index)]
