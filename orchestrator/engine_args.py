@@ -88,6 +88,8 @@ ENGINE_ARG_RULES: dict[str, ArgRule] = {
     "pipeline_parallel_size": ArgRule("int", "pipeline stages", low=1, high=64),
     "long_prefill_token_threshold": ArgRule("int", "cap on prefill tokens per request per step (0 = none)",
                                             low=0, high=1 << 20),
+    "stream_interval": ArgRule("int", "tokens buffered per streamed chunk (host overhead vs smoothness)",
+                               low=1, high=1024),
     "scheduling_policy": ArgRule("choice", "waiting-queue order", choices=SCHEDULING_POLICIES),
     "dtype": ArgRule("choice", "model compute dtype", choices=DTYPES),
 }
@@ -116,6 +118,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     long_prefill_token_threshold: int = 0
+    stream_interval: int = 1
     scheduling_policy: str = "fcfs"
     dtype: str = "auto"
     # Not searchable: set by the engine/study, passed through as given.

@@ -177,7 +177,9 @@ class SearchSettings(_Strict):
     sampler: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
     n_startup_trials: Optional[int] = Field(default=None, ge=0, description="random trials before the model kicks in")
     warm_start: list[str] = Field(default_factory=list, description="result datasets whose best points are tried first")
-    preflight: bool = Field(default=True, description="skip configurations that cannot fit in memory")
+    preflight: Optional[bool] = Field(
+        default=None, description="skip configurations that cannot fit in memory before starting them; "
+                                  "default: on for real engines, off for the sim (its start is the same arithmetic)")
 
 
 class Budget(_Strict):

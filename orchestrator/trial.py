@@ -151,7 +151,8 @@ def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_
 
 def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: str,
          ctx: TrialContext) -> TrialOutcome:
-    if study.search.preflight:
+    preflight = study.search.preflight if study.search.preflight is not None else study.engine.kind != "sim"
+    if preflight:
         verdict = feasibility.check(study, args, cluster_units=ctx.cluster_units,
                                     units_per_node=ctx.units_per_node)
         if not verdict.ok:

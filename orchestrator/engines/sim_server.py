@@ -52,7 +52,7 @@ class BadRequest(ValueError):
 class _Mailbox:
     """Tokens for one request, delivered into the caller's event loop."""
 
-    __slots__ = ("queue", "loop", "prompt_tokens", "cached_tokens", "generated")
+    __slots__ = ("queue", "loop", "prompt_tokens", "cached_tokens", "generated", "pending")
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -60,13 +60,15 @@ class _Mailbox:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generated = 0
+        self.pending = 0  # generated but not yet streamed (stream_interval)
 
 
 class SimRuntime:
     """Owns the simulator core; all core calls happen on the engine thread."""
 
-    def __init__(self, core: SimEngineCore):
+    def __init__(self, core: SimEngineCore, stream_interval: int = 1):
         self.core = core
+        self.stream_interval = max(1, stream_interval)
         self.loop = asyncio.new_event_loop()
         self.mailboxes: dict[str, _Mailbox] = {}
         self.ids = itertools.count()
@@ -116,9 +118,17 @@ class SimRuntime:
                     box.prompt_tokens = out.num_prompt_tokens
                     box.cached_tokens = out.num_cached_tokens
                     if out.new_tokens:
+                        # vLLM's stream_interval: the first token at once, then every N tokens.
+                        first = box.generated == 0
                         box.generated += out.new_tokens
-                        self._deliver(box, out.new_tokens)
+                        box.pending += out.new_tokens
+                        if first or out.finished or box.pending >= self.stream_interval:
+                            self._deliver(box, box.pending)
+                            box.pending = 0
                     if out.finished:
+                        if box.pending:
+                            self._deliver(box, box.pending)
+                            box.pending = 0
                         self.mailboxes.pop(out.request_id, None)
                         self.request_success += 1
                         self._deliver(box, _FINISHED)
@@ -375,7 +385,7 @@ def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_
     model = ModelShape.from_config(model_config, name=model_name)
     args = EngineArgs(**{k: v for k, v in engine_args.items() if k != "extra"})
     core = SimEngineCore(model, get_gpu(gpu), args, SimCalibration(**calibration), dtype=dtype)
-    return OpenAIFrontend(SimRuntime(core), model, args, served_model_name)
+    return OpenAIFrontend(SimRuntime(core, args.stream_interval), model, args, served_model_name)
 
 
 def build_ingress_class():

@@ -173,15 +173,18 @@ def _fail(rec: RequestRecord, kind: RequestErrorKind, text: str) -> None:
     rec.error = text or kind.value
 
 
+_json_decode = json.JSONDecoder().decode  # json.loads minus its per-call type and encoding checks
+
+
 def _consume(events: list[bytes], t: float, carries_token: Callable[[dict], bool], rec: RequestRecord) -> bool:
     """Apply the events of one network read (arrived at ``t``); True if one was an error.
 
     Raises ``ValueError`` for a payload that is not a JSON object.
     """
-    loads = json.loads
+    decode = _json_decode
     for payload in events:
         try:
-            data = loads(payload)
+            data = decode(payload.decode())
         except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
             raise ValueError(f"{e}; payload: {payload[:200]!r}") from None
         if not isinstance(data, dict):

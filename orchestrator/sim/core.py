@@ -89,6 +89,8 @@ class SimEngineCore:
         self._busy = 0.0
         self._prompt_tokens = 0
         self._prompt_cached = 0
+        self.async_scheduling = bool(args.extra.get("async_scheduling", True))
+        self._inflight = None  # (SchedulerOutput, duration) scheduled, not yet run
 
     # ---------------------------------------------------------------- requests
     def add_request(self, request: SimRequest) -> None:
@@ -113,21 +115,37 @@ class SimEngineCore:
         return self.scheduler.abort(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self._inflight is not None or self.scheduler.has_work()
 
     # ---------------------------------------------------------------- stepping
-    def step(self) -> StepResult:
-        """Schedule one step, price it, apply it. The caller advances its clock by ``duration_s``."""
-        sched = self.scheduler
-        if not sched.has_work():
-            return StepResult(0.0, [], 0, 0, 0, 0)
-        out = sched.schedule()
+    def _schedule(self):
+        out = self.scheduler.schedule()
         if not out.scheduled:
-            raise RuntimeError("scheduler made no progress (KV cache cannot hold the waiting request)")
-        duration = self.cost.step_time(out.shape)
+            return None
+        return out, self.cost.step_time(out.shape)
+
+    def step(self) -> StepResult:
+        """Run one engine step from now; the caller advances its clock by ``duration_s``.
+
+        With async scheduling (vLLM's default; ``extra={"async_scheduling": False}``
+        turns it off) the step that runs now was scheduled when the previous one
+        started, and the one after it is scheduled here, before this step's output
+        is processed: requests added since the previous call join one step later,
+        and requests finishing now still hold their slot in that schedule.
+        """
+        sched = self.scheduler
+        batch = self._inflight
+        if batch is None:
+            if not sched.has_work():
+                return StepResult(0.0, [], 0, len(sched.running), sched.num_waiting, 0)
+            batch = self._schedule()
+            if batch is None:
+                raise RuntimeError("scheduler made no progress (KV cache cannot hold the waiting request)")
+        self._inflight = self._schedule() if self.async_scheduling else None
+        out, duration = batch
         outputs = []
         for req, new, finished in sched.update(out):
-            if new and req.num_output == 1:  # first token: the prompt counts in vllm:prompt_tokens
+            if new and req.num_delivered == 1:  # first token: the prompt counts in vllm:prompt_tokens
                 self._prompt_tokens += req.num_prompt_tokens
                 self._prompt_cached += max(0, req.num_cached_tokens)
             outputs.append(TokenOutput(req.request_id, new, finished, req.num_prompt_tokens,

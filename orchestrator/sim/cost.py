@@ -41,6 +41,9 @@ ATTN_EFFICIENCY = 0.45  # prefill attention FLOP/s efficiency (FlashAttention, c
 HBM_EFFICIENCY = 0.85  # achieved / peak HBM bandwidth for weight and KV streams
 STEP_OVERHEAD_S = 1.3e-3  # CPU per step left visible by async scheduling
 PER_SEQ_OVERHEAD_S = 2.0e-6  # input preparation / output processing per scheduled request
+# Without async scheduling the scheduler, input preparation and output processing run between steps.
+SYNC_STEP_S = 1.5e-3
+SYNC_PER_SEQ_S = 8e-6
 PIECEWISE_LAYER_S = 15e-6  # eager attention launches per layer (mixed batch inside graphs)
 NOGRAPH_LAYER_S = 100e-6  # compiled, no graph: launches per layer (batch above the capture sizes)
 EAGER_LAYER_S = 120e-6  # enforce_eager: Python + launches per layer
@@ -103,8 +106,9 @@ class StepCostModel:
 
         self.capture_sizes = cudagraph_capture_sizes(args)
         self.max_capture = self.capture_sizes[-1] if self.capture_sizes else 0
-        self.step_overhead_s = STEP_OVERHEAD_S * o_mul
-        self.per_seq_overhead_s = PER_SEQ_OVERHEAD_S * o_mul
+        sync = not args.extra.get("async_scheduling", True)
+        self.step_overhead_s = (STEP_OVERHEAD_S + (SYNC_STEP_S if sync else 0.0)) * o_mul
+        self.per_seq_overhead_s = (PER_SEQ_OVERHEAD_S + (SYNC_PER_SEQ_S if sync else 0.0)) * o_mul
         self.piecewise_s = PIECEWISE_LAYER_S * layers * o_mul
         self.nograph_s = NOGRAPH_LAYER_S * layers * o_mul
         self.eager_s = EAGER_LAYER_S * layers * o_mul

@@ -37,8 +37,8 @@ class SchedRequest:
     """The scheduler's view of one request (mutable, like vLLM's ``Request``)."""
 
     __slots__ = ("request_id", "uid", "prompt", "num_prompt_tokens", "max_tokens", "num_tokens", "num_output",
-                 "num_computed", "blocks", "block_hashes", "num_cached_blocks", "priority", "arrival",
-                 "num_preemptions", "num_cached_tokens", "finished", "admitted")
+                 "num_delivered", "num_computed", "blocks", "block_hashes", "num_cached_blocks", "priority",
+                 "arrival", "num_preemptions", "num_cached_tokens", "finished")
 
     def __init__(self, request_id: str, uid: int, prompt: Sequence[int], max_tokens: int,
                  priority: int = 0, arrival: float = 0.0):
@@ -47,8 +47,12 @@ class SchedRequest:
         self.prompt = tuple(prompt)
         self.num_prompt_tokens = len(self.prompt)
         self.max_tokens = max_tokens
-        self.num_tokens = self.num_prompt_tokens  # prompt + generated so far
-        self.num_output = 0
+        # Like vLLM, state advances when a step is *scheduled*: a row that reaches the
+        # sequence end adds a placeholder token at once (its value is never needed);
+        # the token is delivered when the step's output is processed.
+        self.num_tokens = self.num_prompt_tokens  # prompt + generated (placeholders included)
+        self.num_output = 0  # tokens scheduled to be sampled
+        self.num_delivered = 0  # tokens returned by processed steps
         self.num_computed = 0
         self.blocks: list[int] = []
         self.block_hashes: list[int] = []  # hashes of full blocks known so far
@@ -58,7 +62,6 @@ class SchedRequest:
         self.num_preemptions = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first admission (-1: not yet)
         self.finished = False
-        self.admitted = False
 
 
 @dataclass(slots=True)
@@ -81,7 +84,7 @@ class BatchShape:
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list  # [(SchedRequest, num_new_tokens)] in batch order
+    scheduled: list  # [(SchedRequest, num_new_tokens, samples_a_token)] in batch order
     shape: BatchShape
     preempted: list = field(default_factory=list)  # SchedRequests preempted this step
 
@@ -331,6 +334,7 @@ class Scheduler:
         self._push_waiting(req, front=True)
 
     def schedule(self) -> SchedulerOutput:
+        """Pick the next step's rows and advance request state as vLLM does at schedule time."""
         budget = self.max_num_batched_tokens
         threshold = self.threshold
         bs = self.block_size
@@ -345,6 +349,9 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            if req.num_output >= req.max_tokens:
+                i += 1  # async scheduling: its last token is in flight, nothing left to run
+                continue
             c = req.num_computed
             n = req.num_tokens - c
             if 0 < threshold < n:
@@ -360,12 +367,7 @@ class Scheduler:
                         del running[vi]
                         if vi < i:
                             i -= 1
-                            for k, (r, m) in enumerate(scheduled):  # refund its rows this step
-                                if r is victim:
-                                    budget += m
-                                    del scheduled[k]
-                                    self._account(shape, r, m, -1)
-                                    break
+                            budget += self._refund(scheduled, shape, victim)
                     else:
                         victim = running.pop()
                     self._preempt(victim)
@@ -378,15 +380,20 @@ class Scheduler:
                 t = c + n if c + n < req.num_tokens else req.num_tokens
                 if t // bs > req.num_cached_blocks:
                     kv.cache_blocks(req, t)
-            scheduled.append((req, n))
+            scheduled.append((req, n, c + n >= req.num_tokens))
             self._account(shape, req, n)
             budget -= n
             i += 1
 
         # 2. Waiting requests, only if nothing was preempted.
         if not preempted:
+            skipped = []
             while budget > 0 and self.num_waiting and len(running) < self.max_num_seqs:
                 req = self._peek_waiting()
+                if req.num_output >= req.max_tokens:
+                    self._pop_waiting()  # preempted with its last token in flight: nothing to run
+                    skipped.append(req)
+                    continue
                 hits = kv.lookup(req) if caching else []
                 hit_tokens = len(hits) * bs
                 n = req.num_tokens - hit_tokens
@@ -405,40 +412,68 @@ class Scheduler:
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = hit_tokens
                 req.num_computed = hit_tokens
-                req.admitted = True
                 running.append(req)
-                scheduled.append((req, n))
+                scheduled.append((req, n, hit_tokens + n >= req.num_tokens))
                 self._account(shape, req, n)
                 budget -= n
-        return SchedulerOutput(scheduled, shape, preempted)
+            for req in reversed(skipped):
+                self._push_waiting(req, front=True)
 
-    def update(self, out: SchedulerOutput) -> list:
-        """Apply a finished forward pass: [(request, new_tokens, finished)] in batch order."""
-        results = []
-        any_finished = False
-        prompt_computed = gen = 0
-        for req, n in out.scheduled:
-            c = req.num_computed
-            if c < req.num_prompt_tokens or n > 1 or req.num_output == 0 or c + 1 < req.num_tokens:
-                prompt_computed += n  # prefill or recompute rows
-            c += n
-            req.num_computed = c
-            if c >= req.num_tokens:  # reached the end: this row sampled the next token
+        # 3. Advance state now (vLLM's _update_after_schedule), placeholders for sampled rows.
+        prompt_rows = 0
+        for req, n, sampled in scheduled:
+            if not (n == 1 and req.num_output > 0 and req.num_computed == req.num_tokens - 1):
+                prompt_rows += n  # prefill or recompute rows
+            req.num_computed += n
+            if sampled:
                 req.num_tokens += 1
                 req.num_output += 1
-                gen += 1
-                if req.num_output >= req.max_tokens:
-                    req.finished = True
-                    any_finished = True
-                    self.kv.free(req)
-                    del self.requests[req.request_id]
-                    results.append((req, 1, True))
-                else:
-                    results.append((req, 1, False))
-            else:
+        self.prompt_tokens_computed += prompt_rows
+        return SchedulerOutput(scheduled, shape, preempted)
+
+    def _refund(self, scheduled: list, shape: BatchShape, victim: SchedRequest) -> int:
+        """Take a request scheduled earlier this step back out of it (priority preemption)."""
+        for k, (r, m, _) in enumerate(scheduled):
+            if r is victim:
+                del scheduled[k]
+                self._account(shape, r, m, -1)
+                return m
+        return 0
+
+    def update(self, out: SchedulerOutput) -> list:
+        """Process a step's output: [(request, new_tokens, finished)] in batch order.
+
+        Finished requests leave ``running`` and free their blocks only here, so with
+        async scheduling the step scheduled meanwhile still counted them.
+        """
+        results = []
+        done = []
+        for req, n, sampled in out.scheduled:
+            if req.finished:  # aborted meanwhile
+                continue
+            if not sampled:
                 results.append((req, 0, False))
-        if any_finished:
-            self.running = [r for r in self.running if not r.finished]
-        self.prompt_tokens_computed += prompt_computed
-        self.generation_tokens += gen
+                continue
+            req.num_delivered += 1
+            self.generation_tokens += 1
+            if req.num_delivered >= req.max_tokens:
+                req.finished = True
+                done.append(req)
+                results.append((req, 1, True))
+            else:
+                results.append((req, 1, False))
+        if done:
+            for req in done:
+                self.requests.pop(req.request_id, None)
+                self.kv.free(req)
+            gone = set(map(id, done))
+            before = len(self.running)
+            self.running = [r for r in self.running if id(r) not in gone]
+            if before - len(self.running) < len(done):  # preempted with the last token in flight
+                for req in done:
+                    if self.priority:
+                        self._heap = [e for e in self._heap if e[3] is not req]
+                        heapq.heapify(self._heap)
+                    elif req in self.waiting:
+                        self.waiting.remove(req)
         return results
