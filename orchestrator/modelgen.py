@@ -1,0 +1,102 @@
+"""Model directories built locally, with no hub download.
+
+``make_model_dir`` writes a Hugging Face model directory from a catalog shape (or
+any ``config.json``): the config, a tokenizer built with the ``tokenizers`` library
+whose vocabulary size equals the config's, a chat template, and either no weights
+(for vLLM's ``load_format="dummy"``: random weights of the real shape) or tiny
+random weights saved as safetensors (small models only).
+
+The tokenizer is word-level: the word ``t123`` is token 123, words are split on
+whitespace, and the last ids are special tokens. A prompt of N such words is
+exactly N tokens, so workloads control prompt lengths exactly on any model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
+)
+# Random weights are for small test models; a real shape should use load_format=dummy.
+MAX_RANDOM_WEIGHT_PARAMS = 200_000_000
+
+
+def special_token_count(vocab_size: int) -> int:
+    return max(4, min(256, vocab_size // 16))
+
+
+def build_tokenizer(vocab_size: int):
+    """WordLevel tokenizer: ``t{i}`` for ordinary ids, special tokens at the top of the vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    n_special = special_token_count(vocab_size)
+    first_special = vocab_size - n_special
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "[UNK]"] + [
+        f"<|reserved_special_token_{i}|>" for i in range(n_special - 3)]
+    vocab = {f"t{i}": i for i in range(first_special)}
+    for j, s in enumerate(specials):
+        vocab[s] = first_special + j
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    if tok.get_vocab_size() != vocab_size:
+        raise AssertionError(f"tokenizer has {tok.get_vocab_size()} ids, config says {vocab_size}")
+    return tok, specials, first_special
+
+
+def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", "random"] = "none",
+                   max_position_embeddings: Optional[int] = None, seed: int = 0, force: bool = False) -> Path:
+    """Write the model directory; returns its path."""
+    from orchestrator.sim.models import ModelShape, find_model_config
+
+    src = find_model_config(shape)
+    config = json.loads(Path(src).read_text())
+    shape_info = ModelShape.from_config(config, name=Path(src).stem)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok, specials, first_special = build_tokenizer(shape_info.vocab_size)
+    bos, eos = first_special, first_special + 1
+    config["bos_token_id"], config["eos_token_id"] = bos, eos
+    config.pop("pad_token_id", None)
+    if max_position_embeddings:
+        config["max_position_embeddings"] = int(max_position_embeddings)
+        config.pop("rope_scaling", None)
+    max_len = int(config.get("max_position_embeddings", 4096))
+
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos}) + "\n")
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": specials[0], "eos_token": specials[1],
+        "unk_token": "[UNK]", "pad_token": specials[1], "model_max_length": max_len,
+        "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({
+        "bos_token": specials[0], "eos_token": specials[1], "unk_token": "[UNK]", "pad_token": specials[1]}) + "\n")
+
+    if weights == "random":
+        if shape_info.num_params > MAX_RANDOM_WEIGHT_PARAMS and not force:
+            raise ValueError(f"{shape} has {shape_info.num_params / 1e9:.1f} B parameters; random weights are "
+                             "for small test models (use weights='none' and load_format=dummy, or force=True)")
+        _write_random_weights(out, seed)
+    return out
+
+
+def _write_random_weights(out: Path, seed: int) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.from_pretrained(str(out))
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, str(cfg.torch_dtype).replace(
+        "torch.", "")) if getattr(cfg, "torch_dtype", None) else None)
+    model.save_pretrained(str(out), safe_serialization=True)
+    # save_pretrained rewrites config.json; keep our token ids
+    data = json.loads((out / "config.json").read_text())
+    data["bos_token_id"], data["eos_token_id"] = cfg.bos_token_id, cfg.eos_token_id
+    (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
