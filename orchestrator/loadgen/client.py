@@ -34,6 +34,7 @@ times received before a failure are kept in the record. Error texts are at most
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import sys
@@ -342,7 +343,9 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
 
     ``on_progress(done, total)`` is called after each measured request. The soft
     open-file limit is raised (up to the hard limit) if it is below the number of
-    sockets the load may hold open at once.
+    sockets the load may hold open at once, and the objects alive at t0 are
+    ``gc.freeze()``-d for the window (then unfrozen) so that the garbage collector's
+    full passes, which would otherwise walk the whole process, do not stall the loop.
     """
     measured = requests.measured
     n = len(measured)
@@ -353,8 +356,13 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
     _raise_fd_limit(max(in_flight, len(requests.warmup)) + 256)
 
     now = time.perf_counter
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    records: list[Optional[RequestRecord]] = [None] * n
+    progress = _Progress(on_progress, n)
+    # One session for the window: unlimited connections (the cap, if any, is ours), no
+    # session-wide timeout (each request has its own), no cookies carried between requests.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                                     timeout=aiohttp.ClientTimeout(total=None),
+                                     cookie_jar=aiohttp.DummyCookieJar()) as session:
         warm: list[RequestRecord] = []
         tw = now()
         if requests.warmup:
@@ -362,50 +370,55 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
                 send_request(session, endpoint, r, clock=lambda: now() - tw, timeout_s=timeout_s,
                              ignore_eos=ignore_eos, scheduled_s=0.0)
                 for r in requests.warmup)))
-        t0 = now()
-        for rec in warm:  # onto the measured clock
-            _shift(rec, tw - t0)
+        # Objects that exist now are not garbage of this window: keep full collections from
+        # walking them (a big process can otherwise pause the loop for 100+ ms mid-load).
+        gc.freeze()
+        tasks: list[asyncio.Task] = []
+        try:
+            t0 = now()
+            for rec in warm:  # onto the measured clock
+                _shift(rec, tw - t0)
 
-        def clock() -> float:
-            return now() - t0
+            def clock() -> float:
+                return now() - t0
 
-        records: list[Optional[RequestRecord]] = [None] * n
-        progress = _Progress(on_progress, n)
-
-        async def one(pos: int, scheduled_s: Optional[float], sem: Optional[asyncio.Semaphore]) -> None:
-            req = measured[pos]
-            try:
-                if sem is None:
-                    rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
-                                             ignore_eos=ignore_eos, scheduled_s=scheduled_s)
-                else:
-                    async with sem:
+            async def one(pos: int, scheduled_s: Optional[float], sem: Optional[asyncio.Semaphore]) -> None:
+                req = measured[pos]
+                try:
+                    if sem is None:
                         rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
                                                  ignore_eos=ignore_eos, scheduled_s=scheduled_s)
-            except Exception as e:  # pragma: no cover - send_request does not raise
-                rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
-                                    error=f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS],
-                                    error_kind=RequestErrorKind.CLIENT)
-            records[pos] = rec
-            progress()
+                    else:
+                        async with sem:
+                            rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
+                                                     ignore_eos=ignore_eos, scheduled_s=scheduled_s)
+                except Exception as e:  # pragma: no cover - send_request does not raise
+                    rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
+                                        error=f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS],
+                                        error_kind=RequestErrorKind.CLIENT)
+                records[pos] = rec
+                progress()
 
-        if closed:
-            positions = iter(range(n))
+            if closed:
+                positions = iter(range(n))
 
-            async def worker() -> None:
-                for pos in positions:  # shared iterator: each worker takes the next request
-                    await one(pos, clock(), None)
+                async def worker() -> None:
+                    for pos in positions:  # shared iterator: each worker takes the next request
+                        await one(pos, clock(), None)
 
-            await asyncio.gather(*(worker() for _ in range(min(in_flight, n))))
-        else:
-            sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-            tasks = []
-            for pos in sorted(range(n), key=lambda i: measured[i].arrival_s):
-                due = t0 + measured[pos].arrival_s
-                while (delay := due - now()) > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(pos, None, sem)))
+                tasks = [asyncio.create_task(worker()) for _ in range(min(in_flight, n))]
+            else:
+                sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+                for pos in sorted(range(n), key=lambda i: measured[i].arrival_s):
+                    due = t0 + measured[pos].arrival_s
+                    while (delay := due - now()) > 0:  # sleep until the due time: lag never adds up
+                        await asyncio.sleep(delay)
+                    tasks.append(asyncio.create_task(one(pos, None, sem)))
             await asyncio.gather(*tasks)
+        finally:
+            gc.unfreeze()
+            for task in tasks:  # only unfinished if we were cancelled
+                task.cancel()
 
     warm.sort(key=lambda r: r.index)
     done = [r for r in records if r is not None]

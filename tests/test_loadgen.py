@@ -1,0 +1,523 @@
+"""Load generator against a real local HTTP server speaking the OpenAI streaming protocol.
+
+The server (aiohttp, in a background thread, on a random free port of 127.0.0.1)
+streams ``max_tokens`` tokens with small sleeps, a usage chunk and ``[DONE]``. The
+``model`` field picks a misbehaviour; ``model="script"`` picks it per request from
+the first prompt token (see ``SCRIPT``). Timing knobs travel in the request body
+(``Endpoint.extra_body``): ``fake_ttft_ms``, ``fake_itl_ms``, ``fake_split``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Optional
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from orchestrator.loadgen import Endpoint, SSEParser, run_load, run_load_sync, send_request, wait_ready
+from orchestrator.metrics import summarise
+from orchestrator.records import RequestErrorKind
+from orchestrator.workload.generate import build_requests, token_ids_to_text
+from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.spec import WorkloadSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+API_KEY = "sk-test-SECRET-1234"
+CHAT_TEMPLATE_TOKENS = 7  # the fake chat server counts words + this many
+SCRIPT = {1: "stall", 2: "http500"}  # first prompt token -> behaviour, for model="script"
+
+
+# ================================================================ the fake server
+class FakeOpenAI:
+    """The server side. Runs in a process of its own (see ``FakeServer``), so its CPU use
+    does not perturb the client's timing; ``/_stats`` and ``/_reset`` expose its counters."""
+
+    def __init__(self) -> None:
+        self.models_calls = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.in_flight = 0 if not hasattr(self, "in_flight") else self.in_flight
+        self.peak = self.in_flight
+        self.started = 0
+        self.bodies: list[dict] = []
+        self.auth: list[Optional[str]] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        for prefix in ("", "/trial-3"):
+            app.router.add_post(prefix + "/v1/completions", self.completions)
+            app.router.add_post(prefix + "/v1/chat/completions", self.chat)
+            app.router.add_get(prefix + "/v1/models", self.models)
+        app.router.add_get("/slow/v1/models", self.slow_models)
+        app.router.add_get("/_stats", self.stats)
+        app.router.add_post("/_reset", self.reset)
+        return app
+
+    async def serve(self) -> None:
+        runner = web.AppRunner(self.app(), handler_cancellation=True, shutdown_timeout=0.2, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    # ---- routes
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"peak": self.peak, "started": self.started, "bodies": self.bodies,
+                                  "auth": self.auth, "models_calls": self.models_calls})
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self._reset()
+        self.models_calls = 0
+        return web.json_response({})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake"}]})
+
+    async def slow_models(self, request: web.Request) -> web.Response:
+        self.models_calls += 1
+        if self.models_calls < 3:
+            return web.Response(status=503, text="loading")
+        return web.json_response({"object": "list", "data": []})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        self.auth.append(request.headers.get("Authorization"))
+        self.started += 1
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            return await self._respond(request, body, chat)
+        finally:
+            self.in_flight -= 1
+
+    async def _respond(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+        if chat:
+            words = body["messages"][0]["content"].split()
+            prompt_ids = [int(w[1:]) for w in words]
+            prompt_tokens = len(words) + CHAT_TEMPLATE_TOKENS
+            n = body["max_completion_tokens"]
+        else:
+            prompt_ids = body["prompt"]
+            prompt_tokens = len(prompt_ids)
+            n = body["max_tokens"]
+        mode = body["model"]
+        if mode == "script":
+            mode = SCRIPT.get(prompt_ids[0], "ok")
+        ttft = body.get("fake_ttft_ms", 20) / 1000
+        itl = body.get("fake_itl_ms", 5) / 1000
+        split = body.get("fake_split", False)
+
+        if mode == "http500":  # echoes the Authorization header: the client must scrub it
+            return web.json_response({"error": {"message": f"boom; you sent {request.headers.get('Authorization')}"}},
+                                     status=500)
+        if mode == "json":  # ignores stream: true
+            return web.json_response({"choices": [{"text": "x"}]})
+        if mode == "stall":
+            await asyncio.sleep(3600)
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        eol = b"\r\n" if split else b"\n"
+
+        async def send(obj) -> None:
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + eol + eol
+            if split:  # every event in two TCP writes, with a keep-alive comment first
+                await resp.write(b": ping" + eol + eol + data[:7])
+                await asyncio.sleep(0.001)
+                await resp.write(data[7:])
+            else:
+                await resp.write(data)
+
+        def token(i: int) -> dict:
+            last = i == n - 1
+            if chat:
+                choice = {"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": "length" if last else None}
+            else:
+                choice = {"index": 0, "text": f" w{i}", "finish_reason": "length" if last else None}
+            return {"id": "x", "object": "chunk", "choices": [choice]}
+
+        if mode == "garbage":
+            await resp.write(b"data: \x00\xff{{not json\n\n")
+            return resp
+        if chat and mode != "notokens":  # vLLM's first chunk: the role, no token
+            await send({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        await asyncio.sleep(ttft)
+        emitted = 0
+        if mode != "notokens":
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(itl)
+                await send(token(i))
+                emitted += 1
+                if mode == "close" and i == 1:
+                    request.transport.close()  # cut the connection mid-stream
+                    return resp
+                if mode == "streamerror" and i == 1:
+                    await send({"error": {"message": "engine died", "type": "InternalServerError", "code": 500}})
+                    await send(b"[DONE]")
+                    return resp
+        if mode != "nousage":
+            await send({"id": "x", "choices": [], "usage": {
+                "prompt_tokens": prompt_tokens, "completion_tokens": emitted, "total_tokens": prompt_tokens + emitted}})
+        if mode != "nodone":
+            await send(b"[DONE]")
+        return resp
+
+
+class FakeServer:
+    """Test-side handle on a ``FakeOpenAI`` subprocess."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, env=env)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("fake server did not start")
+        self.port = int(line)
+
+    def url(self, prefix: str = "/trial-3") -> str:
+        return f"http://127.0.0.1:{self.port}{prefix}"
+
+    def _call(self, path: str, method: str = "GET") -> dict:
+        req = urllib.request.Request(self.url("") + path, method=method, data=b"" if method == "POST" else None)
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def stats(self) -> dict:
+        return self._call("/_stats")
+
+    def reset(self) -> None:
+        self._call("/_reset", "POST")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = FakeServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def fake(server):
+    server.reset()
+    return server
+
+
+def make_set(n: int, *, rate: Optional[float] = None, output_len: int = 6, input_len: int = 12,
+             warmup: int = 0, concurrency: Optional[int] = None, first_tokens: dict = {}) -> RequestSet:
+    def req(i: int, warm: bool) -> Request:
+        first = first_tokens.get(i, 100 + abs(i))
+        return Request(index=i, arrival_s=0.0 if (warm or rate is None) else i / rate,
+                       prompt_token_ids=(first,) + tuple(range(500, 500 + input_len - 1)),
+                       output_len=output_len, warmup=warm)
+    return RequestSet(warmup=tuple(req(i, True) for i in range(-warmup, 0)),
+                      measured=tuple(req(i, False) for i in range(n)),
+                      closed_loop_concurrency=concurrency)
+
+
+def endpoint(fake: FakeServer, model: str = "ok", api: str = "completions", **extra) -> Endpoint:
+    return Endpoint(fake.url(), model, api=api, api_key=API_KEY, extra_body=extra)
+
+
+async def one_request(ep: Endpoint, req: Request, timeout_s: float = 2.0):
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+        return await send_request(session, ep, req, clock=lambda: time.perf_counter() - t0, timeout_s=timeout_s)
+
+
+# ================================================================ SSE parser
+STREAM = (b": keep-alive\n\n"
+          b"data: {\"a\": 1}\n\n"
+          b"event: message\nid: 7\ndata: {\"b\":\ndata: 2}\n\n"
+          b"data:{\"c\": 3}\r\n\r\n"
+          b"data: {\"d\": 4}\r\r"
+          b"data: [DONE]\n\n"
+          b"data: {\"after\": 1}\n\n")
+EXPECTED = [b'{"a": 1}', b'{"b":\n2}', b'{"c": 3}', b'{"d": 4}']
+
+
+def test_sse_parser_whole_stream():
+    p = SSEParser()
+    assert p.feed(STREAM) == EXPECTED
+    assert p.done and p.invalid_lines == 0
+    assert p.feed(b"data: {}\n\n") == []  # nothing after [DONE]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13])
+def test_sse_parser_any_split(size):
+    p = SSEParser()
+    out = []
+    for i in range(0, len(STREAM), size):
+        out += p.feed(STREAM[i:i + size])
+    assert out == EXPECTED and p.done
+
+
+def test_sse_parser_every_cut_point():
+    for cut in range(len(STREAM)):
+        p = SSEParser()
+        assert p.feed(STREAM[:cut]) + p.feed(STREAM[cut:]) == EXPECTED, cut
+
+
+def test_sse_parser_flush_and_invalid_lines():
+    p = SSEParser()
+    assert p.feed(b"data: {\"x\": 1}\n") == []  # no blank line yet
+    assert p.flush() == [b'{"x": 1}']
+    p = SSEParser()
+    assert p.feed(b"data: {\"x\": 1") == []
+    assert p.flush() == []  # a cut line is not an event
+    p = SSEParser()
+    assert p.feed(b"data: [DONE]\r") == []
+    assert p.flush() == [] and p.done
+    p = SSEParser()
+    assert p.feed(b"<html>\nnot sse\n\n") == []
+    assert p.invalid_lines == 2 and p.first_invalid == b"<html>"
+
+
+# ================================================================ happy paths
+def test_completions_stream(fake):
+    rs = make_set(4, rate=20, output_len=6, warmup=1)
+    ep = endpoint(fake, fake_ttft_ms=40, fake_itl_ms=8)
+    recs = run_load_sync(ep, rs, timeout_s=5)
+    assert [r.index for r in recs] == [-1, 0, 1, 2, 3]
+    assert recs[0].warmup and not any(r.warmup for r in recs[1:])
+    assert recs[0].sent_s < 0  # warm-up happened before the load window
+    for r, req in zip(recs, rs.warmup + rs.measured):
+        assert r.success, r.error
+        assert r.completion_tokens == 6 == len(r.token_times_s)
+        assert r.prompt_tokens == req.prompt_len == r.expected_prompt_tokens
+        assert r.expected_output_tokens == 6
+        assert r.first_token_s == r.token_times_s[0] and r.end_s == r.token_times_s[-1]
+        assert r.token_times_s == sorted(r.token_times_s)
+        # Lower bounds are the server's sleeps; upper bounds leave room for a busy machine.
+        assert 0.035 <= r.ttft_s < 0.5
+        assert all(0.006 <= x < 0.3 for x in r.itl_s)
+        assert 0.035 + 5 * 0.006 <= r.latency_s < 1.0
+        assert 0.006 <= r.tpot_s < 0.3
+    for r in recs[1:]:
+        assert 0 <= r.sent_s - r.scheduled_s < 0.05
+    assert [r.scheduled_s for r in recs[1:]] == [0.0, 0.05, 0.1, 0.15]
+
+    stats = fake.stats()
+    body = stats["bodies"][-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["ignore_eos"] is True and body["temperature"] == 0 and body["max_tokens"] == 6
+    assert body["prompt"] == list(rs.measured[-1].prompt_token_ids)
+    assert stats["auth"] == [f"Bearer {API_KEY}"] * 5
+    m = summarise(recs)
+    assert m.completed == 4 and m.failed == 0 and m.total_output_tokens == 24
+
+
+def test_chat_stream_skips_the_role_chunk(fake):
+    rs = make_set(3, rate=50, output_len=5, input_len=9)
+    recs = run_load_sync(endpoint(fake, api="chat", fake_ttft_ms=30), rs, timeout_s=5)
+    for r, req in zip(recs, rs.measured):
+        assert r.success, r.error
+        assert len(r.token_times_s) == 5 == r.completion_tokens
+        assert r.prompt_tokens == 9 + CHAT_TEMPLATE_TOKENS  # the server's count, not ours
+        assert r.ttft_s >= 0.025  # the role chunk came at once; the first token after ttft
+    body = fake.stats()["bodies"][-1]
+    assert body["messages"] == [{"role": "user", "content": token_ids_to_text(rs.measured[-1].prompt_token_ids)}]
+    assert body["max_completion_tokens"] == 5 and body["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_events_split_across_reads(fake, api):
+    """\\r\\n line ends, keep-alive comments and events cut across TCP writes."""
+    recs = run_load_sync(endpoint(fake, api=api, fake_split=True, fake_ttft_ms=5, fake_itl_ms=2),
+                         make_set(3, output_len=7), timeout_s=5)
+    for r in recs:
+        assert r.success, r.error
+        assert len(r.token_times_s) == 7 == r.completion_tokens
+        assert all(x > 0 for x in r.itl_s)  # each token arrived in a read of its own
+
+
+def test_workload_end_to_end(fake):
+    spec = WorkloadSpec(arrival={"kind": "poisson", "rate": 100}, num_requests=20, warmup_requests=2,
+                        input_len={"kind": "uniform", "min": 4, "max": 30}, output_len={"kind": "uniform", "min": 1, "max": 6},
+                        shared_prefix={"groups": 2, "length": 3})
+    rs = build_requests(spec, 0, 1000)
+    progress = []
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=5, fake_itl_ms=1), rs, timeout_s=5,
+                         on_progress=lambda done, total: progress.append((done, total)))
+    assert len(recs) == 22 and [r.index for r in recs] == list(range(-2, 20))
+    assert progress == [(i, 20) for i in range(1, 21)]
+    for r, req in zip(recs, rs.warmup + rs.measured):
+        assert r.success and r.completion_tokens == req.output_len == len(r.token_times_s)
+        assert r.prefix_group == req.prefix_group
+        assert r.scheduled_s == req.arrival_s if not r.warmup else r.scheduled_s < 0
+    m = summarise(recs, requested_rate=100)
+    assert m.num_requests == 20 and m.completed == 20
+    assert m.total_output_tokens == sum(r.output_len for r in rs.measured)
+    assert m.sched_lag_p50_ms < 50
+
+
+# ================================================================ failures
+@pytest.mark.parametrize("mode, kind, text", [
+    ("http500", RequestErrorKind.HTTP_STATUS, "HTTP 500"),
+    ("garbage", RequestErrorKind.BAD_RESPONSE, "payload"),
+    ("json", RequestErrorKind.BAD_RESPONSE, "not an event stream"),
+    ("stall", RequestErrorKind.TIMEOUT, "no end of stream within 0.5 s"),
+    ("close", RequestErrorKind.CONNECTION, ""),
+    ("nodone", RequestErrorKind.CONNECTION, "before [DONE]"),
+    ("notokens", RequestErrorKind.BAD_RESPONSE, "without any token"),
+    ("streamerror", RequestErrorKind.HTTP_STATUS, "engine died"),
+])
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_error_kinds(fake, mode, kind, text, api):
+    req = make_set(1, output_len=5).measured[0]
+    t = time.perf_counter()
+    rec = asyncio.run(one_request(endpoint(fake, mode, api=api, fake_ttft_ms=5, fake_itl_ms=1), req, timeout_s=0.5))
+    elapsed = time.perf_counter() - t
+    assert not rec.success
+    assert rec.error_kind == kind, rec.error
+    assert text in rec.error
+    assert len(rec.error) <= 500 and API_KEY not in rec.error
+    assert elapsed < 0.5 + 0.5
+    if mode == "stall":
+        assert elapsed >= 0.5
+    if mode in ("close", "streamerror"):  # tokens before the failure are kept
+        assert len(rec.token_times_s) == 2 and rec.first_token_s is not None
+    if mode == "http500":
+        assert "***" in rec.error  # the echoed key was scrubbed
+
+
+def test_missing_usage_falls_back_to_chunks(fake):
+    req = make_set(1, output_len=4).measured[0]
+    rec = asyncio.run(one_request(endpoint(fake, "nousage", fake_ttft_ms=1, fake_itl_ms=1), req))
+    assert rec.success and rec.completion_tokens is None and rec.output_tokens == 4
+
+
+def test_connection_refused():
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    ep = Endpoint(f"http://127.0.0.1:{port}", "m", api_key=API_KEY)
+    recs = run_load_sync(ep, make_set(3), timeout_s=2)
+    assert [r.error_kind for r in recs] == [RequestErrorKind.CONNECTION] * 3
+    assert all(r.sent_s is not None and r.first_token_s is None for r in recs)
+
+
+def test_long_error_text_is_truncated(fake):
+    ep = endpoint(fake, "http500", padding="x" * 5000)  # the body echoes nothing long, so use a long reason
+    req = make_set(1).measured[0]
+    rec = asyncio.run(one_request(ep, req))
+    assert rec.error_kind == RequestErrorKind.HTTP_STATUS and len(rec.error) <= 500
+
+
+# ================================================================ scheduling
+def test_open_loop_a_stalled_request_does_not_delay_later_ones(fake):
+    # Request 0 stalls until its timeout; 1..9 are due every 20 ms behind it.
+    rs = make_set(10, rate=50, output_len=4, first_tokens={0: 1})
+    t = time.perf_counter()
+    recs = run_load_sync(endpoint(fake, "script", fake_ttft_ms=10, fake_itl_ms=2), rs, timeout_s=0.8)
+    elapsed = time.perf_counter() - t
+    assert recs[0].error_kind == RequestErrorKind.TIMEOUT
+    assert all(r.success for r in recs[1:])
+    lags = [r.sent_s - r.scheduled_s for r in recs]
+    assert max(lags) < 0.1, lags  # nobody waited for request 0
+    assert all(r.end_s < 0.6 for r in recs[1:])  # served while request 0 was stuck
+    assert elapsed < 0.8 + 0.5
+    m = summarise(recs)
+    assert m.failed_timeout == 1 and m.completed == 9
+
+
+def test_max_concurrency_caps_in_flight(fake):
+    rs = make_set(12, output_len=5)  # a burst: all due at 0
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=20, fake_itl_ms=3), rs, timeout_s=5, max_concurrency=3)
+    assert all(r.success for r in recs)
+    assert fake.stats()["peak"] == 3
+    assert all(r.scheduled_s == 0.0 for r in recs)
+    lags = sorted(r.sent_s - r.scheduled_s for r in recs)
+    assert lags[3] >= 0.03  # the 4th waited for a slot: the first answer takes >= 20 + 4 * 3 ms
+    assert lags[-1] >= 0.09  # four rounds of three
+    assert summarise(recs).max_concurrency <= 3
+
+
+def test_open_loop_burst_without_cap(fake):
+    rs = make_set(40, output_len=3)
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=100, fake_itl_ms=1), rs, timeout_s=5)
+    assert all(r.success for r in recs)
+    assert fake.stats()["peak"] == 40  # nothing held them back (connector unlimited)
+
+
+def test_closed_loop_concurrency(fake):
+    rs = make_set(15, output_len=3, concurrency=4)
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=15, fake_itl_ms=2), rs, timeout_s=5)
+    assert [r.index for r in recs] == list(range(15))
+    assert all(r.success for r in recs)
+    assert fake.stats()["peak"] == 4
+    assert all(0 <= r.sent_s - r.scheduled_s < 0.05 for r in recs)
+    assert max(r.scheduled_s for r in recs) > 0.03  # later requests waited for a free worker
+
+
+def test_closed_loop_respects_max_concurrency(fake):
+    rs = make_set(8, output_len=2, concurrency=6)
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=10, fake_itl_ms=1), rs, timeout_s=5, max_concurrency=2)
+    assert all(r.success for r in recs) and fake.stats()["peak"] == 2
+
+
+def test_moderate_load_keeps_up(fake):
+    """300 req/s, 16 tokens each at 2 ms: ~4,800 chunks/s into the client.
+
+    On an idle 2-core machine the lag is ~1 ms at p50 and a few ms at p99; the bounds
+    only catch a client that falls behind (lag growing through the run)."""
+    rs = make_set(300, rate=300, output_len=16)
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=10, fake_itl_ms=2), rs, timeout_s=10)
+    assert all(r.success for r in recs)
+    assert sum(len(r.token_times_s) for r in recs) == 300 * 16
+    lags_ms = np.array([r.sent_s - r.scheduled_s for r in recs]) * 1000
+    assert np.percentile(lags_ms, 50) < 100 and lags_ms.max() < 1000, np.percentile(lags_ms, [50, 99, 100])
+    assert lags_ms[-50:].mean() < 150  # not falling further and further behind
+
+
+# ================================================================ readiness
+def test_wait_ready_polls_until_200(fake):
+    ep = Endpoint(fake.url("/slow"), "m", api_key=API_KEY)
+    asyncio.run(wait_ready(ep, timeout_s=5, interval_s=0.02))
+    assert fake.stats()["models_calls"] == 3
+
+
+def test_wait_ready_times_out_with_last_error():
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ep = Endpoint(f"http://127.0.0.1:{port}", "m", api_key=API_KEY)
+    t = time.perf_counter()
+    with pytest.raises(TimeoutError, match="not ready after 0.3 s; last error: .*Connect"):
+        asyncio.run(wait_ready(ep, timeout_s=0.3, interval_s=0.05))
+    assert time.perf_counter() - t < 1.0
+
+
+def test_endpoint_repr_hides_key():
+    ep = Endpoint("http://h:1/x/", "m", api_key=API_KEY)
+    assert API_KEY not in repr(ep)
+    assert ep.url == "http://h:1/x/v1/completions"
+    assert Endpoint("http://h:1", "m", api="chat").url == "http://h:1/v1/chat/completions"
+    with pytest.raises(ValueError):
+        Endpoint("http://h:1", "m", api="embeddings")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    asyncio.run(FakeOpenAI().serve())
