@@ -4,9 +4,10 @@ Every objective is first turned into a loss (minimise: the value; maximise: minu
 the value), then the front is found as in Optuna's ``optuna/study/_multi_objective.py``:
 duplicate loss vectors are merged with ``numpy.unique`` (which also sorts them
 lexicographically), so that no point can be dominated by a later one; two
-objectives then need one cumulative minimum (O(n log n)), more objectives a loop
-that keeps only the points strictly better than the current best in some objective
-(O(n * front size), vectorised). Rows with identical objective vectors share one
+objectives then need one cumulative minimum (O(n log n)); more objectives take
+Optuna's loop (the first remaining point is on the front; drop every point it
+dominates) a block of 256 points at a time, so the work is O(n * front size)
+comparisons in a few dozen numpy calls even when nearly every point is on the front. Rows with identical objective vectors share one
 fate: all on the front or none.
 
 A row is a candidate when its ``status`` is ``"completed"`` (when the frame has a
@@ -127,14 +128,37 @@ def _front_of_unique_sorted(losses: np.ndarray) -> np.ndarray:
         on_front[0] = True
         on_front[1:] = cummin[1:] < cummin[:-1]
         return on_front
-    remaining = np.arange(n)
-    rest = losses
+    return _front_nd(losses)
+
+
+def _weakly_better(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``out[i, j]``: ``a[i] <= b[j]`` in every objective (one pass per objective, no 3-D array)."""
+    out = a[:, 0, None] <= b[None, :, 0]
+    for j in range(1, a.shape[1]):
+        out &= a[:, j, None] <= b[None, :, j]
+    return out
+
+
+def _front_nd(losses: np.ndarray, block: int = 256, chunk: int = 8192) -> np.ndarray:
+    # Optuna's loop, a block of points at a time. Rows are unique and lexsorted, so
+    # "a <= b everywhere" means "a dominates b" and only earlier rows can dominate.
+    # The points of ``rest`` are dominated by no front point found so far; a point
+    # dominated by a dropped point is dominated by the front point that dropped it.
+    on_front = np.zeros(len(losses), dtype=bool)
+    index = np.arange(len(losses))
+    rest = np.ascontiguousarray(losses)
     while len(rest):
-        # rest[0] is not dominated: earlier points were dominated by a kept point or
-        # are no better; later ones are lexicographically worse.
-        on_front[remaining[0]] = True
-        keep = np.any(rest < rest[0], axis=1)
-        rest, remaining = rest[keep], remaining[keep]
+        head = rest[:block]
+        inside = _weakly_better(head, head)
+        np.fill_diagonal(inside, False)
+        new = ~inside.any(axis=0)
+        on_front[index[:block][new]] = True
+        front = head[new]
+        tail, tail_index = rest[block:], index[block:]
+        keep = np.ones(len(tail), dtype=bool)
+        for start in range(0, len(tail), chunk):
+            keep[start:start + chunk] = ~_weakly_better(front, tail[start:start + chunk]).any(axis=0)
+        rest, index = tail[keep], tail_index[keep]
     return on_front
 
 
