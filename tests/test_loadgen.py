@@ -10,6 +10,7 @@ the first prompt token (see ``SCRIPT``). Timing knobs travel in the request body
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -126,8 +127,8 @@ class FakeOpenAI:
         split = body.get("fake_split", False)
 
         if mode == "http500":  # echoes the Authorization header: the client must scrub it
-            return web.json_response({"error": {"message": f"boom; you sent {request.headers.get('Authorization')}"}},
-                                     status=500)
+            message = f"boom; you sent {request.headers.get('Authorization')} {body.get('padding', '')}"
+            return web.json_response({"error": {"message": message}}, status=500)
         if mode == "json":  # ignores stream: true
             return web.json_response({"choices": [{"text": "x"}]})
         if mode == "stall":
@@ -331,6 +332,7 @@ def test_completions_stream(fake):
     assert stats["auth"] == [f"Bearer {API_KEY}"] * 5
     m = summarise(recs)
     assert m.completed == 4 and m.failed == 0 and m.total_output_tokens == 24
+    assert gc.get_freeze_count() == 0  # frozen for the window only
 
 
 def test_chat_stream_skips_the_role_chunk(fake):
@@ -424,10 +426,11 @@ def test_connection_refused():
 
 
 def test_long_error_text_is_truncated(fake):
-    ep = endpoint(fake, "http500", padding="x" * 5000)  # the body echoes nothing long, so use a long reason
+    ep = endpoint(fake, "http500", padding="x" * 5000)  # echoed into the error body
     req = make_set(1).measured[0]
     rec = asyncio.run(one_request(ep, req))
-    assert rec.error_kind == RequestErrorKind.HTTP_STATUS and len(rec.error) <= 500
+    assert rec.error_kind == RequestErrorKind.HTTP_STATUS
+    assert len(rec.error) == 500 and rec.error.endswith("x") and API_KEY not in rec.error
 
 
 # ================================================================ scheduling
