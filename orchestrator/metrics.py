@@ -9,7 +9,8 @@ Definitions follow ``vllm bench serve`` (``vllm/benchmarks/serve.py``,
 * ITL: every gap between consecutive token-carrying chunks, pooled over requests.
 * E2E latency (``e2el``): last token minus send time.
 * Throughputs divide by the benchmark duration: from the first send to the last
-  request's end (failed requests included, as vLLM's wall clock does).
+  request's end (a failed request ends when the client gave up on it, as vLLM's
+  wall clock includes it).
 * Goodput: successful requests meeting every per-request SLO (ttft, tpot, e2el; a
   request with one output token has TPOT 0 for this test), per second.
 * Percentiles: ``numpy.percentile`` with linear interpolation.
@@ -79,7 +80,7 @@ class LoadMetrics:
     slo_attainment: float
     total_input_tokens: int
     total_output_tokens: int
-    max_concurrency: int
+    max_concurrency: int  # peak requests in flight (successful ones), as vLLM's "peak concurrent"
     requested_rate: Optional[float]
     achieved_rate: Optional[float]
     sched_lag_p50_ms: Optional[float]
@@ -163,7 +164,10 @@ def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSL
     failed = [r for r in measured if not r.success]
 
     sends = [r.sent_s for r in measured if r.sent_s is not None]
-    ends = [r.end_s for r in measured if r.end_s is not None]
+    # The window ends when the last request ended: its last token, or when a failed one was given up.
+    ends = [r.end_s if r.success else (r.finished_s if r.finished_s is not None else r.end_s)
+            for r in measured]
+    ends = [e for e in ends if e is not None]
     if sends:
         start = min(sends)
         end = max(ends + sends)

@@ -30,7 +30,8 @@ class RequestRecord:
     actually sent it (the difference is the generator's scheduling lag);
     ``first_token_s``: first streamed token; ``token_times_s``: arrival of every
     streamed chunk that carried tokens (the first included); ``end_s``: the last
-    token (as ``vllm bench serve``'s ``latency``, which ends at the last token).
+    token (as ``vllm bench serve``'s ``latency``, which ends at the last token);
+    ``finished_s``: when the client stopped waiting (also for failed requests).
     """
 
     index: int
@@ -39,6 +40,8 @@ class RequestRecord:
     first_token_s: Optional[float] = None
     end_s: Optional[float] = None
     token_times_s: list[float] = field(default_factory=list)
+    # When the client was done with the request, success or not (a timeout ends here).
+    finished_s: Optional[float] = None
     prompt_tokens: Optional[int] = None
     completion_tokens: Optional[int] = None
     expected_prompt_tokens: int = 0

@@ -289,6 +289,7 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: 
     if rec.token_times_s:
         rec.first_token_s = rec.token_times_s[0]
         rec.end_s = rec.token_times_s[-1]
+    rec.finished_s = clock()
     if rec.error is not None:
         rec.error = endpoint.scrub(rec.error)
     return rec
@@ -435,6 +436,8 @@ def _shift(rec: RequestRecord, dt: float) -> None:
         rec.first_token_s += dt
     if rec.end_s is not None:
         rec.end_s += dt
+    if rec.finished_s is not None:
+        rec.finished_s += dt
     rec.token_times_s = [t + dt for t in rec.token_times_s]
 
 
