@@ -120,8 +120,11 @@ class SimEngineCore:
     # ---------------------------------------------------------------- stepping
     def _schedule(self):
         out = self.scheduler.schedule()
-        if not out.scheduled:
-            return None
+        if not len(out):
+            if not out.preempted:
+                return None
+            # A running request preempted itself: an empty step, then the queue moves on.
+            return out, self.cost.step_overhead_s * self.cost.slowdown
         return out, self.cost.step_time(out.shape)
 
     def step(self) -> StepResult:

@@ -36,9 +36,9 @@ _ROOT_HASH = 0x5EED_CAFE  # parent hash of a sequence's first block (vLLM's NONE
 class SchedRequest:
     """The scheduler's view of one request (mutable, like vLLM's ``Request``)."""
 
-    __slots__ = ("request_id", "uid", "prompt", "num_prompt_tokens", "max_tokens", "num_tokens", "num_output",
+    __slots__ = ("request_id", "uid", "prompt", "num_prompt_tokens", "max_tokens", "num_tokens",
                  "num_delivered", "num_computed", "blocks", "block_hashes", "num_cached_blocks", "priority",
-                 "arrival", "num_preemptions", "num_cached_tokens", "finished")
+                 "arrival", "num_preemptions", "num_cached_tokens", "finished", "mark")
 
     def __init__(self, request_id: str, uid: int, prompt: Sequence[int], max_tokens: int,
                  priority: int = 0, arrival: float = 0.0):
@@ -51,7 +51,6 @@ class SchedRequest:
         # sequence end adds a placeholder token at once (its value is never needed);
         # the token is delivered when the step's output is processed.
         self.num_tokens = self.num_prompt_tokens  # prompt + generated (placeholders included)
-        self.num_output = 0  # tokens scheduled to be sampled
         self.num_delivered = 0  # tokens returned by processed steps
         self.num_computed = 0
         self.blocks: list[int] = []
@@ -62,6 +61,14 @@ class SchedRequest:
         self.num_preemptions = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first admission (-1: not yet)
         self.finished = False
+        # Decode fast path: while num_tokens < mark, the next step is a plain decode that
+        # needs no new block, fills no block and is not the last token. 0: take the slow path.
+        self.mark = 0
+
+    @property
+    def num_output(self) -> int:
+        """Tokens generated or scheduled to be (placeholders included)."""
+        return self.num_tokens - self.num_prompt_tokens
 
 
 @dataclass(slots=True)
@@ -84,9 +91,20 @@ class BatchShape:
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list  # [(SchedRequest, num_new_tokens, samples_a_token)] in batch order
+    """One step's rows: plain decodes (1 row, samples) apart from every other chunk, for speed."""
+
+    decodes: list  # [SchedRequest]
+    chunks: list  # [(SchedRequest, num_new_tokens, samples_a_token)]
     shape: BatchShape
     preempted: list = field(default_factory=list)  # SchedRequests preempted this step
+
+    @property
+    def scheduled(self) -> list:
+        """[(request, num_new_tokens, samples_a_token)]: decodes first, then chunks in batch order."""
+        return [(r, 1, True) for r in self.decodes] + self.chunks
+
+    def __len__(self) -> int:
+        return len(self.decodes) + len(self.chunks)
 
 
 class KVCacheManager:
@@ -163,7 +181,9 @@ class KVCacheManager:
         p = req.num_prompt_tokens
         if hi <= p:
             return hash((parent, req.prompt[lo:hi]))
-        return hash((parent, req.prompt[lo:p] if lo < p else (), req.uid, max(lo, p), hi))
+        if lo < p:
+            return hash((parent, req.prompt[lo:p], req.uid, p, hi))
+        return hash((parent, (), req.uid, lo, hi))
 
     def extend_hashes(self, req: SchedRequest, num_tokens: int) -> None:
         hashes = req.block_hashes
@@ -310,158 +330,259 @@ class Scheduler:
         return bool(self.running) or self.num_waiting > 0
 
     # ---------------------------------------------------------------- one step
-    @staticmethod
-    def _account(shape: BatchShape, req: SchedRequest, n: int, sign: int = 1) -> None:
-        """Add (or, with sign -1, refund) one request's rows to the batch shape."""
-        c = req.num_computed
-        shape.num_tokens += sign * n
-        shape.num_reqs += sign
-        if n == 1 and req.num_output > 0 and c == req.num_tokens - 1:
-            shape.num_decodes += sign
-            shape.decode_context += sign * (c + 1)
-        else:
-            shape.prefill_tokens += sign * n
-            shape.prefill_attn_pairs += sign * (n * c + n * (n + 1) // 2)
-            shape.prefill_context += sign * (c + n)
-        if c + n >= req.num_tokens:
-            shape.num_sampled += sign
-
     def _preempt(self, req: SchedRequest) -> None:
         self.kv.free(req)
         req.num_computed = 0
+        req.mark = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._push_waiting(req, front=True)
 
-    def schedule(self) -> SchedulerOutput:
-        """Pick the next step's rows and advance request state as vLLM does at schedule time."""
-        budget = self.max_num_batched_tokens
-        threshold = self.threshold
+    def _set_mark(self, req: SchedRequest) -> None:
+        """Arm the decode fast path for a request whose next step is a decode."""
         bs = self.block_size
-        kv = self.kv
-        caching = kv.caching
-        shape = BatchShape()
-        scheduled: list = []
-        preempted: list = []
-        running = self.running
+        mark = len(req.blocks) * bs + 1  # the next token needs a new block
+        if self.kv.caching:
+            mark = min(mark, (req.num_cached_blocks + 1) * bs)  # the next token fills a block
+        req.mark = min(mark, req.num_prompt_tokens + req.max_tokens)  # the last token
 
-        # 1. Running requests, in admission order.
+    def _take(self, req: SchedRequest, n: int, acc: list, chunks: list) -> None:
+        """Add ``n`` rows of ``req`` to the step and advance its state (vLLM's _update_after_schedule).
+
+        ``acc`` = [decodes, decode_context, prefill_tokens, prefill_pairs, prefill_context, sampled];
+        blocks must already be allocated. The decode fast path in :meth:`schedule` is the
+        n == 1 special case of this.
+        """
+        c, nt = req.num_computed, req.num_tokens
+        sampled = c + n >= nt
+        if self.kv.caching and (c + n) // self.block_size > req.num_cached_blocks:
+            self.kv.cache_blocks(req, c + n)
+        if n == 1 and sampled and nt > req.num_prompt_tokens:
+            acc[0] += 1
+            acc[1] += nt
+        else:
+            acc[2] += n
+            acc[3] += n * c + n * (n + 1) // 2
+            acc[4] += c + n
+        req.num_computed = c + n
+        if sampled:
+            acc[5] += 1
+            req.num_tokens = nt + 1  # placeholder for the token this row samples
+            self._set_mark(req)
+        else:
+            req.mark = 0
+        chunks.append((req, n, sampled))
+
+    def _refund(self, chunks: list, acc: list, victim: SchedRequest) -> int:
+        """Take a request scheduled earlier this step back out (priority preemption); return its rows."""
+        for k, (r, n, sampled) in enumerate(chunks):
+            if r is victim:
+                del chunks[k]
+                break
+        else:
+            return 0
+        c = victim.num_computed - n
+        if sampled:
+            victim.num_tokens -= 1
+            acc[5] -= 1
+        if n == 1 and sampled and victim.num_tokens > victim.num_prompt_tokens:
+            acc[0] -= 1
+            acc[1] -= c + 1
+        else:
+            acc[2] -= n
+            acc[3] -= n * c + n * (n + 1) // 2
+            acc[4] -= c + n
+        victim.num_computed = c
+        return n
+
+    def _running_chunk(self, req: SchedRequest, budget: int) -> int:
+        n = req.num_tokens - req.num_computed
+        if 0 < self.threshold < n:
+            n = self.threshold
+        return min(n, budget)
+
+    def _preempt_for(self, req: SchedRequest, need: int, i: int, chunks: list, acc: list,
+                     preempted: list) -> tuple[bool, int, int]:
+        """Preempt until ``req`` gets ``need`` blocks. Returns (scheduled?, new index of req, refunded rows)."""
+        running, refunded = self.running, 0
+        while True:
+            if self.priority:  # the max (priority, arrival) request, wherever it is
+                victim = max(running, key=lambda r: (r.priority, r.arrival))
+                vi = running.index(victim)
+                del running[vi]
+                if vi < i:
+                    i -= 1
+                    refunded += self._refund(chunks, acc, victim)
+            else:
+                victim = running.pop()  # FCFS: the last admitted request
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is req:
+                return False, i, refunded
+            if self.kv.grow(req, need):
+                return True, i, refunded
+
+    def _schedule_running(self, budget: int, acc: list, chunks: list, preempted: list) -> int:
+        """The running-request loop, index-based (any victim). Returns the budget left."""
+        running, bs = self.running, self.block_size
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             if req.num_output >= req.max_tokens:
                 i += 1  # async scheduling: its last token is in flight, nothing left to run
                 continue
-            c = req.num_computed
-            n = req.num_tokens - c
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            need = -(-(c + n) // bs) - len(req.blocks)
-            if need > 0 and not kv.grow(req, need):
-                while True:  # preempt until it fits or the request preempts itself
-                    if self.priority:
-                        victim = max(running, key=lambda r: (r.priority, r.arrival))
-                        vi = running.index(victim)
-                        del running[vi]
-                        if vi < i:
-                            i -= 1
-                            budget += self._refund(scheduled, shape, victim)
-                    else:
-                        victim = running.pop()
-                    self._preempt(victim)
-                    preempted.append(victim)
-                    if victim is req or kv.grow(req, need):
-                        break
-                if victim is req:
+            n = self._running_chunk(req, budget)
+            need = -(-(req.num_computed + n) // bs) - len(req.blocks)
+            if need > 0 and not self.kv.grow(req, need):
+                ok, i, refunded = self._preempt_for(req, need, i, chunks, acc, preempted)
+                budget += refunded
+                if not ok:
                     break
-            if caching:
-                t = c + n if c + n < req.num_tokens else req.num_tokens
-                if t // bs > req.num_cached_blocks:
-                    kv.cache_blocks(req, t)
-            scheduled.append((req, n, c + n >= req.num_tokens))
-            self._account(shape, req, n)
+            self._take(req, n, acc, chunks)
             budget -= n
             i += 1
+        return budget
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick the next step's rows; request state advances at once, as in vLLM."""
+        budget = self.max_num_batched_tokens
+        bs = self.block_size
+        kv = self.kv
+        decodes: list = []
+        chunks: list = []
+        preempted: list = []
+        acc = [0, 0, 0, 0, 0, 0]
+
+        # 1. Running requests, in admission order.
+        if self.priority:
+            budget = self._schedule_running(budget, acc, chunks, preempted)
+        else:
+            # FCFS hot path: the same rules as _schedule_running, with plain decodes
+            # (next token needs no block, fills none, is not the last) done inline.
+            dec_append = decodes.append
+            dec_ctx = 0
+            caching = kv.caching
+            running = self.running
+            for req in running:  # victims are popped from the end, which the iterator tolerates
+                if budget <= 0:
+                    break
+                nt = req.num_tokens
+                if nt < req.mark:  # mark > 0 only while num_computed == num_tokens - 1
+                    req.num_computed = nt
+                    req.num_tokens = nt + 1
+                    dec_ctx += nt
+                    dec_append(req)
+                    budget -= 1
+                    continue
+                if nt - req.num_prompt_tokens >= req.max_tokens:
+                    continue  # async scheduling: its last token is in flight
+                if req.num_computed + 1 == nt and nt > req.num_prompt_tokens:
+                    # A decode at a block boundary: maybe a new block, maybe a block to cache.
+                    if nt > len(req.blocks) * bs and not kv.grow(req, 1):
+                        if not self._preempt_for(req, 1, 0, chunks, acc, preempted)[0]:
+                            break
+                    if caching and nt // bs > req.num_cached_blocks:
+                        kv.cache_blocks(req, nt)
+                    req.num_computed = nt
+                    req.num_tokens = nt + 1
+                    self._set_mark(req)
+                    dec_ctx += nt
+                    dec_append(req)
+                    budget -= 1
+                    continue
+                n = self._running_chunk(req, budget)
+                need = -(-(req.num_computed + n) // bs) - len(req.blocks)
+                if need > 0 and not kv.grow(req, need):
+                    if not self._preempt_for(req, need, 0, chunks, acc, preempted)[0]:
+                        break
+                self._take(req, n, acc, chunks)
+                budget -= n
+            acc[0] += len(decodes)
+            acc[1] += dec_ctx
+            acc[5] += len(decodes)
 
         # 2. Waiting requests, only if nothing was preempted.
         if not preempted:
-            skipped = []
-            while budget > 0 and self.num_waiting and len(running) < self.max_num_seqs:
-                req = self._peek_waiting()
-                if req.num_output >= req.max_tokens:
-                    self._pop_waiting()  # preempted with its last token in flight: nothing to run
-                    skipped.append(req)
-                    continue
-                hits = kv.lookup(req) if caching else []
-                hit_tokens = len(hits) * bs
-                n = req.num_tokens - hit_tokens
-                if 0 < threshold < n:
-                    n = threshold
-                if not self.chunked and n > budget:
-                    break
-                if n > budget:
-                    n = budget
-                if not kv.admit(req, hits, n):
-                    break  # head-of-line blocking: nothing behind it is tried
-                self._pop_waiting()
-                if caching and req.num_preemptions == 0:
-                    self.prefix_cache_queries += req.num_tokens
-                    self.prefix_cache_hits += hit_tokens
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = hit_tokens
-                req.num_computed = hit_tokens
-                running.append(req)
-                scheduled.append((req, n, hit_tokens + n >= req.num_tokens))
-                self._account(shape, req, n)
-                budget -= n
-            for req in reversed(skipped):
-                self._push_waiting(req, front=True)
+            self._admit(budget, acc, chunks)
 
-        # 3. Advance state now (vLLM's _update_after_schedule), placeholders for sampled rows.
-        prompt_rows = 0
-        for req, n, sampled in scheduled:
-            if not (n == 1 and req.num_output > 0 and req.num_computed == req.num_tokens - 1):
-                prompt_rows += n  # prefill or recompute rows
-            req.num_computed += n
-            if sampled:
-                req.num_tokens += 1
-                req.num_output += 1
-        self.prompt_tokens_computed += prompt_rows
-        return SchedulerOutput(scheduled, shape, preempted)
+        n_dec, dec_ctx, pf_tokens, pf_pairs, pf_ctx, n_sampled = acc
+        self.prompt_tokens_computed += pf_tokens
+        shape = BatchShape(num_tokens=n_dec + pf_tokens, num_reqs=len(decodes) + len(chunks), num_decodes=n_dec,
+                           decode_context=dec_ctx, prefill_tokens=pf_tokens, prefill_attn_pairs=pf_pairs,
+                           prefill_context=pf_ctx, num_sampled=n_sampled)
+        return SchedulerOutput(decodes, chunks, shape, preempted)
 
-    def _refund(self, scheduled: list, shape: BatchShape, victim: SchedRequest) -> int:
-        """Take a request scheduled earlier this step back out of it (priority preemption)."""
-        for k, (r, m, _) in enumerate(scheduled):
-            if r is victim:
-                del scheduled[k]
-                self._account(shape, r, m, -1)
-                return m
-        return 0
+    def _admit(self, budget: int, acc: list, chunks: list) -> None:
+        """FCFS / priority admission: prefix lookup, full-sequence KV gate, chunk to fill the budget."""
+        kv, bs, threshold, running = self.kv, self.block_size, self.threshold, self.running
+        skipped = []
+        while budget > 0 and self.num_waiting and len(running) < self.max_num_seqs:
+            req = self._peek_waiting()
+            if req.num_output >= req.max_tokens:
+                self._pop_waiting()  # preempted with its last token in flight: nothing to run
+                skipped.append(req)
+                continue
+            hits = kv.lookup(req) if kv.caching else []
+            hit_tokens = len(hits) * bs
+            n = req.num_tokens - hit_tokens
+            if 0 < threshold < n:
+                n = threshold
+            if not self.chunked and n > budget:
+                break
+            if n > budget:
+                n = budget
+            if not kv.admit(req, hits, n):
+                break  # head-of-line blocking: nothing behind it is tried
+            self._pop_waiting()
+            if kv.caching and req.num_preemptions == 0:
+                self.prefix_cache_queries += req.num_tokens
+                self.prefix_cache_hits += hit_tokens
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = hit_tokens
+            req.num_computed = hit_tokens
+            running.append(req)
+            self._take(req, n, acc, chunks)
+            budget -= n
+        for req in reversed(skipped):
+            self._push_waiting(req, front=True)
 
     def update(self, out: SchedulerOutput) -> list:
-        """Process a step's output: [(request, new_tokens, finished)] in batch order.
+        """Process a step's output: [(request, new_tokens, finished)], decodes first.
 
         Finished requests leave ``running`` and free their blocks only here, so with
         async scheduling the step scheduled meanwhile still counted them.
         """
         results = []
+        append = results.append
         done = []
-        for req, n, sampled in out.scheduled:
+        for req in out.decodes:
             if req.finished:  # aborted meanwhile
                 continue
-            if not sampled:
-                results.append((req, 0, False))
-                continue
-            req.num_delivered += 1
-            self.generation_tokens += 1
-            if req.num_delivered >= req.max_tokens:
+            d = req.num_delivered + 1
+            req.num_delivered = d
+            if d >= req.max_tokens:
                 req.finished = True
                 done.append(req)
-                results.append((req, 1, True))
+                append((req, 1, True))
             else:
-                results.append((req, 1, False))
+                append((req, 1, False))
+        gen = len(results)
+        for req, n, sampled in out.chunks:
+            if req.finished:
+                continue
+            if not sampled:
+                append((req, 0, False))
+                continue
+            d = req.num_delivered + 1
+            req.num_delivered = d
+            gen += 1
+            if d >= req.max_tokens:
+                req.finished = True
+                done.append(req)
+                append((req, 1, True))
+            else:
+                append((req, 1, False))
+        self.generation_tokens += gen
         if done:
             for req in done:
                 self.requests.pop(req.request_id, None)
