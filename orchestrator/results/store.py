@@ -11,11 +11,14 @@ Rules:
   commit mark, and :meth:`ResultsStore.trial_ids` (what resume skips) lists only
   those files.
 * Each file appears whole or not at all. On a local filesystem the bytes go to a
-  hidden temporary name in the target directory (``.<name>.<random>.tmp``, which
-  every dataset reader skips), are fsynced, then renamed over the final name. On
+  temporary file in ``<output>/<study>/.tmp/`` (beside, not inside, the table
+  directories: no reader of ``trials/`` or ``requests/`` ever lists it, Polars'
+  directory scan included, which does not skip hidden names), are fsynced, then
+  renamed over the final name (same filesystem, so the rename is atomic). On
   object stores (S3, GCS), where rename is a copy, the final key is written
-  directly: a PUT is atomic there. A killed writer can leave a temporary file
-  behind; readers ignore it.
+  directly: a PUT is atomic there. A temporary file left by a killed writer is
+  removed by a later store once it is an hour old; hidden names (``.`` or ``_``)
+  inside the table directories are skipped by every reader here, too.
 * A trial is identified by ``(run_id, trial_id)``. Writing it again replaces its
   files, also when its start date (hence its partition) changed; the old copies
   are removed after the new ones are in place, and readers that see both keep
@@ -29,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
@@ -79,11 +82,22 @@ class ResultsStore:
     def __init__(self, output: Union[str, os.PathLike], study_name: str, *,
                  filesystem: Optional[pafs.FileSystem] = None):
         self.study_name = _check_name("study name", study_name)
+        self.output = os.fspath(output)
+        self._custom_fs = filesystem is not None
         self.filesystem, base = resolve_location(output, filesystem)
         self.root = f"{base.rstrip('/')}/{study_name}"
         self.trials_dir = f"{self.root}/trials"
         self.requests_dir = f"{self.root}/requests"
+        self.staging_dir = f"{self.root}/.tmp"
         self._local = isinstance(self.filesystem, pafs.LocalFileSystem)
+        self._checked_schema: Optional[pa.Schema] = None
+
+    @property
+    def study_path(self) -> str:
+        """The study directory as a local path or URI (what ``load_trials`` and pandas accept)."""
+        if "://" in self.output and not self._custom_fs:
+            return f"{self.output.rstrip('/')}/{self.study_name}"
+        return self.root
 
     def __repr__(self) -> str:
         return f"ResultsStore({self.root!r}, filesystem={self.filesystem.type_name})"
@@ -97,7 +111,11 @@ class ResultsStore:
         (``ValueError`` on unknown keys or bad values, before anything is written);
         ``requests`` must have :data:`REQUESTS_SCHEMA` and this trial's ids.
         """
-        table = trial_row_to_table(row, trials_schema(param_types))
+        schema = trials_schema(param_types)
+        if self._checked_schema is None and self._local:
+            self._sweep_stale_temps()
+        self._check_same_schema(schema)
+        table = trial_row_to_table(row, schema)
         study = table.column("study")[0].as_py()
         if study != self.study_name:
             raise ValueError(f"row is for study {study!r}, this store holds {self.study_name!r}")
@@ -125,14 +143,41 @@ class ResultsStore:
             self._delete(path)
         return trial_path
 
+    def _check_same_schema(self, schema: pa.Schema) -> None:
+        """Every trials file of a study has one schema: compare with an existing file (once)."""
+        if self._checked_schema is not None and self._checked_schema.equals(schema):
+            return
+        try:
+            existing = list_data_files(self.filesystem, self.trials_dir)
+            if existing:
+                with self.filesystem.open_input_file(existing[-1].path) as f:
+                    theirs = pq.read_schema(f)
+            else:
+                theirs = schema
+        except (OSError, pa.ArrowException):
+            theirs = schema  # unreadable listing or file: nothing to compare with; the write decides
+        if not theirs.equals(schema):
+            ours_cols, their_cols = set(schema.names), set(theirs.names)
+            diff = [f"new columns: {sorted(ours_cols - their_cols)}" if ours_cols - their_cols else "",
+                    f"missing columns: {sorted(their_cols - ours_cols)}" if their_cols - ours_cols else "",
+                    "column types differ" if ours_cols == their_cols else ""]
+            raise ValueError(
+                f"study {self.study_name!r} at {self.root} already holds trials with another schema "
+                f"({'; '.join(d for d in diff if d)}): the search space or the schema version changed; "
+                "use a new study name or output directory")
+        self._checked_schema = schema
+
     def _check_requests(self, requests: pa.Table, run_id: str, trial_id: str) -> pa.Table:
         if not isinstance(requests, pa.Table):
             raise TypeError(f"requests must be a pyarrow.Table (see requests_to_table), got {type(requests).__name__}")
-        if requests.schema.names != REQUESTS_SCHEMA.names:
+        if set(requests.schema.names) != set(REQUESTS_SCHEMA.names):
             missing = [n for n in REQUESTS_SCHEMA.names if n not in requests.schema.names]
             extra = [n for n in requests.schema.names if n not in REQUESTS_SCHEMA.names]
             raise ValueError(f"requests table does not match REQUESTS_SCHEMA (missing: {missing}, unknown: {extra})")
-        requests = requests.cast(REQUESTS_SCHEMA)
+        try:
+            requests = requests.select(REQUESTS_SCHEMA.names).cast(REQUESTS_SCHEMA)
+        except (ValueError, TypeError, pa.ArrowNotImplementedError) as e:  # ArrowInvalid is a ValueError
+            raise ValueError(f"requests table cannot be cast to REQUESTS_SCHEMA: {e}") from None
         for column, expected in (("study", self.study_name), ("run_id", run_id), ("trial_id", trial_id)):
             values = requests.column(column)
             if len(values) and not pc.all(pc.equal(values, expected)).as_py():
@@ -151,7 +196,9 @@ class ResultsStore:
                 out.write(data)
                 out.close()
                 return
-            tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+            fs.create_dir(self.staging_dir, recursive=True)
+            table = path[len(self.root) + 1:].split("/", 1)[0]  # "trials" or "requests"
+            tmp = f"{self.staging_dir}/{uuid.uuid4().hex}.{table}.{name}.tmp"
             try:
                 with fs.open_output_stream(tmp) as out:
                     out.write(data)
@@ -164,11 +211,23 @@ class ResultsStore:
         except (OSError, pa.ArrowException) as e:
             raise ResultsWriteError(path, e) from e
 
+    def _sweep_stale_temps(self, max_age_s: float = 3600.0) -> None:
+        """Remove temporary files that killed writers left (none is written for an hour)."""
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(self.staging_dir, allow_not_found=True))
+        except (OSError, pa.ArrowException):
+            return
+        now = datetime.now(timezone.utc)
+        for info in infos:
+            if info.type == pafs.FileType.File and info.mtime is not None and \
+                    (now - info.mtime.astimezone(timezone.utc)).total_seconds() > max_age_s:
+                self._delete(info.path)
+
     def _delete(self, path: str) -> None:
         try:
             self.filesystem.delete_file(path)
         except (OSError, pa.ArrowException):
-            pass  # gone already, or cleanup impossible: a hidden temp is ignored by readers
+            pass  # gone already, or cleanup impossible: a temp is never read
 
     def _copies(self, table_dir: str, run_id: str, trial_id: str) -> list[DataFile]:
         """Every file of (run, trial) under a table, across date partitions."""

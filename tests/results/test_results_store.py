@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -180,8 +181,11 @@ def test_validation_happens_before_any_write(tmp_path):
         store.write_trial(make_row(0), make_requests("t999"), param_types=PARAM_TYPES)
     with pytest.raises(ValueError, match="cannot name a file"):
         store.write_trial(make_row(0, run_id="a/b"), None, param_types=PARAM_TYPES)
-    with pytest.raises(ValueError, match="REQUESTS_SCHEMA"):
+    with pytest.raises(ValueError, match=r"REQUESTS_SCHEMA \(missing: \['itl_ms'\]"):
         store.write_trial(make_row(0), make_requests("t000").drop_columns(["itl_ms"]), param_types=PARAM_TYPES)
+    nulls = make_requests("t000").set_column(4, "request_index", pa.array([None, 1, 2], pa.int64()))
+    with pytest.raises(ValueError, match="cannot be cast"):
+        store.write_trial(make_row(0), nulls, param_types=PARAM_TYPES)
     assert visible_files(tmp_path) == []
 
 
@@ -195,7 +199,8 @@ class FailingFS(pafs.LocalFileSystem):
 
     def open_output_stream(self, path, *args, **kwargs):
         stream = super().open_output_stream(path, *args, **kwargs)
-        if self.where == "write" and f"/{self.fail_on}/" in path:
+        # final paths contain /trials/, staged ones .trials. (the store names its temps so)
+        if self.where == "write" and (f"/{self.fail_on}/" in path or f".{self.fail_on}." in path):
             return _FullDisk(stream)
         return stream
 
@@ -281,6 +286,9 @@ def test_file_uri_output(tmp_path):
     store.write_trial(make_row(0), make_requests("t000"), param_types=PARAM_TYPES)
     assert (tmp_path / "s/trials/date=2026-03-01/run=run1/t000.parquet").is_file()
     assert len(load_trials(uri)) == 1
+    assert store.study_path == uri + "/s"
+    assert len(load_trials(store.study_path)) == 1
+    assert ResultsStore(tmp_path, "s").study_path == (tmp_path / "s").resolve().as_posix()
     assert len(load_requests(uri + "/s", include_warmup=True)) == 3
 
 
@@ -298,16 +306,52 @@ def test_read_back_through_the_store(tmp_path):
     assert list(reqs.columns[:len(REQUESTS_SCHEMA)]) == REQUESTS_SCHEMA.names
 
 
-def test_local_writes_are_renamed_from_hidden_temps(tmp_path, monkeypatch):
+def test_local_writes_are_renamed_from_a_staging_dir(tmp_path):
     seen = []
     real_move = pafs.LocalFileSystem.move
 
     class Spy(pafs.LocalFileSystem):
         def move(self, src, dest):
-            seen.append((os.path.basename(src), os.path.basename(dest)))
+            seen.append((src, dest))
+            assert os.path.getsize(src) > 0 and not os.path.exists(dest)
             return real_move(self, src, dest)
 
     ResultsStore(tmp_path, "s", filesystem=Spy()).write_trial(make_row(0), make_requests("t000"),
                                                               param_types=PARAM_TYPES)
-    assert [d for _, d in seen] == ["t000.parquet", "t000.parquet"]
-    assert all(s.startswith(".t000.parquet.") and s.endswith(".tmp") for s, _ in seen)
+    assert [os.path.relpath(d, tmp_path) for _, d in seen] == [
+        "s/requests/date=2026-03-01/run=run1/t000.parquet", "s/trials/date=2026-03-01/run=run1/t000.parquet"]
+    # staged outside the table directories, so no reader of trials/ or requests/ can list them
+    assert all(os.path.dirname(src) == (tmp_path / "s" / ".tmp").as_posix() for src, _ in seen)
+    assert not any((tmp_path / "s" / ".tmp").iterdir())
+
+
+def test_stale_staging_files_are_swept(tmp_path):
+    staging = tmp_path / "s" / ".tmp"
+    staging.mkdir(parents=True)
+    old, fresh = staging / "dead.t000.parquet.tmp", staging / "busy.t001.parquet.tmp"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    ResultsStore(tmp_path, "s").write_trial(make_row(0), None, param_types=PARAM_TYPES)
+    assert not old.exists() and fresh.exists()  # a concurrent writer's temp is left alone
+    assert len(load_trials(tmp_path)) == 1
+
+
+def test_a_changed_search_space_is_refused(tmp_path):
+    ResultsStore(tmp_path, "s").write_trial(make_row(0), None, param_types=PARAM_TYPES)
+    other = dict(PARAM_TYPES, block_size="int")
+    row = make_row(1, block_size=16)
+    with pytest.raises(ValueError, match=r"another schema \(new columns: \['block_size'\]\)"):
+        ResultsStore(tmp_path, "s").write_trial(row, None, param_types=other)
+    retyped = dict(PARAM_TYPES, max_num_seqs="float")
+    with pytest.raises(ValueError, match="column types differ"):
+        ResultsStore(tmp_path, "s").write_trial(make_row(1), None, param_types=retyped)
+    assert ResultsStore(tmp_path, "s").trial_ids() == {"t000"}
+
+
+def test_requests_columns_in_another_order_are_accepted(tmp_path):
+    store = ResultsStore(tmp_path, "s")
+    reqs = make_requests("t000")
+    store.write_trial(make_row(0), reqs.select(list(reversed(reqs.schema.names))), param_types=PARAM_TYPES)
+    assert pq.read_schema(next((tmp_path / "s" / "requests").rglob("*.parquet"))).names == REQUESTS_SCHEMA.names
