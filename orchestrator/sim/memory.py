@@ -182,19 +182,19 @@ def plan_memory(model: ModelShape, gpu: GpuSpec, args: EngineArgs, dtype: str = 
     act = activation_bytes(model, args, dbytes)
     graphs = cudagraph_bytes(model, args, dbytes)
     kv = requested - weights - act - graphs - non_torch
-    if kv <= 0:
+    bs = int(args.block_size)
+    per_token = kv_bytes_per_token(model, args, dbytes)
+    page = bs * per_token
+    usable = kv - page  # 0.29 checks against the blocks left after the null block
+    if usable <= 0:
         raise EngineStartError(
             FailureKind.NO_KV_MEMORY,
             "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
             "when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
             "for more details.")
 
-    bs = int(args.block_size)
-    per_token = kv_bytes_per_token(model, args, dbytes)
-    page = bs * per_token
     max_len = int(args.max_model_len)
     needed = ceil_div(max_len, bs) * page
-    usable = kv - page  # 0.29 plans against blocks less the null block
     if needed > usable:
         est = max(0, usable // page * bs)
         est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
