@@ -16,6 +16,12 @@ Follows ``v1/core/sched/scheduler.py`` (``schedule``), ``kv_cache_manager.py`` a
 * a running request that cannot get its blocks preempts the last admitted one
   (recompute: blocks freed, computed tokens reset, re-queued at the front).
 
+As in vLLM, request state advances when a step is scheduled (a row that samples
+adds a placeholder token) and finished requests leave only when the step's output
+is processed (:meth:`Scheduler.update`), so async scheduling is modelled by
+scheduling step N+1 before processing step N. Generation ends at ``max_tokens``
+(no EOS). Counters follow vLLM's /metrics where one exists.
+
 It never looks at time: :mod:`orchestrator.sim.cost` prices the
 :class:`BatchShape` a step produces (Vidur's scheduler / predictor split).
 """
