@@ -234,10 +234,14 @@ TELEMETRY_METRIC_NAMES: tuple[str, ...] = (
 )
 # Facts of the engine start.
 ENGINE_METRIC_NAMES: tuple[str, ...] = ("startup_s", "kv_cache_tokens", "kv_cache_gib", "gpus")
+# Where a trial's wall time went: waiting for GPUs, the load window (warm-up included),
+# tear-down, and the rest (orchestration overhead: everything but start-up and load).
+PHASE_NAMES: tuple[str, ...] = ("queue_s", "load_window_s", "teardown_s", "overhead_s")
 # Capacity search (highest SLO-compliant request rate of one configuration).
 CAPACITY_METRIC_NAMES: tuple[str, ...] = ("capacity_rps", "capacity_goodput")
 
 
 def known_metric_names() -> list[str]:
     """Every metric an objective or constraint may name."""
-    return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES)
+    return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES
+                + PHASE_NAMES)

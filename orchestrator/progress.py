@@ -98,7 +98,7 @@ class ProgressPrinter:
         eta = elapsed / self.finished_here * left / 1 if self.finished_here else 0
         best = _fmt(self.best) if self.best is not None else "-"
         width = len(str(self.total))
-        self._print(f"[{self.done:>{width}}/{self.total}] {result.get('trial_id', '')} {status:<10} {shown}")
+        self._print(f"[{self.done:>{width}}/{self.total}] {result.get('tid', '')} {status:<10} {shown}")
         self._print(f"{'':>{2 * width + 4}}{objs}{slo} | done {self.done}, running {self.running}, "
                     f"not completed {self.failed} | best {first.metric} {best} | "
                     f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
@@ -116,7 +116,7 @@ class ProgressPrinter:
                 printer.trial_finished(trial.last_result or {}, trial.config or {})
 
             def on_trial_error(self, iteration, trials, trial, **info):
-                printer.trial_finished({"status": "error", "trial_id": trial.trial_id,
+                printer.trial_finished({"status": "error", "tid": trial.trial_id,
                                         "failure_kind": "trial actor died"}, trial.config or {})
 
         return _Progress()

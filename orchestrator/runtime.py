@@ -72,7 +72,8 @@ def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optiona
     if study.engine.kind == "sim" and gpus == 0:
         gpus = study.hardware.gpus_per_node  # logical GPUs: the sim holds them like vLLM would
     ray.init(num_cpus=cpus, num_gpus=gpus, namespace=NAMESPACE, include_dashboard=False,
-             runtime_env=runtime_env, logging_level=logging.WARNING, log_to_driver=True)
+             runtime_env=runtime_env, logging_level=logging.WARNING,
+             log_to_driver=os.environ.get("ORCHESTRATOR_RAY_LOGS") == "1")
     return True
 
 
@@ -85,7 +86,8 @@ def start_serve(port: int = 8000) -> None:
     nodes = _alive_nodes()
     if len({n.get("NodeManagerAddress") for n in nodes}) < len(nodes):
         proxy_location = "HeadOnly"  # several nodes share one host: one proxy per port
-    serve.start(proxy_location=proxy_location, http_options={"host": "127.0.0.1", "port": port})
+    serve.start(proxy_location=proxy_location, http_options={"host": "127.0.0.1", "port": port},
+                logging_config={"log_level": "WARNING", "enable_access_log": False})
 
 
 def _alive_nodes() -> list[dict]:

@@ -177,7 +177,7 @@ def tune_metrics(study: Study, row: dict) -> dict[str, Any]:
     out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, values)}
     out.update({CONSTRAINT_PREFIX + k: v for k, v in constraints.items()})
     out["status"] = row["status"]
-    out["trial_id"] = row["trial_id"]
+    out["tid"] = row["trial_id"]  # Tune owns the key "trial_id"
     out["feasible"] = bool(row.get("feasible"))
     out["failure_kind"] = row.get("failure_kind") or ""
     for c in study.constraints:
@@ -288,6 +288,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
         sampler=make_sampler(study), study_name=ostudy_name, storage=storage,
     )
     _enqueue_warm_start(study, searcher, storage, ostudy_name)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})
     tune_dir = state_dir / "_tune"
     tuner = tune.Tuner(
@@ -314,13 +315,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
         run.save(state_dir)
     result = _summary(study, store, run, previous is not None, n_done - len(done_ids), t_start)
     if started_here:
-        try:
-            from ray import serve
-
-            serve.shutdown()
-        except Exception:  # noqa: BLE001
-            pass
-        ray.shutdown()
+        ray.shutdown()  # takes Serve and every replica with it
     return result
 
 

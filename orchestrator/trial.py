@@ -144,7 +144,11 @@ def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_
                    failure_message=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"[-4000:])
         outcome = TrialOutcome(row)
     outcome.row["finished_at"] = _utc_now()
-    outcome.row["wall_time_s"] = time.monotonic() - t0
+    wall = time.monotonic() - t0
+    outcome.row["wall_time_s"] = wall
+    if outcome.row.get("load_window_s") is not None:
+        outcome.row["overhead_s"] = max(0.0, wall - (outcome.row.get("startup_s") or 0.0)
+                                        - outcome.row["load_window_s"] - (outcome.row.get("queue_s") or 0.0))
     finish_row(study, outcome.row)
     return outcome
 
@@ -162,17 +166,21 @@ def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: st
 
     requests = study_requests(study)
     if not engine.serves_http:
+        t_load = time.monotonic()
         try:
             records, telemetry = engine.measure(args, requests)
         except EngineStartError as e:
             return _start_failed(row, e)
+        row["load_window_s"] = time.monotonic() - t_load
         row.update(telemetry)
         row["status"] = TrialStatus.COMPLETED.value
         _add_load_metrics(study, row, records, args)
         return TrialOutcome(row, records)
 
     lease = _Lease(ctx, trial_id, engine.resources(args))
+    t_queue = time.monotonic()
     with lease:
+        row["queue_s"] = time.monotonic() - t_queue
         if lease.error:
             row.update(status=TrialStatus.PRUNED.value, failure_kind=FailureKind.PREFLIGHT.value,
                        failure_message=lease.error)
@@ -187,9 +195,13 @@ def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: st
             for k in ("kv_cache_tokens", "kv_cache_gib"):
                 if ep.facts.get(k) is not None:
                     row[k] = float(ep.facts[k])
+            t_load = time.monotonic()
             records, telemetry = _load(study, deployment, requests)
+            row["load_window_s"] = time.monotonic() - t_load
             row.update(telemetry)
             health = deployment.health()
+            t_down = time.monotonic()
+        row["teardown_s"] = time.monotonic() - t_down
         problems = deployment.teardown_problems()
 
     measured = [r for r in records if not r.warmup]

@@ -81,6 +81,9 @@ class ServedSimEngine(Engine):
             ray_actor_options={"num_cpus": 0, "num_gpus": args.gpus},
             health_check_period_s=2,
             health_check_timeout_s=10,
+            # Nothing to drain after the load window: stop at once.
+            graceful_shutdown_wait_loop_s=0.1,
+            graceful_shutdown_timeout_s=5,
         )
         args_dict = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name != "extra"}
         bound = dep.bind(

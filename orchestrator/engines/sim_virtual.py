@@ -1,0 +1,51 @@
+"""The ``sim`` engine in virtual time: same core, no HTTP, no sleeping.
+
+A trial's whole load window is simulated in milliseconds, so thousands of
+configurations can be scored in minutes (search experiments, shrinking a space
+before spending GPU hours). Telemetry comes from the core's own counters.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.engine_args import EngineArgs
+from orchestrator.engines.base import Engine, ResourceRequest
+from orchestrator.engines.sim_serve import sim_resolve
+from orchestrator.sim.hardware import get_gpu
+from orchestrator.sim.models import ModelShape, find_model_config
+
+
+class VirtualSimEngine(Engine):
+    kind = "sim"
+    serves_http = False
+
+    def __init__(self, study):
+        super().__init__(study)
+        with open(find_model_config(study.model.name, study.base_dir)) as f:
+            self.model = ModelShape.from_config(json.load(f), name=study.model.name)
+        self.gpu = get_gpu(study.hardware.gpu)
+
+    def resolve(self, args: EngineArgs) -> EngineArgs:
+        return sim_resolve(self.study, args)
+
+    def resources(self, args: EngineArgs) -> ResourceRequest:
+        return ResourceRequest("GPU", 0)  # nothing is deployed
+
+    def measure(self, args: EngineArgs, requests) -> tuple[list, dict[str, Any]]:
+        from orchestrator.sim.core import SimEngineCore
+        from orchestrator.sim.virtual import simulate
+
+        core = SimEngineCore(self.model, self.gpu, args, self.study.engine.calibration, dtype=self.study.model.dtype)
+        records = simulate(core, requests)
+        s = core.stats()
+        queries = s.prefix_cache_queries_total
+        telemetry = {
+            "kv_cache_tokens": float(core.memory.kv_tokens),
+            "kv_cache_gib": core.memory.kv_bytes / 2**30,
+            "num_preemptions": float(s.num_preemptions_total),
+            "prefix_cache_hit_rate": (s.prefix_cache_hits_total / queries) if queries else None,
+            "startup_s": 0.0,
+        }
+        return records, telemetry
