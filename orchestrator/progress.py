@@ -43,14 +43,14 @@ class ProgressPrinter:
         self.running = 0
         self.best: Optional[float] = None
         self.quiet = quiet
-        self.stream = stream or sys.stdout
+        self.stream = stream  # None: sys.stdout at print time (a stored stream may not pickle)
         self.t0 = time.monotonic()
         self.finished_here = 0
         self.concurrency = 1
 
     def _print(self, text: str) -> None:
         if not self.quiet:
-            print(text, file=self.stream, flush=True)
+            print(text, file=self.stream or sys.stdout, flush=True)
 
     def header(self, run_id: str, *, resumed: bool, stale: int, state_dir: str) -> None:
         s = self.study

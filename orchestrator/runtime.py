@@ -77,9 +77,10 @@ def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optiona
     return True
 
 
-def start_serve(port: int = 8000) -> None:
+def start_serve(port: int = 8000) -> int:
     """Start Serve from the driver (before Tune: a controller started inside a trial
-    would be captured by that trial's placement group)."""
+    would be captured by that trial's placement group). Returns the HTTP port in use,
+    which is the running controller's if Serve was already up."""
     from ray import serve
 
     proxy_location = "EveryNode"
@@ -88,6 +89,12 @@ def start_serve(port: int = 8000) -> None:
         proxy_location = "HeadOnly"  # several nodes share one host: one proxy per port
     serve.start(proxy_location=proxy_location, http_options={"host": "127.0.0.1", "port": port},
                 logging_config={"log_level": "WARNING", "enable_access_log": False})
+    try:
+        from ray.serve.context import _get_global_client
+
+        return int(_get_global_client().http_config.port)
+    except Exception:  # noqa: BLE001 - private API moved: trust the requested port
+        return port
 
 
 def _alive_nodes() -> list[dict]:

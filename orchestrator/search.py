@@ -159,6 +159,9 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     import ray
     from ray import tune
 
+    from orchestrator.engines.serve_app import SERVE_PORT_ENV
+
+    os.environ[SERVE_PORT_ENV] = str(ctx.serve_port)  # this trial actor's Serve proxy port
     number = int(config[TRIAL_NUMBER_KEY])
     params = {k: v for k, v in config.items() if k != TRIAL_NUMBER_KEY}
     trial_id = f"{ctx.run_id}-{number:04d}"
@@ -255,7 +258,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
     started_here = ensure_ray(study, address=address)
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
     if engine.serves_http:
-        start_serve(serve_port)
+        serve_port = start_serve(serve_port)
 
     suffix = run.run_id.replace("-", "")[-10:]
     ledger_name = sink_name = None

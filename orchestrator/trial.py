@@ -192,6 +192,7 @@ def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: st
         with deployment:
             ep = deployment.endpoint
             row["startup_s"] = ep.startup_s
+            row["extra_json"] = json.dumps({"endpoint": ep.base_url, "engine_facts": ep.facts}, default=str)
             for k in ("kv_cache_tokens", "kv_cache_gib"):
                 if ep.facts.get(k) is not None:
                     row[k] = float(ep.facts[k])

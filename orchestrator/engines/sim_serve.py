@@ -84,6 +84,8 @@ class ServedSimEngine(Engine):
             # Nothing to drain after the load window: stop at once.
             graceful_shutdown_wait_loop_s=0.1,
             graceful_shutdown_timeout_s=5,
+            # A configuration that cannot start fails the same way every time.
+            max_constructor_retry_count=1,
         )
         args_dict = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name != "extra"}
         bound = dep.bind(

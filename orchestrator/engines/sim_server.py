@@ -26,6 +26,8 @@ import time
 import zlib
 from typing import Any, AsyncIterator, Optional
 
+from fastapi import Request  # module level: the route annotations below are resolved here
+
 from orchestrator.engine_args import EngineArgs
 from orchestrator.sim.core import SimEngineCore, SimRequest
 from orchestrator.sim.hardware import get_gpu
@@ -390,7 +392,7 @@ def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_
 
 def build_ingress_class():
     """The Serve deployment class: FastAPI routes over the shared frontend, plus the direct server."""
-    from fastapi import FastAPI, Request
+    from fastapi import FastAPI
     from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from ray import serve
 
