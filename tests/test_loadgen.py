@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from orchestrator.loadgen import Endpoint, SSEParser, run_load, run_load_sync, send_request, wait_ready
+from orchestrator.loadgen import Endpoint, SSEParser, run_load_sync, send_request, wait_ready
 from orchestrator.metrics import summarise
 from orchestrator.records import RequestErrorKind
 from orchestrator.workload.generate import build_requests, token_ids_to_text

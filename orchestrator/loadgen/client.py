@@ -40,7 +40,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Optional, Sequence
+from typing import Any, Awaitable, Callable, Literal, Optional
 
 import aiohttp
 

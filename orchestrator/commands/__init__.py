@@ -1,0 +1,1 @@
+"""The sub-commands of the ``orchestrator`` command line (one module per group)."""

@@ -1,0 +1,60 @@
+"""``orchestrator pareto`` and ``orchestrator show``: read a study's results."""
+
+from __future__ import annotations
+
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, print_front, study_from_dataset
+
+
+def cmd_pareto(args) -> int:
+    study = study_from_dataset(args.path)
+    if study is None:
+        return EXIT_USAGE
+    print_front(study, args.path, run_id=args.run)
+    return EXIT_OK
+
+
+def cmd_show(args) -> int:
+
+    from orchestrator.results import load_trials
+
+    study = study_from_dataset(args.path)
+    if study is None:
+        return EXIT_USAGE
+    df = load_trials(args.path)
+    print(f"study {study.name} ({study.engine.kind} engine, {study.model.name} on {study.hardware.gpu})")
+    if df.empty:
+        print("no trials recorded")
+        return EXIT_OK
+    for run_id, g in df.groupby("run_id", sort=True):
+        counts = g["status"].value_counts().to_dict()
+        print(f"run {run_id}: {len(g)} trials (" + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+              + f"), {g['started_at'].min():%Y-%m-%d %H:%M} .. {g['finished_at'].max():%H:%M} UTC")
+    bad = df[df["status"] != "completed"]
+    if len(bad):
+        print("not completed, by kind:")
+        for kind, g in bad.groupby(bad["failure_kind"].fillna("?")):
+            print(f"  {kind}: {len(g)}  e.g. {str(g['failure_message'].iloc[0])[:160]}")
+    completed = df[df["status"] == "completed"]
+    if len(completed):
+        print("best completed trial per objective:")
+        for o in study.objectives:
+            col = completed[o.metric].dropna()
+            if col.empty:
+                continue
+            idx = col.idxmax() if o.resolved_direction == "maximize" else col.idxmin()
+            print(f"  {o.resolved_direction} {o.metric}: {col[idx]:,.4g} ({completed.loc[idx, 'trial_id']})")
+    print_front(study, args.path)
+    return EXIT_OK
+
+
+
+
+def register(sub) -> None:
+    pa = sub.add_parser("pareto", help="print the Pareto front of a study's results")
+    pa.add_argument("path", help="the study's result directory (<output>/<study>)")
+    pa.add_argument("--run", help="only this run id")
+    pa.set_defaults(func=cmd_pareto)
+
+    sh = sub.add_parser("show", help="summarise a study's results")
+    sh.add_argument("path", help="the study's result directory (<output>/<study>)")
+    sh.set_defaults(func=cmd_show)

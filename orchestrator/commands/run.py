@@ -1,0 +1,65 @@
+"""``orchestrator run`` and ``orchestrator validate``."""
+
+from __future__ import annotations
+
+import os
+
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, load_study_or_report, print_front
+
+
+def cmd_validate(args) -> int:
+    bad = 0
+    for path in args.files:
+        study = load_study_or_report(path)
+        if study is None:
+            bad += 1
+        else:
+            print(f"{path}: OK ({study.name}: {len(study.space.params)} parameters, "
+                  f"{study.budget.trials} trials, engine {study.engine.kind})")
+    return EXIT_USAGE if bad else EXIT_OK
+
+
+def cmd_run(args) -> int:
+    study = load_study_or_report(args.study)
+    if study is None:
+        return EXIT_USAGE
+    updates = {}
+    if args.output:
+        updates["output"] = args.output
+    if args.trials:
+        updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
+    if updates:
+        study = study.model_copy(update=updates)
+    from orchestrator.results.definition import write_study_definition
+    from orchestrator.search import run_study
+
+    write_study_definition(study)
+    run = run_study(study, address=args.address, serve_port=args.port, resume=not args.new_run,
+                    quiet=args.quiet)
+    print()
+    print(f"run {run.run_id}: {run.trials_run} trial(s) in {run.elapsed_s:.0f} s"
+          + (" (resumed)" if run.resumed else ""))
+    print_front(study, run.study_dir, run_id=run.run_id)
+    print()
+    print(f"trials:   {run.trials_dir}")
+    print(f"requests: {run.requests_dir}")
+    print(f"read them: python -c \"import pandas as pd; print(pd.read_parquet('{run.trials_dir}'))\"")
+    return EXIT_OK
+
+
+
+def register(sub) -> None:
+    r = sub.add_parser("run", help="run (or resume) a study")
+    r.add_argument("study", help="study YAML file")
+    r.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
+    r.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
+                   help="Ray Serve HTTP port (default 8000)")
+    r.add_argument("--output", help="override the study's output location")
+    r.add_argument("--trials", type=int, help="override the study's trial budget")
+    r.add_argument("--new-run", action="store_true", help="start a new run even if an unfinished one exists")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("validate", help="check study files; exit 2 on problems")
+    v.add_argument("files", nargs="+")
+    v.set_defaults(func=cmd_validate)
