@@ -18,10 +18,16 @@ from typing import Callable, Optional
 log = logging.getLogger(__name__)
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNaN]+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum each metric over its label sets (several engines or label values add up)."""
+def parse_labels(text: Optional[str]) -> dict[str, str]:
+    return dict(_LABEL.findall(text or ""))
+
+
+def parse_prometheus(text: str, labels: Optional[dict[str, str]] = None) -> dict[str, float]:
+    """Sum each metric over its label sets (several engines or label values add up),
+    keeping only samples whose labels include ``labels``."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -29,6 +35,10 @@ def parse_prometheus(text: str) -> dict[str, float]:
         m = _LINE.match(line)
         if not m:
             continue
+        if labels:
+            have = parse_labels(m.group(2))
+            if any(have.get(k) != v for k, v in labels.items()):
+                continue
         try:
             v = float(m.group(3))
         except ValueError:
@@ -115,9 +125,11 @@ class TelemetrySampler:
     """Samples while a load runs: ``with TelemetrySampler(...) as t: ...; t.summary()``."""
 
     def __init__(self, metrics_url: Optional[str], *, prefix: str = "vllm:", interval_s: float = 0.5,
-                 nvml: Optional[NvmlSampler] = None, fetch: Optional[Callable[[str], str]] = None):
+                 labels: Optional[dict[str, str]] = None, nvml: Optional[NvmlSampler] = None,
+                 fetch: Optional[Callable[[str], str]] = None):
         self.metrics_url = metrics_url
         self.prefix = prefix
+        self.labels = labels or None
         self.interval_s = interval_s
         self.nvml = nvml
         self.fetch = fetch or _http_get
@@ -132,7 +144,7 @@ class TelemetrySampler:
     def sample_once(self) -> None:
         if self.metrics_url:
             try:
-                values = parse_prometheus(self.fetch(self.metrics_url))
+                values = parse_prometheus(self.fetch(self.metrics_url), self.labels)
                 for ours, theirs in GAUGES.items():
                     self.gauges[ours].add(values.get(self.prefix + theirs))
                 for ours, theirs in COUNTERS.items():

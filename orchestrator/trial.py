@@ -228,8 +228,8 @@ def _load(study: Study, deployment, requests) -> tuple[list[RequestRecord], dict
 
     ep = deployment.endpoint
     endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=study.workload.api, api_key=ep.api_key)
-    nvml = try_nvml(ep.facts.get("gpu_indices")) if ep.facts.get("gpu_indices") is not None else None
-    with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, nvml=nvml) as sampler:
+    nvml = try_nvml(ep.gpu_indices) if ep.sample_nvml else None
+    with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, labels=ep.metric_labels, nvml=nvml) as sampler:
         records = run_load_sync(endpoint, requests, timeout_s=study.workload.timeout_s,
                                 max_concurrency=study.workload.max_concurrency,
                                 ignore_eos=study.workload.ignore_eos)

