@@ -185,7 +185,8 @@ class VllmServeEngine(Engine):
     def llm_config(self, trial_id: str, args: EngineArgs, model_dir: str) -> dict[str, Any]:
         """The ``LLMConfig`` (as a dict) for one trial; also what ``recommend`` prints."""
         spec = self.study.engine
-        served = self.study.model.served_name or self.study.model.name
+        # One model id per trial: concurrent trials share a node's metrics endpoint, told apart by it.
+        served = f"{self.study.model.served_name or self.study.model.name}-{trial_id}"
         engine_kwargs = args.to_engine_kwargs()
         engine_kwargs.setdefault("load_format", spec.load_format)
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
