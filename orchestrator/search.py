@@ -291,6 +291,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
         sampler=make_sampler(study), study_name=ostudy_name, storage=storage,
     )
     _enqueue_warm_start(study, searcher, storage, ostudy_name)
+    _enqueue_initial_points(study, searcher, resumed=previous is not None)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})
     tune_dir = state_dir / "_tune"
@@ -334,6 +335,15 @@ def _cleanup_apps(run_id: str) -> None:
                 delete_app(name, timeout_s=60)
     except Exception as e:  # noqa: BLE001
         log.warning("could not clean up Serve applications: %s", e)
+
+
+def _enqueue_initial_points(study: Study, searcher, *, resumed: bool) -> None:
+    """``search.initial_points``: tried first, in order (once per study: not again on resume)."""
+    if resumed or not study.search.initial_points:
+        return
+    ostudy = searcher._ot_study  # noqa: SLF001 - OptunaSearch keeps it there
+    for point in study.search.initial_points:
+        ostudy.enqueue_trial(dict(point), skip_if_exists=True)
 
 
 def _enqueue_warm_start(study: Study, searcher, storage, ostudy_name: str) -> None:

@@ -177,6 +177,8 @@ class SearchSettings(_Strict):
     sampler: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
     n_startup_trials: Optional[int] = Field(default=None, ge=0, description="random trials before the model kicks in")
     warm_start: list[str] = Field(default_factory=list, description="result datasets whose best points are tried first")
+    initial_points: list[dict[str, Any]] = Field(
+        default_factory=list, description="configurations tried first, in order (e.g. today's hand-tuned setting)")
     preflight: Optional[bool] = Field(
         default=None, description="skip configurations that cannot fit in memory before starting them; "
                                   "default: on for real engines, off for the sim (its start is the same arithmetic)")
@@ -226,6 +228,11 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _check(self):
+        for i, point in enumerate(self.search.initial_points):
+            unknown = sorted(set(point) - set(self.space.params))
+            if unknown:
+                raise ValueError(f"search.initial_points.{i}: {', '.join(unknown)} not in the space; "
+                                 f"parameters: {', '.join(self.space.params)}")
         metrics = [o.metric for o in self.objectives]
         if len(set(metrics)) != len(metrics):
             raise ValueError(f"objectives: each metric at most once, got {metrics}")
