@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.run",
     "orchestrator.commands.inspect",
     "orchestrator.commands.model",
+    "orchestrator.commands.recommend",
 )
 
 

@@ -17,6 +17,8 @@ from orchestrator.results.pareto import (
     pareto_mask,
 )
 from orchestrator.results.query import best_under_slos, list_data_files, load_requests, load_trials
+from orchestrator.results.query import (best_per_gpu, capacity_by_night, config_history, config_key,
+                                        param_importance)
 from orchestrator.results.schema import (
     REQUESTS_SCHEMA,
     SCHEMA_VERSION,
@@ -34,7 +36,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "ResultsStore",
     "ResultsWriteError",
+    "best_per_gpu",
     "best_under_slos",
+    "capacity_by_night",
+    "config_history",
+    "config_key",
     "constraint_summary",
     "constraints_mask",
     "dominated_mask",
@@ -49,6 +55,7 @@ __all__ = [
     "normalize_objectives",
     "param_types_of",
     "pareto_front",
+    "param_importance",
     "pareto_mask",
     "requests_to_table",
     "trial_row_to_table",
