@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "orchestrator.commands.inspect",
     "orchestrator.commands.model",
     "orchestrator.commands.recommend",
+    "orchestrator.commands.report",
+    "orchestrator.commands.nightly",
 )
 
 
