@@ -35,7 +35,7 @@ def cmd_run(args) -> int:
 
     write_study_definition(study)
     run = run_study(study, address=args.address, serve_port=args.port, resume=not args.new_run,
-                    quiet=args.quiet)
+                    quiet=args.quiet, max_trials=args.max_trials)
     print()
     print(f"run {run.run_id}: {run.trials_run} trial(s) in {run.elapsed_s:.0f} s"
           + (" (resumed)" if run.resumed else ""))
@@ -57,6 +57,8 @@ def register(sub) -> None:
     r.add_argument("--output", help="override the study's output location")
     r.add_argument("--trials", type=int, help="override the study's trial budget")
     r.add_argument("--new-run", action="store_true", help="start a new run even if an unfinished one exists")
+    r.add_argument("--max-trials", type=int,
+                   help="stop after this many trials in this invocation; the same command resumes the run")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
 
