@@ -207,7 +207,8 @@ class VllmServeEngine(Engine):
             "log_engine_metrics": True,
         }
         if self.platform == "cpu":
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
+            if "kv_cache_memory_bytes" not in engine_kwargs:  # the env var would override it
+                env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
             cfg["accelerator_config"] = {"kind": "cpu"}
             cfg["placement_group_config"] = {"bundles": [{"CPU": 1}] * args.gpus}
         else:
