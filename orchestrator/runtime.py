@@ -43,10 +43,9 @@ def engine_resource(study: Study) -> str:
 
 def _local_gpu_count() -> int:
     try:
-        import pynvml
+        from orchestrator.nvml import load_pynvml
 
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetCount()
+        return load_pynvml().nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001
         return 0
 
@@ -109,11 +108,34 @@ def _alive_nodes() -> list[dict]:
 
 
 def cluster_info(study: Study, *, started_locally: bool, serve_port: int) -> ClusterInfo:
-    from orchestrator.scheduling import cluster_units
+    from orchestrator.scheduling import units_per_node
 
     resource = engine_resource(study)
-    units = cluster_units(resource)
-    if resource == "CPU":
-        # A CPU engine replica takes one CPU bundle; keep one CPU for the rest.
-        units = {k: max(1, v - 1) for k, v in units.items()}
-    return ClusterInfo(started_locally, resource, units, serve_port)
+    return ClusterInfo(started_locally, resource, units_per_node(resource), serve_port)
+
+
+@dataclass(frozen=True)
+class LocalRay:
+    """The processes of a Ray instance this driver started (to find them again if it is killed)."""
+
+    session_dir: str
+    pids: tuple[int, ...]
+
+
+def local_ray() -> Optional[LocalRay]:
+    """This driver's own Ray head processes (GCS, raylet, monitors), if it started them.
+
+    On Linux they die with a killed driver (Ray sets a parent-death signal), and the
+    workers die with the raylet; elsewhere they may outlive it, so the run state keeps
+    them and the next start stops any that are left (see ``resume.stop_orphans``).
+    """
+    try:
+        import ray
+
+        node = ray._private.worker._global_node  # noqa: SLF001 - no public API for the head's processes
+        if node is None or not node.head:
+            return None
+        pids = [p.process.pid for procs in node.all_processes.values() for p in procs if p.process is not None]
+        return LocalRay(node.get_session_dir_path(), tuple(sorted(pids)))
+    except Exception:  # noqa: BLE001 - private API moved: no orphan tracking, nothing else lost
+        return None

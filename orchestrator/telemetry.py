@@ -85,9 +85,9 @@ class NvmlSampler:
     """Memory, utilisation, power and energy of the given GPU indices (all if None)."""
 
     def __init__(self, indices: Optional[list[int]] = None):
-        import pynvml
+        from orchestrator.nvml import load_pynvml
 
-        pynvml.nvmlInit()
+        pynvml = load_pynvml()
         self.nvml = pynvml
         count = pynvml.nvmlDeviceGetCount()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in (indices or range(count))]
