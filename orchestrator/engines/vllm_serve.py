@@ -212,8 +212,9 @@ class VllmServeEngine(Engine):
             cfg["accelerator_config"] = {"kind": "cpu"}
             cfg["placement_group_config"] = {"bundles": [{"CPU": 1}] * args.gpus}
         else:
-            cfg["placement_group_config"] = {"bundles": [{"GPU": 1, "CPU": 1}] * args.gpus,
-                                             "strategy": "STRICT_PACK"}
+            if args.gpus > 1:  # one GPU: ray.serve.llm's default bundle (also on Ray 2.58)
+                cfg["placement_group_config"] = {"bundles": [{"GPU": 1, "CPU": 1}] * args.gpus,
+                                                 "strategy": "STRICT_PACK"}
             accel = self._accelerator_type()
             if accel:
                 cfg["accelerator_type"] = accel
@@ -239,8 +240,11 @@ class VllmServeEngine(Engine):
         cfg = self.llm_config(trial_id, args, model_dir)
         try:
             llm_config = LLMConfig(**cfg)
-            app = build_openai_app({"llm_configs": [llm_config],
-                                    "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}}})
+            serving: dict[str, Any] = {"llm_configs": [llm_config]}
+            if self.platform == "cpu":
+                # The engine's CPU bundle may take the last logical CPU: the router needs none.
+                serving["ingress_deployment_config"] = {"ray_actor_options": {"num_cpus": 0}}
+            app = build_openai_app(serving)
         except Exception as e:  # noqa: BLE001 - pydantic/vLLM argument validation
             raise EngineStartError(FailureKind.INVALID_ARGS, f"{type(e).__name__}: {e}"[:4000]) from None
         t0 = time.monotonic()
