@@ -79,11 +79,57 @@ def node_metrics_url() -> Optional[str]:
     return None
 
 
+class ReleaseCheck:
+    """What "released" means after a teardown: Ray's free units back to at least their level
+    before the deploy, and (GPU nodes) device memory back near its level before the deploy."""
+
+    def __init__(self, resource: str, gpu_slack_gib: float = 2.0):
+        import ray
+
+        self.resource = resource
+        self.free_before = ray.available_resources().get(resource, 0.0)
+        self.gpu_slack_gib = gpu_slack_gib
+        self.mem_before = _gpu_memory_used_gib() if resource == "GPU" else None
+
+    def wait(self, timeout_s: float) -> Optional[str]:
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        free = mem = None
+        while time.monotonic() < deadline:
+            free = ray.available_resources().get(self.resource, 0.0)
+            mem = _gpu_memory_used_gib() if self.mem_before is not None else None
+            ray_ok = free + 1e-6 >= self.free_before
+            mem_ok = mem is None or mem <= self.mem_before + self.gpu_slack_gib
+            if ray_ok and mem_ok:
+                return None
+            time.sleep(1.0)
+        parts = []
+        if free is not None and free + 1e-6 < self.free_before:
+            parts.append(f"Ray shows {free:g} free {self.resource}(s), {self.free_before:g} before the deploy")
+        if mem is not None and mem > self.mem_before + self.gpu_slack_gib:
+            parts.append(f"GPU memory in use {mem:.1f} GiB, {self.mem_before:.1f} GiB before the deploy")
+        return f"not released {timeout_s:.0f} s after delete: " + "; ".join(parts)
+
+
+def _gpu_memory_used_gib() -> Optional[float]:
+    try:
+        from orchestrator.nvml import load_pynvml
+
+        nv = load_pynvml()
+        return sum(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used
+                   for i in range(nv.nvmlDeviceGetCount())) / 2**30
+    except Exception:  # noqa: BLE001 - no NVML here
+        return None
+
+
 class _VllmDeployment(Deployment):
-    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float):
+    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float,
+                 release: Optional[ReleaseCheck] = None):
         self.name = name
         self.endpoint = endpoint
         self.teardown_timeout_s = teardown_timeout_s
+        self.release = release
         self._problems: list[str] = []
 
     def health(self) -> Optional[str]:
@@ -115,6 +161,10 @@ class _VllmDeployment(Deployment):
         problem = serve_app.delete_app(self.name, timeout_s=self.teardown_timeout_s)
         if problem:
             self._problems.append(problem)
+        if self.release is not None:
+            leak = self.release.wait(timeout_s=self.teardown_timeout_s)
+            if leak:
+                self._problems.append(leak)
 
 
 def replica_log_tail(app_name: str, lines: int = 400) -> str:
@@ -247,6 +297,7 @@ class VllmServeEngine(Engine):
             app = build_openai_app(serving)
         except Exception as e:  # noqa: BLE001 - pydantic/vLLM argument validation
             raise EngineStartError(FailureKind.INVALID_ARGS, f"{type(e).__name__}: {e}"[:4000]) from None
+        release = ReleaseCheck(self.resources(args).resource)
         t0 = time.monotonic()
         serve_app.submit_app(app, name=name, route_prefix=route)
         try:
@@ -266,7 +317,7 @@ class VllmServeEngine(Engine):
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),
                                   metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
                                   metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
-        return _VllmDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s)
+        return _VllmDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release)
 
 
 def _best_message(text: str, kind: FailureKind) -> str:
