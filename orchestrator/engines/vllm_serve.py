@@ -308,6 +308,8 @@ class VllmServeEngine(Engine):
             text = e.message + ("\n" + logs if logs else "")
             kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
+            # The next trial must not start while this engine's memory is still held.
+            release.wait(timeout_s=spec.teardown_timeout_s)
             raise EngineStartError(kind, _best_message(text, kind)) from None
         base = serve_app.serve_base_url(route)
         served = cfg["model_loading_config"]["model_id"]
