@@ -16,7 +16,7 @@ JSON), ``/health``, ``/metrics`` (Prometheus text with vLLM's metric names) and
 ``/engine_facts``.
 """
 
-from __future__ import annotations
+
 
 import asyncio
 import itertools
@@ -24,9 +24,9 @@ import json
 import threading
 import time
 import zlib
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
-from fastapi import Request  # module level: the route annotations below are resolved here
+from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
 
 from orchestrator.engine_args import EngineArgs
 from orchestrator.sim.core import SimEngineCore, SimRequest
@@ -76,6 +76,8 @@ class SimRuntime:
         self.ids = itertools.count()
         self.error: Optional[BaseException] = None
         self.request_success = 0
+        self.on_accept: Optional[Callable[[], None]] = None  # per accepted request (fault injection)
+        self._pending_failure: Optional[BaseException] = None
         self._wake: Optional[asyncio.Event] = None
         ready = threading.Event()
         self.thread = threading.Thread(target=self._thread_main, args=(ready,), name="sim-engine", daemon=True)
@@ -100,6 +102,8 @@ class SimRuntime:
         next_free = loop.time()
         try:
             while True:
+                if self._pending_failure is not None:
+                    raise self._pending_failure
                 if not self.core.has_work():
                     self._wake.clear()
                     await self._wake.wait()
@@ -160,9 +164,20 @@ class SimRuntime:
             self.mailboxes[rid] = box
             self._wake.set()
             caller.call_soon_threadsafe(fut.set_result, None)
+            if self.on_accept is not None:
+                self.on_accept()
 
         self.loop.call_soon_threadsafe(_add)
         return rid, box, fut
+
+    def inject_failure(self, error: BaseException) -> None:
+        """Make the engine loop die of ``error`` at its next step, as a failing engine core would."""
+
+        def _fail():
+            self._pending_failure = error
+            self._wake.set()
+
+        self.loop.call_soon_threadsafe(_fail)
 
     def abort(self, rid: str) -> None:
         def _abort():
@@ -390,6 +405,15 @@ def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_
     return OpenAIFrontend(SimRuntime(core, args.stream_interval), model, args, served_model_name)
 
 
+def _ray_node_id() -> Optional[str]:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside Ray
+        return None
+
+
 def build_ingress_class():
     """The Serve deployment class: FastAPI routes over the shared frontend, plus the direct server."""
     from fastapi import FastAPI
@@ -400,8 +424,12 @@ def build_ingress_class():
 
     @serve.ingress(api)
     class SimLLMServer:
-        def __init__(self, *, startup_s: float = 0.0, direct: bool = True, **kwargs):
+        def __init__(self, *, startup_s: float = 0.0, direct: bool = True, faults: tuple = (), **kwargs):
+            from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start
+
             t0 = time.monotonic()
+            injected = [Fault(**f) for f in faults]
+            act_on_start(injected)
             self.front = build_sim_frontend(**kwargs)
             self.direct_url = None
             if direct:
@@ -412,6 +440,8 @@ def build_ingress_class():
                 self.node_ip = ray.util.get_node_ip_address()
             if startup_s > 0:
                 time.sleep(max(0.0, startup_s - (time.monotonic() - t0)))
+            self.load_faults = LoadFaults(injected, oom=self.front.rt.inject_failure)
+            self.front.rt.on_accept = self.load_faults.on_request
 
         @api.get("/health")
         async def health(self):
@@ -460,6 +490,7 @@ def build_ingress_class():
             facts = self.front.facts()
             facts["direct_url"] = self.direct_url
             facts["node_ip"] = getattr(self, "node_ip", None)
+            facts["node_id"] = _ray_node_id()
             return JSONResponse(facts)
 
         def check_health(self):
