@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 
@@ -14,6 +15,7 @@ def _vllm_pynvml():
     path = Path(list(spec.submodule_search_locations)[0]) / "third_party" / "pynvml.py"
     mod_spec = importlib.util.spec_from_file_location("_orchestrator_pynvml", path)
     module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_spec.name] = module  # it looks itself up there while loading
     mod_spec.loader.exec_module(module)
     return module
 
