@@ -178,6 +178,8 @@ class TelemetrySampler:
 
     def summary(self) -> dict[str, Optional[float]]:
         hits, queries = self.counters["prefix_cache_hits"].increase, self.counters["prefix_cache_queries"].increase
+        if queries and hits is None and not self.counters["prefix_cache_hits"].values:
+            hits = 0.0  # Ray exports a counter only once it moved: no series means no hit
         return {
             "kv_cache_usage_peak": self.gauges["kv_cache_usage"].peak,
             "kv_cache_usage_mean": self.gauges["kv_cache_usage"].mean,
