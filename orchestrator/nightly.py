@@ -8,7 +8,9 @@ the study's budget) with two additions:
   every night measures some configurations that the previous night measured too.
   The rest of the budget searches as usual; the sampler is warm, because every
   night's trials live in the same Optuna journal (same study fingerprint).
-* **Compare.** Against the latest earlier nightly run on the same workload:
+* **Compare.** Against the previous night: the latest earlier run of the study on
+  the same workload with a completed trial (a nightly run, or the plain
+  ``orchestrator run`` that set the baseline). Compared:
   the best capacity under the SLOs, and for each re-measured configuration its
   capacity, its p99 latencies and whether it still starts and meets the SLOs. A
   change for the worse beyond ``threshold`` (relative) is a regression.
@@ -138,6 +140,23 @@ def capacity_metric_of(study: Study, trials: pd.DataFrame, policy: NightlyPolicy
         return "capacity_rps"
     maximised = [o.metric for o in study.objectives if o.resolved_direction == "maximize"]
     return maximised[0] if maximised else "output_throughput_per_gpu"
+
+
+def previous_run(trials: pd.DataFrame, study: Study, *, before: Optional[str] = None) -> Optional[str]:
+    """The latest run (by its first trial's start) on the study's workload with a completed trial.
+
+    ``before``: ignore this run and any run that started after it (tonight's).
+    """
+    if trials.empty:
+        return None
+    same = trials[(trials["workload_json"] == study.workload.model_dump_json())]
+    runs = same.groupby("run_id").agg(start=("started_at", "min"),
+                                      completed=("status", lambda s: (s == "completed").any()))
+    runs = runs[runs["completed"]]
+    if before is not None and before in set(trials["run_id"]):
+        cutoff = trials.loc[trials["run_id"] == before, "started_at"].min()
+        runs = runs[(runs.index != before) & (runs["start"] < cutoff)]
+    return str(runs["start"].idxmax()) if len(runs) else None
 
 
 def front_points(trials: pd.DataFrame, study: Study, limit: int) -> list[dict[str, Any]]:
@@ -338,14 +357,17 @@ def run_nightly(study: Study, *, policy: NightlyPolicy = NightlyPolicy(), addres
 
     study_dir = ResultsStore(study.output, study.name).study_path
     write_study_definition(study)
-    mine = workload_hash(study)
-    previous = next((s for s in reversed(load_summaries(study_dir)) if s.workload_hash == mine), None)
-    prev_trials = load_trials(study_dir, run=previous.run_id) if previous is not None else None
+    try:
+        earlier = load_trials(study_dir)
+    except FileNotFoundError:
+        earlier = pd.DataFrame()
+    prev_id = previous_run(earlier, study)
+    prev_trials = earlier[earlier["run_id"] == prev_id] if prev_id is not None else None
     configs = front_points(prev_trials, study, policy.remeasure_limit(study.budget.trials)) \
         if prev_trials is not None else []
     queue_first(study, configs)
     run = run_study(study, address=address, serve_port=serve_port, resume=False, quiet=quiet)
     current = load_trials(study_dir, run=run.run_id)
     summary = summarise_night(study, run_id=run.run_id, current=current, previous=prev_trials,
-                              previous_run_id=previous.run_id if previous else None, configs=configs, policy=policy)
+                              previous_run_id=prev_id, configs=configs, policy=policy)
     return NightlyRun(summary, write_summary(study_dir, summary), study_dir)

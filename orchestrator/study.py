@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from orchestrator.metrics import HIGHER_IS_BETTER, RequestSLO, known_metric_names
-from orchestrator.space import SearchSpace
+from orchestrator.space import Scalar, SearchSpace
 from orchestrator.workload.spec import WorkloadSpec
 
 
@@ -37,6 +37,43 @@ class SimCalibration(_Strict):
     slowdown: float = Field(default=1.0, gt=0, le=100, description="multiplies every step time")
 
 
+class SimFault(_Strict):
+    """One failure injected into the simulated engine (chaos testing; see docs/search.md)."""
+
+    kind: Literal["start_crash", "never_ready", "crash", "oom"] = Field(
+        description="start_crash: the engine dies while starting; never_ready: it never becomes ready (start "
+                    "timeout); crash: the engine process exits under load; oom: the engine runs out of memory "
+                    "under load")
+    after_s: float = Field(default=0.0, ge=0, le=86_400,
+                           description="start_crash: seconds into the start; crash, oom: seconds after ready")
+    after_requests: Optional[int] = Field(default=None, ge=0, le=100_000_000,
+                                          description="crash, oom: after this many accepted requests instead")
+    probability: float = Field(default=1.0, ge=0, le=1,
+                               description="chance a trial gets the fault (drawn from the study seed and trial id)")
+    when: Optional[dict[str, Union[Scalar, list[Scalar]]]] = Field(
+        default=None, description="only trials whose engine arguments have (one of) these values")
+
+    @field_validator("after_requests")
+    @classmethod
+    def _requests_for_load_faults(cls, v, info):
+        if v is not None and info.data.get("kind") not in ("crash", "oom"):
+            raise ValueError(f"applies to kind crash or oom, not {info.data.get('kind')!r}")
+        return v
+
+    @field_validator("when")
+    @classmethod
+    def _engine_args_only(cls, v):
+        from orchestrator.engine_args import ENGINE_ARG_RULES, TUNABLE_ENGINE_ARGS
+
+        for name in v or {}:
+            if name not in ENGINE_ARG_RULES:
+                close = difflib.get_close_matches(str(name), TUNABLE_ENGINE_ARGS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown engine argument {name!r}{hint}; allowed: "
+                                 + ", ".join(TUNABLE_ENGINE_ARGS))
+        return v
+
+
 class SimEngineSpec(_Strict):
     kind: Literal["sim"] = "sim"
     mode: Literal["served", "virtual"] = Field(
@@ -46,6 +83,16 @@ class SimEngineSpec(_Strict):
         default="direct", description="direct: HTTP straight to the replica (as vLLM's API server); "
                                       "serve: through Ray Serve's proxy (adds its per-chunk cost)")
     calibration: SimCalibration = SimCalibration()
+    start_timeout_s: Optional[float] = Field(default=None, gt=0, le=86_400,
+                                             description="served mode; default: 3 x startup_s + 60")
+    faults: list[SimFault] = Field(default_factory=list, description="injected failures (served mode)")
+
+    @field_validator("faults")
+    @classmethod
+    def _faults_need_served(cls, v, info):
+        if v and info.data.get("mode") != "served":
+            raise ValueError("faults are injected into the served engine; set engine.mode: served")
+        return v
 
 
 class VllmEngineSpec(_Strict):
@@ -173,12 +220,26 @@ class Constraint(_Strict):
                 ">=": value >= self.value, ">": value > self.value}[self.op]
 
 
+class SearchStage(_Strict):
+    """One step of a staged search: its parameters are searched while the others are held."""
+
+    name: Optional[str] = Field(default=None, max_length=100)
+    params: list[str] = Field(min_length=1, description="searched in this stage (each parameter in one stage)")
+    trials: Optional[int] = Field(default=None, ge=1, le=100_000,
+                                  description="trials of this stage; the last stage may leave it out (the rest)")
+
+
 class SearchSettings(_Strict):
     sampler: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
+    seed: Optional[int] = Field(default=None, description="sampler seed; default: the study's seed")
     n_startup_trials: Optional[int] = Field(default=None, ge=0, description="random trials before the model kicks in")
     warm_start: list[str] = Field(default_factory=list, description="result datasets whose best points are tried first")
     initial_points: list[dict[str, Any]] = Field(
         default_factory=list, description="configurations tried first, in order (e.g. today's hand-tuned setting)")
+    warm_start_trials: Optional[int] = Field(default=None, ge=0, le=100_000,
+                                             description="most warm-start points tried; default: half the budget")
+    stages: list[SearchStage] = Field(
+        default_factory=list, description="staged search: parameter groups searched one after another")
     preflight: Optional[bool] = Field(
         default=None, description="skip configurations that cannot fit in memory before starting them; "
                                   "default: on for real engines, off for the sim (its start is the same arithmetic)")
@@ -188,6 +249,9 @@ class Budget(_Strict):
     trials: int = Field(default=16, ge=1, le=100_000)
     wall_time_s: Optional[float] = Field(default=None, gt=0)
     max_concurrent_trials: int = Field(default=1, ge=1, le=1024)
+    trial_retries: int = Field(default=1, ge=0, le=10,
+                               description="reruns of a trial whose process was lost (a node died); a "
+                                           "configuration's own failures are recorded, never retried")
 
 
 class Study(_Strict):
@@ -228,11 +292,9 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _check(self):
-        for i, point in enumerate(self.search.initial_points):
-            unknown = sorted(set(point) - set(self.space.params))
-            if unknown:
-                raise ValueError(f"search.initial_points.{i}: {', '.join(unknown)} not in the space; "
-                                 f"parameters: {', '.join(self.space.params)}")
+        problems = _search_problems(self)
+        if problems:
+            raise LocatedError(problems)
         metrics = [o.metric for o in self.objectives]
         if len(set(metrics)) != len(metrics):
             raise ValueError(f"objectives: each metric at most once, got {metrics}")
@@ -263,6 +325,61 @@ class Study(_Strict):
         return Path(self.source_path).parent if self.source_path else None
 
 
+class LocatedError(ValueError):
+    """Cross-field problems that already know their key paths (kept as such in the report)."""
+
+    def __init__(self, problems: list["Problem"]):
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+def _search_problems(study: "Study") -> list["Problem"]:
+    """``search`` keys that depend on the space and the budget."""
+    s, space = study.search, study.space
+    names = list(space.params)
+    problems: list[Problem] = []
+    for i, point in enumerate(s.initial_points):
+        for name in sorted(set(point) - set(names)):
+            problems.append(Problem(f"search.initial_points.{i}.{name}",
+                                    f"not a parameter of the space; parameters: {', '.join(names)}"))
+    if not s.stages:
+        return problems
+    if s.sampler == "grid":
+        problems.append(Problem("search.stages", "not with sampler 'grid' (it enumerates every combination); "
+                                                 "allowed samplers: tpe, nsga2, gp, random", s.sampler, True))
+    sampled = set(space.sampled_names())
+    owner: dict[str, int] = {}
+    for i, stage in enumerate(s.stages):
+        for name in stage.params:
+            if name not in space.params:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(Problem(f"search.stages.{i}.params", f"not a parameter of the space{hint}; "
+                                        f"parameters: {', '.join(names)}", name, True))
+            elif name not in sampled:
+                problems.append(Problem(f"search.stages.{i}.params", "a fixed parameter has nothing to search; "
+                                        f"searched parameters: {', '.join(sorted(sampled))}", name, True))
+            elif name in owner:
+                problems.append(Problem(f"search.stages.{i}.params", f"already in stage {owner[name]}; "
+                                        "each parameter belongs to one stage", name, True))
+            else:
+                owner[name] = i
+        if stage.trials is None and i < len(s.stages) - 1:
+            problems.append(Problem(f"search.stages.{i}.trials", "required key is missing (only the last stage "
+                                                                 "may leave it out: it gets the rest of the budget)"))
+    missing = sorted(sampled - set(owner))
+    if missing:
+        problems.append(Problem("search.stages", "searched parameters in no stage: " + ", ".join(missing)
+                                + " (each searched parameter belongs to exactly one stage)"))
+    planned = sum(st.trials or 0 for st in s.stages)
+    rest = study.budget.trials - planned
+    if rest < 0 or (rest == 0 and s.stages[-1].trials is None):
+        problems.append(Problem("search.stages", f"the stages need {planned} trials"
+                                + (" and the last stage at least one more" if s.stages[-1].trials is None else "")
+                                + f"; budget.trials is {study.budget.trials}"))
+    return problems
+
+
 def _check_metric(v: str) -> str:
     names = known_metric_names()
     if v not in names:
@@ -282,7 +399,14 @@ class Problem:
 
     def __str__(self) -> str:
         got = f" (got {_short(self.value)})" if self.has_value else ""
-        return f"{self.path or '<root>'}: {self.message}{got}"
+        return _one_line(f"{self.path or '<root>'}: {self.message}{got}")
+
+
+def _one_line(text: str) -> str:
+    """Control characters (line breaks included) escaped: a problem is always one printable line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class StudyFileError(Exception):
@@ -312,6 +436,10 @@ _ALLOWED_AT = {
 def _problems_from_validation(err: ValidationError, data: Any) -> list[Problem]:
     problems = []
     for e in err.errors(include_url=False):
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, LocatedError):
+            problems.extend(cause.problems)
+            continue
         loc = _data_path(data, [str(x) for x in e["loc"]])
         msg = e["msg"].removeprefix("Value error, ")
         etype = e["type"]
@@ -390,6 +518,10 @@ def _model_for_path(data: Any, loc: tuple[str, ...]):
         return table.get(kind)
     if loc[:1] == ("engine",) and loc[1:] == ("calibration",):
         return SimCalibration
+    if len(loc) == 3 and loc[:2] == ("engine", "faults"):
+        return SimFault
+    if len(loc) == 3 and loc[:2] == ("search", "stages"):
+        return SearchStage
     return None
 
 

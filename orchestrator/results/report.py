@@ -154,8 +154,12 @@ def load_curves(requests: pd.DataFrame, trials: pd.DataFrame, trial_ids: Sequenc
                             "requests": len(lv)})
             continue
         load = _in_flight_at_send(ok["sent_s"].to_numpy(float), ok["end_s"].to_numpy(float))
-        edges = np.unique(np.quantile(load, np.linspace(0, 1, bins + 1)))
-        which = np.clip(np.searchsorted(edges, load, side="right") - 1, 0, max(len(edges) - 2, 0))
+        distinct = np.unique(load)
+        if len(distinct) <= bins:  # few load values: one point each
+            which = np.searchsorted(distinct, load)
+        else:  # equal-count bins
+            edges = np.unique(np.quantile(load, np.linspace(0, 1, bins + 1)))
+            which = np.clip(np.searchsorted(edges, load, side="right") - 1, 0, max(len(edges) - 2, 0))
         for b in np.unique(which):
             sel = ok[which == b]
             out.append({"trial_id": trial_id, "source": "in_flight", "x": float(load[which == b].mean()),
@@ -164,19 +168,27 @@ def load_curves(requests: pd.DataFrame, trials: pd.DataFrame, trial_ids: Sequenc
     return pd.DataFrame(out, columns=cols)
 
 
-# A levels table written by a capacity search: which columns name the load and the latency.
-LEVEL_X_COLUMNS = ("output_throughput_per_gpu", "request_throughput", "achieved_rate", "offered_rate", "rate")
+# The levels table (one row per trial and load level of a capacity search): load and latency columns.
+LEVEL_X_COLUMNS = ("rate", "output_throughput_per_gpu")
 LEVEL_Y_COLUMNS = ("ttft_p99_ms", "ttft_p90_ms", "ttft_p50_ms")
 
 
-def level_curves(levels: pd.DataFrame) -> Optional[pd.DataFrame]:
-    """Latency against load per trial from a levels table (one row per trial and load level), if it has the columns."""
-    x = next((c for c in LEVEL_X_COLUMNS if c in levels.columns), None)
+def level_curves(levels: pd.DataFrame, trial_ids: Optional[Sequence[str]] = None) -> Optional[pd.DataFrame]:
+    """Latency per load level of each trial from a levels table, or None when it lacks the columns.
+
+    Columns: ``trial_id``, the load columns of :data:`LEVEL_X_COLUMNS` present, ``latency``
+    (the first of :data:`LEVEL_Y_COLUMNS` present, named in ``latency_metric``) and
+    ``slo_met`` when recorded. Sorted by trial and load.
+    """
+    xs = [c for c in LEVEL_X_COLUMNS if c in levels.columns]
     y = next((c for c in LEVEL_Y_COLUMNS if c in levels.columns), None)
-    if levels.empty or x is None or y is None or "trial_id" not in levels.columns:
+    if levels.empty or not xs or y is None or "trial_id" not in levels.columns:
         return None
-    df = levels[["trial_id", x, y]].dropna().sort_values(["trial_id", x])
-    return df.rename(columns={x: "x", y: "y"}).assign(x_label=x, y_label=y)
+    if trial_ids is not None:
+        levels = levels[levels["trial_id"].isin(trial_ids)]
+    keep = ["trial_id", *xs, y] + (["slo_met"] if "slo_met" in levels.columns else [])
+    out = levels[keep].dropna(subset=[y]).sort_values(["trial_id", xs[0]], kind="stable")
+    return out.rename(columns={y: "latency"}).assign(latency_metric=y).reset_index(drop=True)
 
 
 def curve_trials(trials: pd.DataFrame, categories: pd.Series, study: Study, limit: int) -> list[str]:
@@ -210,10 +222,17 @@ def _figure(width: float, height: float):
 
 
 def _maybe_log(ax, values: pd.Series, axis: str) -> None:
+    """Log scale when the values span more than 20x, labelled 200, 500, 1,000... (no 10^x notation)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     v = pd.to_numeric(values, errors="coerce").dropna()
     v = v[v > 0]
     if len(v) >= 2 and v.max() / v.min() > 20:
+        target = ax.xaxis if axis == "x" else ax.yaxis
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.10g}"))
+        target.set_minor_formatter(NullFormatter())
 
 
 def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
@@ -231,16 +250,19 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
             if sel.empty:
                 continue
             label, marker, face, edge = STYLES[cat]
-            ax.scatter(sel[x], sel[y], marker=marker, s=110 if cat == "front" else 45, facecolors=face,
+            ax.scatter(sel[x], sel[y], marker=marker, s=130 if cat == "front" else 45, facecolors=face,
                        edgecolors=edge, linewidths=1.2, label=f"{label} ({len(sel)})", zorder=3)
-        # The front on these two axes: a staircase through the non-dominated points.
+        # The front on these two axes: a staircase through the non-dominated points
+        # (among the trials meeting the SLOs; among all measured ones when none does).
         constraints = study.constraints if feasible_any else []
         front2 = pareto_front(pts, [(y, "maximize"), (x, "minimize")], constraints) if len(pts) else pts
         if len(front2):
             f = front2.sort_values(x)
-            ax.step(f[x], f[y], where="post", color="#d62728" if feasible_any else "#7f7f7f",
-                    linestyle="-" if feasible_any else "--", linewidth=1.2, zorder=2,
-                    label="front on these axes" + ("" if feasible_any else " (ignoring SLOs)"))
+            colour = "#d62728" if feasible_any else "#555555"
+            ax.step(f[x], f[y], where="post", color=colour, linestyle="-" if feasible_any else "--",
+                    linewidth=1.2, zorder=2)
+            ax.scatter(f[x], f[y], marker="D", s=70, facecolors="none", edgecolors=colour, linewidths=1.0, zorder=4,
+                       label="front on these axes" + ("" if feasible_any else " ignoring SLOs") + f" ({len(f)})")
         for c in study.constraints:
             if c.metric == x:
                 ax.axvline(c.value, color="#2ca02c", linestyle=":", linewidth=1.5, label=f"SLO {c}")
@@ -265,6 +287,11 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
                       label=f"{label} ({len(sel)})")
     strip.set_yticks(range(len(kinds)), [STYLES[k][0] for k in kinds], fontsize=8)
     strip.set_ylim(-0.7, max(len(kinds), 1) - 0.3)
+    numbers = pd.to_numeric(trials["trial_number"], errors="coerce")
+    strip.set_xlim(numbers.min() - 0.5, numbers.max() + 0.5)
+    from matplotlib.ticker import MaxNLocator
+
+    strip.xaxis.set_major_locator(MaxNLocator(integer=True))
     strip.set_xlabel("trial number")
     strip.set_title("not measured (no latency or throughput to plot)", fontsize=9)
     if not kinds:
@@ -275,7 +302,7 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
 
 def curves_figure(curves: pd.DataFrame, labels: dict[str, str]):
     """TTFT p99 and TPOT p50 against load, one line per configuration."""
-    fig = _figure(11, 4.2)
+    fig = _figure(11, 5.0)
     axes = fig.subplots(1, 2)
     if curves.empty:
         for ax in axes:
@@ -293,20 +320,30 @@ def curves_figure(curves: pd.DataFrame, labels: dict[str, str]):
         ax.set_ylabel(metric)
         ax.set_title(f"{metric} vs load")
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7, loc="best")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 8), fontsize=8, frameon=False)
     return fig
 
 
-def level_figure(levels: pd.DataFrame):
-    fig = _figure(7, 4.2)
-    ax = fig.subplots()
-    for trial_id, c in levels.groupby("trial_id", sort=False):
-        ax.plot(c["x"], c["y"], marker="o", markersize=4, label=str(trial_id)[-12:])
-    ax.set_xlabel(str(levels["x_label"].iloc[0]))
-    ax.set_ylabel(str(levels["y_label"].iloc[0]))
-    ax.set_title("latency vs load (capacity-search levels)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+def level_figure(levels: pd.DataFrame, labels: dict[str, str]):
+    """Latency against each load column of a :func:`level_curves` table; hollow markers: SLO missed at that level."""
+    xs = [c for c in LEVEL_X_COLUMNS if c in levels.columns]
+    fig = _figure(11, 4.8)
+    axes = np.atleast_1d(fig.subplots(1, len(xs)))
+    metric = str(levels["latency_metric"].iloc[0])
+    for ax, x in zip(axes, xs):
+        for trial_id, c in levels.groupby("trial_id", sort=False):
+            line, = ax.plot(c[x], c["latency"], linewidth=1.2, label=labels.get(trial_id, trial_id))
+            met = c["slo_met"].fillna(False).astype(bool) if "slo_met" in c else pd.Series(True, index=c.index)
+            ax.scatter(c[x][met], c["latency"][met], color=line.get_color(), s=25, zorder=3)
+            ax.scatter(c[x][~met], c["latency"][~met], facecolors="none", edgecolors=line.get_color(), s=25, zorder=3)
+        _maybe_log(ax, levels["latency"], "y")
+        ax.set_xlabel({"rate": "requested rate of the level (req/s)"}.get(x, f"{x} achieved at the level"))
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric} vs {x} (capacity-search levels)")
+        ax.grid(True, alpha=0.3)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 8), fontsize=8, frameon=False)
     return fig
 
 
@@ -346,7 +383,8 @@ def timeline_figure(trials: pd.DataFrame):
     from matplotlib.patches import Patch
 
     present = [s for s in STATUS_COLOURS if s in set(t["status"])]
-    ax.legend(handles=[Patch(color=STATUS_COLOURS[s], label=s) for s in present], fontsize=7, loc="lower right")
+    ax.legend(handles=[Patch(color=STATUS_COLOURS[s], label=s) for s in present], fontsize=7, ncol=len(present),
+              loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
     ax.grid(True, axis="x", alpha=0.3)
     return fig
 
@@ -395,7 +433,7 @@ nav a{margin-right:12px;font-size:0.9em} img{max-width:100%;height:auto;border:1
 table{border-collapse:collapse;font-size:0.8em;margin:8px 0} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
 th{background:#f4f4f4} td.text,th.text{text-align:left}
 pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:0.82em;border:1px solid #e1e4e8}
-.note{color:#555;font-size:0.9em} .bad{color:#b00020;font-weight:bold} .good{color:#1b7f3b;font-weight:bold}
+.scroll{overflow-x:auto;max-width:100%} .note{color:#555;font-size:0.9em} .bad{color:#b00020;font-weight:bold} .good{color:#1b7f3b;font-weight:bold}
 """
 
 
@@ -418,14 +456,16 @@ def _cell(v: Any) -> str:
 
 
 def table_html(df: pd.DataFrame, text_columns: Sequence[str] = ()) -> str:
-    """A plain, escaped HTML table (numbers right-aligned, ``text_columns`` left-aligned)."""
-    head = "".join(f'<th class="{"text" if c in text_columns else ""}">{esc(c)}</th>' for c in df.columns)
+    """A plain, escaped HTML table (numbers right-aligned, ``text_columns`` left-aligned), scrolling sideways if wide."""
+    # Long snake_case headers may break after an underscore.
+    head = "".join(f'<th class="{"text" if c in text_columns else ""}">{esc(c).replace("_", "_<wbr>")}</th>'
+                   for c in df.columns)
     rows = []
     for _, r in df.iterrows():
         cells = "".join(f'<td class="{"text" if c in text_columns else ""}">{esc(_cell(r[c]))}</td>'
                         for c in df.columns)
         rows.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
 def render_html(title: str, subtitle: str, sections: Sequence[Section]) -> str:
@@ -440,23 +480,34 @@ def render_html(title: str, subtitle: str, sections: Sequence[Section]) -> str:
 
 
 # ================================================================== assembling sections
-def _labels(trials: pd.DataFrame, study: Study) -> dict[str, str]:
-    """Short legend labels: trial number and the searched parameters."""
-    names = study.space.sampled_names()
-    out = {}
-    for _, r in trials.iterrows():
-        parts = [f"{n}={_cell(r[n])}" for n in names if n in r and not pd.isna(r[n])]
-        out[r["trial_id"]] = f"#{r['trial_number']} " + " ".join(parts)[:70]
-    return out
+def _labels(trials: pd.DataFrame) -> dict[str, str]:
+    """Legend labels: the trial number (the configuration table under the figure spells it out)."""
+    return {r["trial_id"]: f"#{r['trial_number']}" for _, r in trials.iterrows()}
 
 
-def front_table(trials: pd.DataFrame, categories: pd.Series, study: Study) -> pd.DataFrame:
-    front = trials[categories == "front"]
+def config_table(trials: pd.DataFrame, study: Study, trial_ids: Sequence[str]) -> pd.DataFrame:
+    """Trial number, id and searched parameters of the given trials, in that order."""
+    names = [n for n in study.space.sampled_names() if n in trials.columns]
+    rows = trials.set_index("trial_id").loc[list(trial_ids)].reset_index()
+    return rows[["trial_number", "trial_id", *names]].rename(columns={"trial_number": "#"})
+
+
+def front_of(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
+    """The study's Pareto front under its SLOs, or (when no trial met them) ignoring them; and which it is."""
+    front = pareto_front(trials, study.objectives, study.constraints)
+    if len(front) or not study.constraints:
+        return front, True
+    return pareto_front(trials, study.objectives), False
+
+
+def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
+    """The rows of :func:`front_of` with the columns people compare: parameters, objectives, SLO metrics."""
+    front, under_slos = front_of(trials, study)
     y, _ = axes_metrics(study)
-    cols = ["trial_id"] + [n for n in study.space.params if n in trials.columns]
+    cols = ["trial_id"] + [n for n in study.space.sampled_names() if n in trials.columns]
     cols += [m for m in dict.fromkeys([o.metric for o in study.objectives] + [c.metric for c in study.constraints]
                                       + [y]) if m in trials.columns]
-    return front.sort_values(y, ascending=False)[cols]
+    return front.sort_values(y, ascending=False)[cols], under_slos
 
 
 def _summary_section(trials: pd.DataFrame, study: Study, categories: pd.Series) -> Section:
@@ -483,7 +534,7 @@ def _recommendation_section(trials: pd.DataFrame, study: Study) -> Section:
         rec = recommend(trials, study)
     except RecommendError as e:
         return Section("recommendation", "Recommended deployment",
-                       [f'<p class="note">No recommendation: {esc(e)}</p>',
+                       [f'<p class="note">No recommendation:</p><pre>{esc(e)}</pre>',
                         '<p class="note">Pick a trial yourself: <code>orchestrator recommend PATH --trial ID</code>.</p>'])
     measured = ", ".join(f"{k} {v:,.4g}" for k, v in rec.metrics.items() if v is not None)
     return Section("recommendation", "Recommended deployment", [
@@ -533,17 +584,21 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
     sections.append(_summary_section(trials, study, categories))
 
     pngs["pareto.png"] = figure_png(pareto_figure(trials, categories, study), options.dpi)
-    front = front_table(trials, categories, study)
+    front, under_slos = front_table(trials, study)
     front_body = [img_tag(pngs["pareto.png"], "Pareto front"),
                   '<p class="note">Stars: the Pareto front of the study\'s objectives among trials meeting every '
                   'SLO. Filled circles meet the SLOs but are dominated; hollow circles miss an SLO. Trials with '
                   'nothing to plot (could not start, pruned, failed) are in the strip below, by trial number.</p>']
     sections.append(Section("front", "Pareto front", front_body))
     if front.empty:
-        table_body = ['<p class="note">No completed trial met every SLO; the closest trials are in the '
-                      'figures above.</p>']
+        table_body = ['<p class="note">No trial completed: there is no front.</p>']
+    elif under_slos:
+        table_body = [f'<p class="note">{len(front)} trial(s): each meets every SLO and no other trial that '
+                      'does is better in every objective.</p>', table_html(front, text_columns=["trial_id"])]
     else:
-        table_body = [table_html(front, text_columns=["trial_id"])]
+        table_body = ['<p class="note bad">No completed trial met every SLO. Below is the front of the '
+                      'completed trials ignoring the SLOs (diamonds in the figures): the closest candidates.</p>',
+                      table_html(front, text_columns=["trial_id"])]
     sections.append(Section("front-table", "Front table", table_body))
 
     sections.append(_recommendation_section(trials, study))
@@ -551,18 +606,23 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
     chosen = curve_trials(trials, categories, study, options.max_curves)
     curves = load_curves(requests, trials, chosen, options.load_bins) if len(requests) else load_curves(
         pd.DataFrame(columns=["trial_id", "warmup", "level", "success", "sent_s", "end_s"]), trials, [], 1)
-    pngs["latency_load.png"] = figure_png(curves_figure(curves, _labels(trials, study)), options.dpi)
+    pngs["latency_load.png"] = figure_png(curves_figure(curves, _labels(trials)), options.dpi)
     curve_body = [img_tag(pngs["latency_load.png"], "latency vs load"),
                   '<p class="note">' + ("One point per load level of each configuration." if (
                       curves["source"] == "level").any() else
                       "Each configuration ran one load level; its requests are binned by how many requests "
                       "were in flight when they were sent, showing how latency grows with load inside the run.")
                   + f" Configurations: the front first, then the best others (at most {options.max_curves}).</p>"]
+    drawn = [t for t in chosen if t in set(curves["trial_id"])]
+    if drawn:
+        curve_body.append(table_html(config_table(trials, study, drawn), text_columns=["trial_id"]))
     if levels is not None:
-        lv = level_curves(levels)
+        lv = level_curves(levels, chosen)
         if lv is not None and len(lv):
-            pngs["levels.png"] = figure_png(level_figure(lv), options.dpi)
-            curve_body.append(img_tag(pngs["levels.png"], "latency vs load from the levels table"))
+            pngs["levels.png"] = figure_png(level_figure(lv, _labels(trials)), options.dpi)
+            curve_body += [img_tag(pngs["levels.png"], "latency vs load from the levels table"),
+                           '<p class="note">From the levels table of a capacity search: one point per load '
+                           'level; hollow markers missed an SLO at that level.</p>']
     sections.append(Section("curves", "Latency vs load", curve_body))
 
     pngs["importance.png"] = figure_png(importance_figure(importances(trials, study)), options.dpi)

@@ -1,0 +1,139 @@
+"""The quickstart's dataset: readable without project code, and every example of docs/querying.md runs on it.
+
+``quickstart_results`` runs the real quickstart study (same space, workload, SLOs and
+seed) through ``orchestrator run`` once per test session, in virtual time so that it
+takes seconds; the report and recommend tests reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+import yaml
+
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART_TRIALS = 10
+
+
+def quickstart_results(base: Path) -> Path:
+    """``<base>/results/quickstart``, made once: the quickstart study in virtual time, ``QUICKSTART_TRIALS`` trials."""
+    study_dir = base / "results" / "quickstart"
+    done = base / "quickstart.done"
+    if done.exists():
+        return study_dir
+    doc = yaml.safe_load((REPO / "search_spaces" / "quickstart.yaml").read_text())
+    doc["engine"] = {**doc["engine"], "mode": "virtual"}
+    base.mkdir(parents=True, exist_ok=True)
+    study_file = base / "quickstart-virtual.yaml"
+    study_file.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(study_file), "--output", str(base / "results"),
+                        "--trials", str(QUICKSTART_TRIALS), "--quiet"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    done.write_text("ok")
+    return study_dir
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> Path:
+    return quickstart_results(tmp_path_factory.getbasetemp() / "quickstart-virtual")
+
+
+pytestmark = pytest.mark.slow  # the fixture starts Ray (once per session)
+
+
+def test_dataset_layout_and_plain_readers(quickstart):
+    """pandas and pyarrow read the tables with no project code; the layout is the documented one."""
+    trials_dir = quickstart / "trials"
+    files = sorted(trials_dir.rglob("*.parquet"))
+    assert len(files) == QUICKSTART_TRIALS
+    for f in files:
+        rel = f.relative_to(trials_dir).parts
+        assert re.fullmatch(r"date=\d{4}-\d{2}-\d{2}", rel[0]) and rel[1].startswith("run=")
+    for name in ("study.json", "optuna.journal", "_runs", "requests"):
+        assert (quickstart / name).exists(), name
+
+    trials = pd.read_parquet(trials_dir)
+    assert len(trials) == QUICKSTART_TRIALS and trials["trial_id"].is_unique
+    assert set(trials["run"]) == set(trials["run_id"])  # the partition column matches the row
+    assert (trials["schema_version"] == 1).all()
+
+    dataset = ds.dataset(trials_dir, format="parquet", partitioning="hive")
+    completed = dataset.to_table(filter=ds.field("status") == "completed", columns=["trial_id", "ttft_p99_ms"])
+    assert completed.num_rows == int((trials["status"] == "completed").sum()) > 0
+    requests = ds.dataset(quickstart / "requests", format="parquet", partitioning="hive").to_table()
+    assert set(requests.column("trial_id").to_pylist()) <= set(trials["trial_id"])
+    assert requests.num_rows > 0
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", markdown, flags=re.S | re.M)
+
+
+# Runs each block in a fresh namespace of one interpreter (imports are paid once), as a user would paste it.
+_RUNNER = """
+import sys, traceback
+blocks = sys.argv[1:]
+for i, code in enumerate(blocks, 1):
+    print(f"=== block {i}", flush=True)
+    try:
+        exec(compile(code, f"docs/querying.md block {i}", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        traceback.print_exc()
+        print(f"=== block {i} failed", flush=True)
+        sys.exit(1)
+"""
+
+
+def test_documented_examples_run(quickstart, tmp_path):
+    """Every python block of docs/querying.md, run as written from a directory holding results/quickstart."""
+    blocks = python_blocks((REPO / "docs" / "querying.md").read_text())
+    assert len(blocks) >= 8
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "quickstart").symlink_to(quickstart, target_is_directory=True)
+    r = subprocess.run([sys.executable, "-c", _RUNNER, *blocks], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    outputs = re.split(r"^=== block \d+\n", r.stdout, flags=re.M)[1:]
+    assert len(outputs) == len(blocks)
+    for i, (code, out) in enumerate(zip(blocks, outputs), 1):
+        assert out.strip(), f"block {i} printed nothing:\n{code}"
+
+
+def test_results_readme_names_the_layout():
+    text = (REPO / "results" / "README.md").read_text()
+    for name in ("study.json", "trials/", "requests/", "_runs/", "optuna.journal", "_tune/", ".tmp/", "date=",
+                 "run=", "schema_version", "(run_id, trial_id)"):
+        assert name in text, name
+
+
+def test_query_helpers_answer_on_the_quickstart(quickstart):
+    from orchestrator.results import best_per_gpu, config_history, load_trials, param_importance
+    from orchestrator.results.definition import read_study_definition
+
+    study = read_study_definition(str(quickstart))
+    trials = load_trials(quickstart)
+    completed = trials[trials["status"] == "completed"]
+    best = best_per_gpu(trials, "output_throughput_per_gpu")
+    assert list(best.index) == ["H100-80GB"]
+    assert best.iloc[0]["output_throughput_per_gpu"] == completed["output_throughput_per_gpu"].max()
+
+    tight = best_per_gpu(trials, "output_throughput_per_gpu", constraints=["ttft_p99_ms <= 0.001"])
+    assert tight.empty
+
+    importance = param_importance(trials, "output_throughput_per_gpu", space=study.space)
+    assert set(importance.index) <= set(study.space.sampled_names()) and len(importance) >= 2
+    assert abs(importance.sum() - 1) < 1e-6 and importance.is_monotonic_decreasing
+
+    history = config_history(trials, completed["trial_id"].iloc[0])
+    assert list(history["trial_id"]) == [completed["trial_id"].iloc[0]]
+    params = json.loads(completed["params_json"].iloc[0])
+    assert config_history(trials, params)["trial_id"].tolist() == history["trial_id"].tolist()
