@@ -3,20 +3,41 @@
 The arithmetic is the simulator's memory model (vLLM's own accounting: weights per
 GPU, profile-run activations, CUDA graphs, KV blocks for one ``max_model_len``
 sequence), plus cluster-shape rules. A configuration rejected here never costs a
-GPU start; it is recorded as ``pruned`` with the reason.
+GPU start; it is recorded as ``pruned`` with the reason, and the sampler is told it
+violated the ``engine_started`` constraint, so it learns the infeasible region.
+
+:func:`survey` runs the same check over the whole space before a study starts: a
+study none of whose configurations can start ends there, with a report of why,
+instead of spending its budget on an empty Pareto front.
+
+Calibration: the GPU path is the simulator's memory model, matched against vLLM on
+an H200 (``tests/sim/test_memory.py``). The CPU path (:func:`cpu_kv_tokens`) is
+vLLM-CPU's rule (a fixed ``VLLM_CPU_KVCACHE_SPACE``); its hook for the measured
+numbers is ``tests/test_feasibility_cpu_calibration.py`` (reference file
+:data:`CPU_KV_REFERENCE`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import itertools
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
 
-from orchestrator.engine_args import EngineArgs
+from orchestrator.engine_args import EngineArgs, ceil_div, engine_args_from_params
 from orchestrator.failures import EngineStartError, FailureKind
 
 # Real engines use a little memory the model cannot see; only reject configurations
 # that miss by more than this margin, and let borderline ones try.
 PREFLIGHT_MARGIN = 0.03
+# Surveys check every configuration of spaces up to this size, a seeded sample of larger ones.
+SURVEY_MAX_POINTS = 4096
+# vLLM-CPU KV cache sizes measured with real vLLM (written by the CPU calibration runs).
+CPU_KV_REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "cpu_kv_reference.json"
+GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -25,6 +46,36 @@ class Verdict:
     kind: Optional[FailureKind] = None
     reason: str = ""
     kv_cache_tokens: Optional[int] = None
+
+
+def effective_preflight(study) -> bool:
+    """``search.preflight``, else on for vLLM only (the sim's start is the same arithmetic;
+    an external endpoint already runs)."""
+    return study.search.preflight if study.search.preflight is not None else study.engine.kind == "vllm"
+
+
+def survey_applies(study) -> bool:
+    """Whether :func:`survey` may stop a study: engines we start, unless pre-flight is switched off."""
+    return study.engine.kind in ("sim", "vllm") and study.search.preflight is not False
+
+
+def _platform(study) -> str:
+    if study.hardware.gpu == "CPU" or getattr(study.engine, "platform", None) == "cpu":
+        return "cpu"
+    return "cuda"
+
+
+def resolve_args(study, args: EngineArgs) -> EngineArgs:
+    """Fill vLLM's hardware-dependent defaults for the study's hardware (no engine needed)."""
+    from orchestrator.sim.hardware import get_gpu
+    from orchestrator.sim.models import ModelShape
+
+    model = ModelShape.load(study.model.name, study.base_dir)
+    if _platform(study) == "cpu":
+        return args.resolved(device_memory_gib=0, platform="cpu", model_max_len=model.max_position_embeddings)
+    gpu = get_gpu(study.hardware.gpu)
+    return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
+                         model_max_len=model.max_position_embeddings)
 
 
 def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
@@ -44,19 +95,19 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
         return Verdict(False, FailureKind.PREFLIGHT,
                        f"tensor_parallel_size {args.tensor_parallel_size} exceeds the {units_per_node} GPUs of a node")
     if model.num_attention_heads % args.tensor_parallel_size:
-        return Verdict(False, FailureKind.PREFLIGHT,
+        return Verdict(False, FailureKind.INVALID_ARGS,
                        f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
                        f"tensor parallel size ({args.tensor_parallel_size}).")
     if model.num_layers < args.pipeline_parallel_size:
-        return Verdict(False, FailureKind.PREFLIGHT,
+        return Verdict(False, FailureKind.INVALID_ARGS,
                        f"pipeline_parallel_size {args.pipeline_parallel_size} exceeds the model's "
                        f"{model.num_layers} layers")
     if args.max_model_len and args.max_model_len > model.max_position_embeddings:
-        return Verdict(False, FailureKind.PREFLIGHT,
+        return Verdict(False, FailureKind.INVALID_ARGS,
                        f"max_model_len {args.max_model_len} is larger than the model's maximum "
                        f"({model.max_position_embeddings})")
-    if study.hardware.gpu == "CPU":
-        return Verdict(True)
+    if _platform(study) == "cpu":
+        return _check_cpu(study, model, args)
     gpu = get_gpu(study.hardware.gpu)
     try:
         plan = plan_memory(model, gpu, args, study.model.dtype)
@@ -69,8 +120,6 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
 
 def _within_margin(model, gpu, args: EngineArgs, dtype: str) -> bool:
     """Would the configuration fit with ``PREFLIGHT_MARGIN`` more memory? (then let it try)"""
-    from dataclasses import replace
-
     from orchestrator.sim.memory import plan_memory
 
     try:
@@ -79,3 +128,136 @@ def _within_margin(model, gpu, args: EngineArgs, dtype: str) -> bool:
         return True
     except EngineStartError:
         return False
+
+
+# ------------------------------------------------------------------ CPU (vLLM-CPU)
+def cpu_kv_tokens(model, args: EngineArgs, kv_space_gib: float, dtype: str = "auto") -> int:
+    """Tokens of KV cache vLLM-CPU allocates in ``VLLM_CPU_KVCACHE_SPACE`` GiB.
+
+    vLLM-CPU does not profile memory: the KV cache is exactly the configured space,
+    cut into blocks of ``block_size`` tokens of the model's KV bytes per token (the
+    compute dtype, float32 unless set; ``kv_cache_dtype`` overrides it).
+    """
+    from orchestrator.sim.memory import kv_bytes_per_token
+
+    dname = dtype if dtype not in (None, "auto") else args.dtype
+    dbytes = 4 if dname in (None, "auto", "float32", "float") else 2
+    per_token = kv_bytes_per_token(model, args, dbytes)
+    bs = int(args.block_size or 128)
+    return int(kv_space_gib * GiB) // (bs * per_token) * bs
+
+
+def _check_cpu(study, model, args: EngineArgs) -> Verdict:
+    space = getattr(study.engine, "cpu_kv_cache_gib", None)
+    if not space or not args.max_model_len:
+        return Verdict(True)
+    tokens = cpu_kv_tokens(model, args, space, study.model.dtype)
+    need = ceil_div(int(args.max_model_len), int(args.block_size or 128)) * int(args.block_size or 128)
+    if need > tokens * (1 + PREFLIGHT_MARGIN):
+        return Verdict(False, FailureKind.KV_CACHE_TOO_SMALL,
+                       f"ValueError: To serve at least one request with the model's max seq len "
+                       f"({args.max_model_len}), the KV cache needs {need:,} tokens but "
+                       f"VLLM_CPU_KVCACHE_SPACE={space} GiB holds {tokens:,}. Raise engine.cpu_kv_cache_gib or "
+                       f"lower max_model_len.")
+    return Verdict(True, kv_cache_tokens=tokens)
+
+
+# ------------------------------------------------------------------ the whole space
+# What to change, per kind of failure (the report's last word).
+_ADVICE = {
+    FailureKind.WEIGHTS_OOM: "the weights do not fit on the GPUs of one replica: raise tensor_parallel_size "
+                             "or pipeline_parallel_size, quantize, or pick a GPU with more memory",
+    FailureKind.NO_KV_MEMORY: "nothing is left for the KV cache after weights and activations: raise "
+                              "gpu_memory_utilization or tensor_parallel_size, lower max_num_batched_tokens",
+    FailureKind.KV_CACHE_TOO_SMALL: "the KV cache cannot hold one max_model_len sequence: lower max_model_len, "
+                                    "use kv_cache_dtype fp8, raise gpu_memory_utilization or tensor_parallel_size",
+    FailureKind.INVALID_ARGS: "vLLM rejects these argument combinations (see the message)",
+    FailureKind.PREFLIGHT: "the cluster is too small for these parallel sizes: lower tensor_parallel_size x "
+                           "pipeline_parallel_size or add GPUs",
+}
+
+
+@dataclass(frozen=True)
+class SpaceSurvey:
+    """Pre-flight verdicts over a study's space (every point, or a seeded sample of a large one)."""
+
+    checked: int
+    space_size: int
+    feasible: int
+    failures: dict[str, int] = field(default_factory=dict)  # failure kind -> configurations
+    examples: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)  # kind -> (params, reason)
+
+    @property
+    def sampled(self) -> bool:
+        return self.checked < self.space_size
+
+    @property
+    def all_infeasible(self) -> bool:
+        return self.checked > 0 and self.feasible == 0
+
+    def report(self) -> str:
+        """Why nothing (or how much) of the space can start, one block per failure kind."""
+        scope = (f"{self.checked:,} sampled of {self.space_size:,}" if self.sampled
+                 else f"all {self.checked:,}")
+        if not self.all_infeasible:
+            return f"pre-flight: {self.feasible:,} of {scope} configurations can start"
+        lines = [f"no configuration of the search space can start ({scope} configurations checked "
+                 "with the pre-flight memory model):"]
+        for kind, n in sorted(self.failures.items(), key=lambda kv: -kv[1]):
+            params, reason = self.examples[kind]
+            shown = ", ".join(f"{k}={v}" for k, v in params.items())
+            lines.append(f"  {n:,} x {kind}: {_ADVICE.get(FailureKind(kind), kind)}")
+            lines.append(f"      e.g. {shown}: {reason[:400]}")
+        return "\n".join(lines)
+
+
+def space_points(space, seed: int, max_points: int = SURVEY_MAX_POINTS) -> tuple[list[dict[str, Any]], int]:
+    """Every configuration of ``space`` (conditions applied), or a seeded sample; and the space's size.
+
+    The size of a large space is the product of its parameters' value counts (an upper
+    bound where conditions switch parameters off).
+    """
+    sizes = [len(p.values()) for p in space.params.values()]
+    bound = math.prod(sizes) if sizes else 1
+    if bound <= max_points:
+        pts = space.grid()
+        return pts, len(pts)
+    rng = random.Random(seed)
+    names = space.ordered_names()
+    seen, out = set(), []
+    for _ in itertools.repeat(None, max_points * 4):
+        pt: dict[str, Any] = {}
+        for name in names:
+            p = space.params[name]
+            if p.active(pt):
+                pt[name] = rng.choice(p.values())
+        key = tuple(sorted((k, repr(v)) for k, v in pt.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(pt)
+            if len(out) >= max_points:
+                break
+    return out, bound
+
+
+def survey(study, *, cluster_units: Optional[int] = None, units_per_node: Optional[int] = None,
+           max_points: int = SURVEY_MAX_POINTS) -> SpaceSurvey:
+    """Run :func:`check` over the study's space (pure arithmetic: milliseconds per point)."""
+    points, size = space_points(study.space, study.seed, max_points)
+    fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
+    feasible = 0
+    failures: Counter = Counter()
+    examples: dict[str, tuple[dict[str, Any], str]] = {}
+    for params in points:
+        try:
+            args = resolve_args(study, engine_args_from_params(params, fixed=fixed))
+            verdict = check(study, args, cluster_units=cluster_units, units_per_node=units_per_node)
+        except (ValueError, TypeError) as e:  # arguments the engine could not even build
+            verdict = Verdict(False, FailureKind.INVALID_ARGS, str(e))
+        if verdict.ok:
+            feasible += 1
+            continue
+        kind = (verdict.kind or FailureKind.PREFLIGHT).value
+        failures[kind] += 1
+        examples.setdefault(kind, (params, verdict.reason))
+    return SpaceSurvey(len(points), size, feasible, dict(failures), examples)

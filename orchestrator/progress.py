@@ -52,18 +52,21 @@ class ProgressPrinter:
         if not self.quiet:
             print(text, file=self.stream or sys.stdout, flush=True)
 
-    def header(self, run_id: str, *, resumed: bool, stale: int, state_dir: str) -> None:
+    def header(self, run_id: str, *, resumed: bool, stale: int, state_dir: str, recovered: int = 0) -> None:
         s = self.study
         objs = ", ".join(f"{o.resolved_direction} {o.metric}" for o in s.objectives)
         slos = ", ".join(str(c) for c in s.constraints) or "none"
+        sampler = s.search.sampler + (f", {len(s.search.stages)} stages" if s.search.stages else "")
         self._print(f"study {s.name}: engine {s.engine.kind}, model {s.model.name}, {s.hardware.gpu} "
-                    f"x{s.hardware.total_gpus}, sampler {s.search.sampler}, {self.total} trials")
+                    f"x{s.hardware.total_gpus}, sampler {sampler}, {self.total} trials")
         self._print(f"  objectives: {objs}; SLOs: {slos}")
         if resumed:
             self._print(f"  resuming run {run_id}: {self.done} trials already recorded"
-                        + (f", {stale} interrupted trial(s) will be retried" if stale else ""))
+                        + (f", {stale} interrupted trial(s) will be retried" if stale else "")
+                        + (f", {recovered} finished trial(s) recovered from their rows" if recovered else ""))
         else:
-            self._print(f"  run {run_id}; Optuna journal in {state_dir}")
+            self._print(f"  run {run_id}; Optuna journal in {state_dir}"
+                        + (f"; {stale} interrupted trial(s) of an earlier run will be retried" if stale else ""))
 
     def start(self, *, concurrency: int, cluster) -> None:
         self.concurrency = max(1, concurrency)
@@ -103,6 +106,10 @@ class ProgressPrinter:
                     f"not completed {self.failed} | best {first.metric} {best} | "
                     f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
 
+    def finish(self, trials) -> None:
+        """The run's outcome in one line per status; why, if nothing completed."""
+        self._print(outcome_summary(self.study, trials))
+
     def tune_callback(self):
         from ray.tune import Callback
 
@@ -120,3 +127,20 @@ class ProgressPrinter:
                                         "failure_kind": "trial actor died"}, trial.config or {})
 
         return _Progress()
+
+
+def outcome_summary(study: Study, trials) -> str:
+    """Counts by status and failure kind; when nothing completed, the most common reason (pure)."""
+    if trials is None or len(trials) == 0:
+        return "no trials recorded"
+    parts = []
+    for status, group in trials.groupby("status", sort=True):
+        kinds = group["failure_kind"].dropna() if "failure_kind" in group else []
+        detail = ", ".join(f"{n} {k}" for k, n in kinds.value_counts().items()) if len(kinds) else ""
+        parts.append(f"{len(group)} {status}" + (f" ({detail})" if detail and status != "completed" else ""))
+    text = "trials: " + "; ".join(parts)
+    if not (trials["status"] == "completed").any():
+        messages = trials["failure_message"].dropna() if "failure_message" in trials else []
+        if len(messages):
+            text += f"\n  no configuration completed; most common reason: {messages.value_counts().index[0][:300]}"
+    return text

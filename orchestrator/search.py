@@ -1,116 +1,52 @@
 """The study driver: Ray Tune runs trials, an Optuna sampler proposes them.
 
+Before anything starts, the pre-flight model surveys the whole space: a study none of
+whose configurations can start stops with a report of why (:class:`StudyStopped`).
 Optuna's study lives in a ``JournalStorage`` file next to the results, so a study
-killed mid-run continues where it stopped (finished trials are in the journal
-and in Parquet; trials left RUNNING are marked failed and tried again), and
-optuna-dashboard can open it. Constraint values reach the sampler through
-``Trial.set_constraint`` before the trial is told, so it learns where the
-infeasible region is.
+killed mid-run continues where it stopped (see :mod:`orchestrator.resume`: rows are
+the record, the journal is brought in line with them, interrupted trials run again,
+left-over Ray processes and Serve apps are removed). Constraint values reach the
+sampler through ``Trial.set_constraint`` before the trial is told
+(:mod:`orchestrator.sampling`), so it learns where the infeasible region is.
+
+Faults end a study cleanly: a trial whose process is lost (a node died) is run again
+up to ``budget.trial_retries`` times, then recorded as an ``error`` row; a result that
+cannot be written (disk full) stops the study with a message, keeping everything
+recorded so far for the next start.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.resume import RunState  # noqa: F401 - re-exported (older imports)
+from orchestrator.sampling import (CONSTRAINT_PREFIX, ROW_KEY, TRIAL_NUMBER_KEY,  # noqa: F401 - re-exported
+                                   WRITE_FAILED_KEY, make_sampler)
 from orchestrator.study import Study
 from orchestrator.trial import TrialContext, execute_trial, optuna_values
 
 log = logging.getLogger(__name__)
 
-TRIAL_NUMBER_KEY = "__trial_number"
-CONSTRAINT_PREFIX = "constraint__"
+EXIT_STOPPED = 1
 
 
-# ------------------------------------------------------------------ samplers
-def make_sampler(study: Study):
-    import optuna
+class StudyStopped(Exception):
+    """The study cannot go on; ``str(e)`` says why and what to do (no traceback needed)."""
 
-    s = study.search
-    seed = study.seed
-    concurrent = study.budget.max_concurrent_trials > 1
-    startup = s.n_startup_trials
-    if startup is None:
-        startup = max(4, min(10, study.budget.trials // 4))
-    if s.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True,
-                                          constant_liar=concurrent)
-    if s.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, study.budget.trials // 4)))
-    if s.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
-    if s.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if s.sampler == "grid":
-        return optuna.samplers.BruteForceSampler(seed=seed)
-    raise ValueError(f"unknown sampler {s.sampler!r}")
+    def __init__(self, message: str, exit_code: int = EXIT_STOPPED):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
-def _searcher_class():
-    from ray.tune.search.optuna import OptunaSearch
-
-    class ConstrainedOptunaSearch(OptunaSearch):
-        """OptunaSearch that passes the trial number down and constraint values up."""
-
-        def suggest(self, trial_id: str):
-            config = super().suggest(trial_id)
-            if config is None:
-                return None
-            return {**config, TRIAL_NUMBER_KEY: self._ot_trials[trial_id].number}
-
-        def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
-            ot_trial = self._ot_trials.get(trial_id)
-            if ot_trial is not None and result:
-                for key, value in result.items():
-                    if key.startswith(CONSTRAINT_PREFIX):
-                        ot_trial.set_constraint(key[len(CONSTRAINT_PREFIX):], float(value))
-            super().on_trial_complete(trial_id, result=result, error=error)
-
-    return ConstrainedOptunaSearch
-
-
-# ------------------------------------------------------------------ run state
-@dataclass
-class RunState:
-    """``<output>/<study>/_runs/<run_id>.json``: lets a killed run resume under the same id."""
-
-    run_id: str
-    status: str  # running | finished
-    started_at: str
-    budget_trials: int
-    fingerprint: str
-
-    @staticmethod
-    def path(study_dir: Path, run_id: str) -> Path:
-        return study_dir / "_runs" / f"{run_id}.json"
-
-    def save(self, study_dir: Path) -> None:
-        p = self.path(study_dir, self.run_id)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name("." + p.name + ".tmp")
-        tmp.write_text(json.dumps(self.__dict__, indent=2))
-        os.replace(tmp, p)
-
-    @classmethod
-    def latest_unfinished(cls, study_dir: Path, fingerprint: str) -> Optional["RunState"]:
-        runs = []
-        for p in sorted((study_dir / "_runs").glob("*.json")):
-            try:
-                st = cls(**json.loads(p.read_text()))
-            except Exception:  # noqa: BLE001 - a damaged state file just is not resumed
-                continue
-            if st.status == "running" and st.fingerprint == fingerprint:
-                runs.append(st)
-        return runs[-1] if runs else None
-
-
+# ------------------------------------------------------------------ state locations
 def new_run_id(study: Study) -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4]
 
@@ -136,23 +72,6 @@ def optuna_study_name(study: Study) -> str:
     return f"{study.name}-{study.fingerprint()}"
 
 
-def recover_stale_trials(storage, study_name: str) -> int:
-    """Trials left RUNNING by a killed driver: mark them failed and queue their parameters again."""
-    import optuna
-    from optuna.trial import TrialState
-
-    try:
-        ostudy = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        return 0
-    stale = [t for t in ostudy.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
-    for t in stale:
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # noqa: SLF001 - no public API for this
-        if t.params:
-            ostudy.enqueue_trial(t.params, skip_if_exists=False)
-    return len(stale)
-
-
 # ------------------------------------------------------------------ the trainable
 def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     """Runs inside a Tune trial actor: execute, write the rows, report to Tune/Optuna."""
@@ -160,19 +79,32 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     from ray import tune
 
     from orchestrator.engines.serve_app import SERVE_PORT_ENV
+    from orchestrator.scheduling import LEDGER_ENV, NAMESPACE_ENV
 
     os.environ[SERVE_PORT_ENV] = str(ctx.serve_port)  # this trial actor's Serve proxy port
+    if ctx.ledger_name:
+        os.environ[LEDGER_ENV] = ctx.ledger_name  # engines pin their replica to the leased node
+        os.environ[NAMESPACE_ENV] = ctx.namespace
     number = int(config[TRIAL_NUMBER_KEY])
     params = {k: v for k, v in config.items() if k != TRIAL_NUMBER_KEY}
     trial_id = f"{ctx.run_id}-{number:04d}"
     outcome = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx)
+    metrics = tune_metrics(study, outcome.row)
     if ctx.sink_name:
-        sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
         from orchestrator.results.schema import requests_to_table
 
-        table = requests_to_table(outcome.records, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
-        ray.get(sink.write.remote(outcome.row, table))
-    tune.report(tune_metrics(study, outcome.row))
+        try:
+            sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
+            table = requests_to_table(outcome.records, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
+            levels = None
+            if getattr(outcome, "levels", None):  # capacity search: one row per load level
+                from orchestrator.results.levels import levels_to_table
+
+                levels = levels_to_table(outcome.levels, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
+            ray.get(sink.write.remote(outcome.row, table, levels))
+        except Exception as e:  # noqa: BLE001 - reported, and the driver stops the study
+            metrics = {"status": "not recorded", "tid": trial_id, WRITE_FAILED_KEY: _root_message(e)}
+    tune.report(metrics)
 
 
 def tune_metrics(study: Study, row: dict) -> dict[str, Any]:
@@ -180,13 +112,23 @@ def tune_metrics(study: Study, row: dict) -> dict[str, Any]:
     out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, values)}
     out.update({CONSTRAINT_PREFIX + k: v for k, v in constraints.items()})
     out["status"] = row["status"]
-    out["tid"] = row["trial_id"]  # Tune owns the key "trial_id"
+    out[ROW_KEY] = row["trial_id"]  # Tune owns the key "trial_id"
     out["feasible"] = bool(row.get("feasible"))
     out["failure_kind"] = row.get("failure_kind") or ""
     for c in study.constraints:
         v = row.get(c.metric)
         out["m__" + c.metric] = float(v) if v is not None else float("nan")
     return out
+
+
+def _root_message(e: BaseException) -> str:
+    """The innermost error line of an exception that may have crossed Ray processes."""
+    text = str(getattr(e, "cause", None) or e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln:
+            return ln[-500:]
+    return (lines[-1] if lines else type(e).__name__)[-500:]
 
 
 class ResultsSinkActor:
@@ -198,8 +140,97 @@ class ResultsSinkActor:
         self.store = ResultsStore(output, study_name)
         self.param_types = param_types
 
-    def write(self, row: dict, requests_table) -> None:
-        self.store.write_trial(row, requests_table, param_types=self.param_types)
+    def write(self, row: dict, requests_table, levels_table=None) -> None:
+        extra = {"levels": levels_table} if levels_table is not None else {}
+        self.store.write_trial(row, requests_table, param_types=self.param_types, **extra)
+
+
+# ------------------------------------------------------------------ Tune hooks
+def _write_failure_stopper():
+    from ray.tune import Stopper
+
+    class WriteFailureStopper(Stopper):
+        """Stops the whole run at the first result that could not be written (disk full):
+        every later trial would be measured for nothing."""
+
+        def __init__(self):
+            self.message: Optional[str] = None
+
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            if result.get(WRITE_FAILED_KEY) and self.message is None:
+                self.message = str(result[WRITE_FAILED_KEY])
+            return self.message is not None
+
+        def stop_all(self) -> bool:
+            return self.message is not None
+
+    return WriteFailureStopper()
+
+
+def _lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: str):
+    from ray.tune import Callback
+
+    class LostTrialRecorder(Callback):
+        """A trial whose process died for good (its node was lost, after ``budget.trial_retries``
+        reruns) becomes an ``error`` row, so every trial of the run is classified."""
+
+        def __init__(self):
+            self.lost = 0
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            import ray
+
+            from orchestrator.failures import FailureKind, TrialStatus
+            from orchestrator.trial import base_row, finish_row
+
+            config = dict(trial.config or {})
+            if TRIAL_NUMBER_KEY not in config:
+                return
+            number = int(config.pop(TRIAL_NUMBER_KEY))
+            row = base_row(study, trial_id=f"{run_id}-{number:04d}", trial_number=number, run_id=run_id,
+                           params=config, args=None, started_at=datetime.now(timezone.utc))
+            row.update(status=TrialStatus.ERROR.value, failure_kind=FailureKind.INTERNAL.value,
+                       failure_message=("trial process lost: " + _error_text(trial))[-4000:],
+                       finished_at=datetime.now(timezone.utc))
+            finish_row(study, row)
+            self.lost += 1
+            try:
+                sink = ray.get_actor(sink_name, namespace=namespace)
+                ray.get(sink.write.remote(row, None), timeout=60)
+            except Exception as e:  # noqa: BLE001 - without a row it is retried on the next start
+                log.warning("could not record lost trial %s: %s", row["trial_id"], e)
+
+    return LostTrialRecorder()
+
+
+def _error_text(trial) -> str:
+    try:
+        path = trial.error_file
+        if path and os.path.isfile(path):
+            lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+            return " | ".join(lines[-3:])
+    except Exception:  # noqa: BLE001
+        pass
+    return "the trial's actor died"
+
+
+def _storage_problem(e: BaseException) -> Optional[str]:
+    """A full or read-only disk somewhere in ``e``'s chain (journal, Tune state, results), or None."""
+    seen = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+            return f"{x.strerror or x}" + (f": {x.filename}" if x.filename else "")
+        stack += [x.__cause__, x.__context__, getattr(x, "cause", None)]
+    text = str(e)
+    for marker in ("No space left on device", "Disk quota exceeded", "Read-only file system", "File too large"):
+        if marker in text:
+            return marker
+    return None
 
 
 # ------------------------------------------------------------------ the driver
@@ -212,69 +243,134 @@ class StudyRun:
     resumed: bool
     trials_run: int
     elapsed_s: float
+    retried: list[int] = field(default_factory=list)  # Optuna trial numbers interrupted before and queued again
+    lost: int = 0  # trials whose process was lost for good (recorded as error rows)
+    gpu_peaks: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (most leased at once, size)
 
 
 def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 8000, resume: bool = True,
               quiet: bool = False, max_trials: Optional[int] = None) -> StudyRun:
-    """Run (or resume) the study; returns where the results are."""
+    """Run (or resume) the study; returns where the results are. Raises :class:`StudyStopped`."""
+    from orchestrator import feasibility
+    from orchestrator.resume import RunInProgress, RunLock, stop_orphans
+
+    t_start = time.monotonic()
+    if feasibility.survey_applies(study):
+        platform_cpu = study.hardware.gpu == "CPU" or getattr(study.engine, "platform", None) == "cpu"
+        found = feasibility.survey(study, cluster_units=None if platform_cpu else study.hardware.total_gpus,
+                                   units_per_node=None if platform_cpu else study.hardware.gpus_per_node)
+        if found.all_infeasible:
+            raise StudyStopped(f"study {study.name}: " + found.report())
+    state_dir = local_state_dir(study)
+    stop_orphans(state_dir)
+    fingerprint = study.fingerprint()
+    previous = RunState.latest_unfinished(state_dir, fingerprint) if resume else None
+    run = previous or RunState(new_run_id(study), "running", datetime.now(timezone.utc).isoformat(),
+                               study.budget.trials, fingerprint)
+    try:
+        lock = RunLock(state_dir, run.run_id).acquire()
+    except RunInProgress:
+        raise StudyStopped(f"run {run.run_id} of study {study.name} is being run by another process; wait for it, "
+                           "or start a separate run with --new-run") from None
+    try:
+        return _drive(study, run, resumed=previous is not None, state_dir=state_dir, address=address,
+                      serve_port=serve_port, quiet=quiet, max_trials=max_trials, t_start=t_start)
+    finally:
+        lock.release()
+
+
+def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, address: Optional[str],
+           serve_port: int, quiet: bool, max_trials: Optional[int], t_start: float) -> StudyRun:
     import ray
-    from ray import tune
 
     from orchestrator.engines.base import create_engine
     from orchestrator.progress import ProgressPrinter
+    from orchestrator.resume import drop_orphan_requests, process_identity, reconcile
     from orchestrator.results.store import ResultsStore
-    from orchestrator.runtime import NAMESPACE, cluster_info, ensure_ray, start_serve
-    from orchestrator.scheduling import GpuLedgerActor
+    from orchestrator.runtime import ensure_ray, local_ray
 
-    t_start = time.monotonic()
-    state_dir = local_state_dir(study)
     store = ResultsStore(study.output, study.name)
-    fingerprint = study.fingerprint()
-
-    previous = RunState.latest_unfinished(state_dir, fingerprint) if resume else None
-    if previous is not None:
-        run = previous
-    else:
-        run = RunState(new_run_id(study), "running", datetime.now(timezone.utc).isoformat(),
-                       study.budget.trials, fingerprint)
+    run.driver_pid = os.getpid()
     run.save(state_dir)
+    storage = optuna_storage(state_dir)
+    ostudy_name = optuna_study_name(study)
+    fixed = reconcile(study, storage, ostudy_name, store.read_trials())
+    drop_orphan_requests(store, run.run_id)
     done_ids = store.trial_ids(run_id=run.run_id)
     remaining = run.budget_trials - len(done_ids)
     if max_trials is not None:
         remaining = min(remaining, max_trials)
-
-    storage = optuna_storage(state_dir)
-    ostudy_name = optuna_study_name(study)
-    stale = recover_stale_trials(storage, ostudy_name)
     printer = ProgressPrinter(study, total=run.budget_trials, already_done=len(done_ids), quiet=quiet)
-    printer.header(run.run_id, resumed=previous is not None, stale=stale, state_dir=str(state_dir))
-
+    printer.header(run.run_id, resumed=resumed, stale=len(fixed.retried), state_dir=str(state_dir),
+                   recovered=len(fixed.told_from_rows))
     if remaining <= 0:
         run.status = "finished"
         run.save(state_dir)
-        return _summary(study, store, run, previous is not None, 0, t_start)
+        return _summary(store, run, resumed, 0, t_start, retried=fixed.retried)
 
     engine = create_engine(study)
     started_here = ensure_ray(study, address=address)
+    if started_here:
+        mine = local_ray()
+        if mine is not None:
+            run.ray_session = mine.session_dir
+            run.ray_procs = [ident for pid in mine.pids if (ident := process_identity(pid)) is not None]
+            run.save(state_dir)
+    try:
+        outcome = _tune(study, run, engine, store, state_dir, storage, ostudy_name, printer,
+                        serve_port=serve_port, remaining=remaining, started_here=started_here, resumed=resumed)
+    finally:
+        if started_here:
+            ray.shutdown()  # takes Serve and every replica with it
+            run.ray_procs = []
+    n_done = len(store.trial_ids(run_id=run.run_id))
+    if outcome.stop_message:
+        run.save(state_dir)  # still "running": the same command resumes
+        raise StudyStopped(outcome.stop_message)
+    if n_done >= run.budget_trials or max_trials is None:
+        run.status = "finished"
+    run.save(state_dir)
+    printer.finish(store.read_trials(run_id=run.run_id))
+    result = _summary(store, run, resumed, n_done - len(done_ids), t_start, retried=fixed.retried)
+    result.lost, result.gpu_peaks = outcome.lost, outcome.gpu_peaks
+    return result
+
+
+@dataclass
+class _TuneOutcome:
+    stop_message: Optional[str] = None
+    lost: int = 0
+    gpu_peaks: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, ostudy_name: str, printer, *,
+          serve_port: int, remaining: int, started_here: bool, resumed: bool) -> _TuneOutcome:
+    import ray
+    from ray import tune
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from orchestrator.runtime import NAMESPACE, cluster_info, start_serve
+    from orchestrator.sampling import StagedSearch, searcher_class
+    from orchestrator.scheduling import GpuLedgerActor
+
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
     if engine.serves_http:
         serve_port = start_serve(serve_port)
+        _cleanup_apps(_dead_run_ids(state_dir, run.run_id))  # left by killed drivers on a cluster that outlived them
 
     suffix = run.run_id.replace("-", "")[-10:]
-    ledger_name = sink_name = None
-    ledger = sink = None
     node_id = ray.get_runtime_context().get_node_id()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     sink_name = f"results-sink-{study.name}-{suffix}"
     sink = ray.remote(ResultsSinkActor).options(
         name=sink_name, namespace=NAMESPACE, num_cpus=0, lifetime=None,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote(study.output, study.name, study.space.column_types())
+    ledger_name = ledger = None
     if engine.serves_http and info.total_units > 0:
         ledger_name = f"gpu-ledger-{study.name}-{suffix}"
         ledger = ray.remote(GpuLedgerActor).options(
             name=ledger_name, namespace=NAMESPACE, num_cpus=0, max_concurrency=1000,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(info.resource, info.units_per_node)
 
     ctx = TrialContext(run_id=run.run_id, namespace=NAMESPACE, ledger_name=ledger_name, sink_name=sink_name,
@@ -285,53 +381,87 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
     if engine.serves_http and info.total_units > 0:
         concurrency = min(concurrency, info.total_units)
 
-    searcher = _searcher_class()(
+    searcher = searcher_class()(
         space=study.space.suggest, metric=[o.metric for o in study.objectives],
         mode=["max" if d == "maximize" else "min" for d in study.directions],
         sampler=make_sampler(study), study_name=ostudy_name, storage=storage,
+        staged=StagedSearch(study) if study.search.stages else None,
     )
-    _enqueue_warm_start(study, searcher, storage, ostudy_name)
-    _enqueue_initial_points(study, searcher, resumed=previous is not None)
+    _enqueue_initial_points(study, searcher, resumed=resumed)
+    _enqueue_warm_start(study, searcher)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
+    stopper = _write_failure_stopper()
+    recorder = _lost_trial_recorder(study, run.run_id, sink_name, NAMESPACE)
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})
-    tune_dir = state_dir / "_tune"
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining, max_concurrent_trials=concurrency,
                                     time_budget_s=study.budget.wall_time_s, reuse_actors=False),
-        run_config=tune.RunConfig(name=f"{run.run_id}", storage_path=str(tune_dir), verbose=0,
-                                  callbacks=[printer.tune_callback()], log_to_file=True),
+        run_config=tune.RunConfig(name=f"{run.run_id}-{int(time.time())}", storage_path=str(state_dir / "_tune"),
+                                  verbose=0, stop=stopper, log_to_file=True,
+                                  failure_config=tune.FailureConfig(max_failures=study.budget.trial_retries),
+                                  callbacks=[printer.tune_callback(), recorder]),
     )
     printer.start(concurrency=concurrency, cluster=info)
+    out = _TuneOutcome()
     try:
         tuner.fit()
+    except Exception as e:  # noqa: BLE001 - a full disk ends the study with a message, anything else is a bug
+        problem = _storage_problem(e)
+        if problem is None:
+            raise
+        out.stop_message = _stopped_text(study, store, run, f"cannot write the study's state ({problem})")
     finally:
-        _cleanup_apps(run.run_id)
+        if ledger is not None:
+            try:
+                out.gpu_peaks = ray.get(ledger.peaks.remote(), timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
+        if engine.serves_http:
+            _cleanup_apps([run.run_id])
         for actor in (ledger, sink):
             if actor is not None:
                 try:
                     ray.kill(actor)
                 except Exception:  # noqa: BLE001
                     pass
-    n_done = len(store.trial_ids(run_id=run.run_id))
-    if n_done >= run.budget_trials or max_trials is None:
-        run.status = "finished"
-        run.save(state_dir)
-    result = _summary(study, store, run, previous is not None, n_done - len(done_ids), t_start)
-    if started_here:
-        ray.shutdown()  # takes Serve and every replica with it
-    return result
+    out.lost = recorder.lost
+    if stopper.message and out.stop_message is None:
+        out.stop_message = _stopped_text(study, store, run, f"results could not be written ({stopper.message})")
+    return out
 
 
-def _cleanup_apps(run_id: str) -> None:
-    """Delete Serve apps of this run that a killed trial left behind."""
+def _stopped_text(study: Study, store, run: RunState, why: str) -> str:
+    try:
+        n = len(store.trial_ids(run_id=run.run_id))
+    except Exception:  # noqa: BLE001
+        n = "?"
+    return (f"study {study.name} stopped: {why}.\n"
+            f"  {n} of {run.budget_trials} trials of run {run.run_id} are recorded; trials that were running "
+            "will run again.\n  Free space (or fix the output location) and run the same command again to resume.")
+
+
+def _dead_run_ids(state_dir: Path, current: str) -> list[str]:
+    """This run and every other run of the study no live driver holds (their apps are orphans)."""
+    from orchestrator.resume import RunLock
+
+    ids = [current]
+    for st in RunState.all(state_dir):
+        if st.run_id != current and st.status == "running" and not RunLock.held(state_dir, st.run_id):
+            ids.append(st.run_id)
+    return ids
+
+
+def _cleanup_apps(run_ids: list[str]) -> None:
+    """Delete Serve apps of these runs that a killed trial or driver left behind."""
     try:
         from ray import serve
 
         from orchestrator.engines.serve_app import delete_app
 
+        prefixes = tuple(f"tune-{rid}" for rid in run_ids)
         for name in list(serve.status().applications):
-            if name.startswith(f"tune-{run_id}"):
+            if name.startswith(prefixes):
                 delete_app(name, timeout_s=60)
     except Exception as e:  # noqa: BLE001
         log.warning("could not clean up Serve applications: %s", e)
@@ -346,30 +476,25 @@ def _enqueue_initial_points(study: Study, searcher, *, resumed: bool) -> None:
         ostudy.enqueue_trial(dict(point), skip_if_exists=True)
 
 
-def _enqueue_warm_start(study: Study, searcher, storage, ostudy_name: str) -> None:
-    """Try the best points of earlier result datasets first (search.warm_start)."""
+def _enqueue_warm_start(study: Study, searcher) -> int:
+    """``search.warm_start``: earlier results' best points, mapped into this space, tried first."""
     if not study.search.warm_start:
-        return
-    from orchestrator.results import load_trials, pareto_front
+        return 0
+    from optuna.trial import TrialState
 
-    points = []
-    for path in study.search.warm_start:
-        try:
-            df = load_trials(path)
-        except Exception as e:  # noqa: BLE001
-            log.warning("warm start: cannot read %s: %s", path, e)
-            continue
-        front = pareto_front(df, study.objectives, study.constraints)
-        for _, r in front.iterrows():
-            params = json.loads(r["params_json"])
-            points.append({k: v for k, v in params.items() if k in study.space.params})
+    from orchestrator.warm_start import load_frames, warm_start_points
+
     ostudy = searcher._ot_study  # noqa: SLF001 - OptunaSearch keeps it there
-    for p in points[: max(1, study.budget.trials // 2)]:
-        ostudy.enqueue_trial(p, skip_if_exists=True)
+    existing = [t.system_attrs.get("fixed_params", t.params) for t in ostudy.get_trials(deepcopy=False)
+                if t.state != TrialState.FAIL]
+    points = warm_start_points(study, load_frames(study.search.warm_start), existing)
+    for p in points:
+        ostudy.enqueue_trial(p, user_attrs={"warm_start": True}, skip_if_exists=False)
+    return len(points)
 
 
-def _summary(study: Study, store, run: RunState, resumed: bool, n: int, t_start: float) -> StudyRun:
+def _summary(store, run: RunState, resumed: bool, n: int, t_start: float, *, retried: list[int]) -> StudyRun:
     study_dir = store.study_path
     return StudyRun(run_id=run.run_id, study_dir=study_dir, trials_dir=f"{study_dir}/trials",
                     requests_dir=f"{study_dir}/requests", resumed=resumed, trials_run=n,
-                    elapsed_s=time.monotonic() - t_start)
+                    elapsed_s=time.monotonic() - t_start, retried=list(retried))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, load_study_or_report, print_front
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, print_front
 
 
 def cmd_validate(args) -> int:
@@ -31,11 +31,15 @@ def cmd_run(args) -> int:
     if updates:
         study = study.model_copy(update=updates)
     from orchestrator.results.definition import write_study_definition
-    from orchestrator.search import run_study
+    from orchestrator.search import StudyStopped, run_study
 
     write_study_definition(study)
-    run = run_study(study, address=args.address, serve_port=args.port, resume=not args.new_run,
-                    quiet=args.quiet, max_trials=args.max_trials)
+    try:
+        run = run_study(study, address=args.address, serve_port=args.port, resume=not args.new_run,
+                        quiet=args.quiet, max_trials=args.max_trials)
+    except StudyStopped as e:  # a clear reason (infeasible space, full disk, run in use): no traceback
+        err(str(e))
+        return e.exit_code
     print()
     print(f"run {run.run_id}: {run.trials_run} trial(s) in {run.elapsed_s:.0f} s"
           + (" (resumed)" if run.resumed else ""))

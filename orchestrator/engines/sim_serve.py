@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import urllib.error
 import urllib.request
 from typing import Optional
 
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
+from orchestrator.engines.sim_faults import faults_for_trial
 from orchestrator.failures import EngineStartError, FailureKind
+from orchestrator.scheduling import leased_node
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape, find_model_config
 
@@ -39,8 +42,11 @@ class _SimDeployment(Deployment):
         try:
             with urllib.request.urlopen(self.endpoint.base_url + "/health", timeout=5) as r:
                 return None if r.status == 200 else f"/health answered {r.status}"
-        except Exception as e:  # noqa: BLE001
-            return f"/health failed: {e}"
+        except urllib.error.HTTPError as e:  # the engine's own account of its death is in the body
+            return f"/health answered {e.code}: {e.read()[:2000].decode(errors='replace')}"
+        except Exception as e:  # noqa: BLE001 - the replica is gone: Serve may know why
+            why = _serve_messages(self.name)
+            return f"/health failed: {e}" + (f"; Serve: {why}" if why else "")
 
     def teardown_problems(self) -> list[str]:
         return self._problems
@@ -73,12 +79,17 @@ class ServedSimEngine(Engine):
         name = serve_app.app_name_for(trial_id)
         route = f"/{name}"
         cls = build_ingress_class()
+        actor_options: dict = {"num_cpus": 0, "num_gpus": args.gpus}
+        node = leased_node(trial_id)
+        if node is not None and _serve_knows_label_selector():
+            # Exactly where the run's GPU ledger counted this replica (no fragmentation surprises).
+            actor_options["label_selector"] = {"ray.io/node-id": node}
         dep = serve.deployment(
             cls,
             name="SimLLMServer",
             num_replicas=1,
             max_ongoing_requests=100_000,  # the engine queues; Serve must not
-            ray_actor_options={"num_cpus": 0, "num_gpus": args.gpus},
+            ray_actor_options=actor_options,
             health_check_period_s=2,
             health_check_timeout_s=10,
             # Nothing to drain after the load window: stop at once.
@@ -88,16 +99,18 @@ class ServedSimEngine(Engine):
             max_constructor_retry_count=1,
         )
         args_dict = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name != "extra"}
+        faults = faults_for_trial(study.engine.faults, args_dict, seed=study.seed, trial_id=trial_id)
         bound = dep.bind(
             model_config=self.model_config, model_name=study.model.name, gpu=study.hardware.gpu,
             engine_args=args_dict, calibration=study.engine.calibration.model_dump(),
             served_model_name=served, startup_s=study.engine.startup_s, dtype=study.model.dtype,
-            direct=study.engine.transport == "direct",
+            direct=study.engine.transport == "direct", faults=tuple(f.to_dict() for f in faults),
         )
         t0 = time.monotonic()
         serve_app.submit_app(bound, name=name, route_prefix=route)
         try:
-            serve_app.wait_until_running(name, timeout_s=max(60.0, study.engine.startup_s * 3 + 60))
+            timeout = study.engine.start_timeout_s or max(60.0, study.engine.startup_s * 3 + 60)
+            serve_app.wait_until_running(name, timeout_s=timeout)
         except EngineStartError:
             serve_app.delete_app(name, timeout_s=60)
             raise
@@ -109,6 +122,25 @@ class ServedSimEngine(Engine):
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=base + "/metrics",
                                   startup_s=time.monotonic() - t0, facts=facts, node_ip=facts.get("node_ip"))
         return _SimDeployment(name, endpoint, teardown_timeout_s=60)
+
+
+def _serve_messages(app_name: str) -> str:
+    """Serve's status messages for an application (why its replica died or was replaced)."""
+    try:
+        st = serve_app._app_status(app_name)  # noqa: SLF001 - same package
+        return serve_app._failure_text(st)[-2000:] if st is not None else ""  # noqa: SLF001
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _serve_knows_label_selector() -> bool:
+    """Ray >= 2.49 places replicas by node label; older Serve rejects the option."""
+    try:
+        from ray.serve.schema import RayActorOptionsSchema
+
+        return "label_selector" in RayActorOptionsSchema.model_fields
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _node_ip() -> str:
