@@ -44,6 +44,15 @@ class Recommendation:
     metrics: dict[str, Optional[float]]  # the trial's objective and SLO metrics, as measured
     slos: tuple[Constraint, ...]
 
+    def slo_lines(self) -> list[str]:
+        """Each SLO with the trial's measured value and whether it was met."""
+        out = []
+        for c in self.slos:
+            value = self.metrics.get(c.metric)
+            out.append(f"{c}: not measured" if value is None else
+                       f"{c}: {'met' if c.met(value) else 'MISSED'} ({value:,.4g})")
+        return out
+
     def vllm_argv(self) -> list[str]:
         argv = ["vllm", "serve", self.model, *self.engine_args.to_cli_args()]
         if self.served_name != self.model:

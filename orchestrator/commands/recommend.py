@@ -36,7 +36,7 @@ def cmd_recommend(args) -> int:
     measured = ", ".join(f"{k} {v:,.4g}" for k, v in rec.metrics.items() if v is not None)
     print(f"trial {rec.trial_id} (run {rec.run_id}): {measured}")
     if rec.slos:
-        print("meets: " + ", ".join(str(c) for c in rec.slos))
+        print("SLOs: " + "; ".join(rec.slo_lines()))
     print()
     print("# vllm serve")
     print(rec.vllm_command())
