@@ -7,6 +7,7 @@ first objective so far and an ETA from the mean trial time.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Optional
@@ -47,10 +48,29 @@ class ProgressPrinter:
         self.t0 = time.monotonic()
         self.finished_here = 0
         self.concurrency = 1
+        # A status line after this long without output, so that long trials still show in job logs.
+        self.heartbeat_s = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL_S", 60))
+        self._last_print = self.t0
 
     def _print(self, text: str) -> None:
+        self._last_print = time.monotonic()
         if not self.quiet:
             print(text, file=self.stream or sys.stdout, flush=True)
+
+    def status_line(self, now: Optional[float] = None) -> str:
+        """Counts, best so far, elapsed time and ETA (from the mean time per finished trial)."""
+        elapsed = (time.monotonic() if now is None else now) - self.t0
+        eta = _duration(elapsed / self.finished_here * (self.total - self.done)) if self.finished_here else "-"
+        first = self.study.objectives[0]
+        best = _fmt(self.best) if self.best is not None else "-"
+        return (f"[{self.done}/{self.total}] done {self.done}, running {self.running}, not completed {self.failed} | "
+                f"best {first.metric} {best} | elapsed {_duration(elapsed)}, ETA {eta}")
+
+    def heartbeat(self, now: Optional[float] = None) -> None:
+        """Print :meth:`status_line` when nothing was printed for ``heartbeat_s`` seconds (0: never)."""
+        now = time.monotonic() if now is None else now
+        if self.heartbeat_s > 0 and now - self._last_print >= self.heartbeat_s:
+            self._print(self.status_line(now))
 
     def header(self, run_id: str, *, resumed: bool, stale: int, state_dir: str, recovered: int = 0) -> None:
         s = self.study
@@ -118,6 +138,9 @@ class ProgressPrinter:
         class _Progress(Callback):
             def on_trial_start(self, iteration, trials, trial, **info):
                 printer.trial_started()
+
+            def on_step_end(self, iteration, trials, **info):
+                printer.heartbeat()
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 printer.trial_finished(trial.last_result or {}, trial.config or {})
