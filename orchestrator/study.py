@@ -45,7 +45,8 @@ class SimFault(_Strict):
                     "timeout); crash: the engine process exits under load; oom: the engine runs out of memory "
                     "under load")
     after_s: float = Field(default=0.0, ge=0, le=86_400,
-                           description="start_crash: seconds into the start; crash, oom: seconds after ready")
+                           description="start_crash: seconds into the start; crash, oom: seconds after the "
+                                       "first request")
     after_requests: Optional[int] = Field(default=None, ge=0, le=100_000_000,
                                           description="crash, oom: after this many accepted requests instead")
     probability: float = Field(default=1.0, ge=0, le=1,
