@@ -38,7 +38,8 @@ def _engine_core_pids() -> list[int]:
 
 
 class EngineKiller(threading.Thread):
-    """Kills the engine core of the trial that starts after ``after_rows`` trials are recorded."""
+    """Kills the engine core of the trial that runs after ``after_rows`` trials are recorded,
+    once its application is serving (so the kill lands in the load window, not the start)."""
 
     def __init__(self, trials_dir: Path, after_rows: int, delay_s: float, timeout_s: float = 900):
         super().__init__(daemon=True)
@@ -50,16 +51,25 @@ class EngineKiller(threading.Thread):
         deadline = time.monotonic() + self.timeout_s
         while not self.stop.is_set() and time.monotonic() < deadline:
             rows = len(list(self.trials_dir.rglob("*.parquet"))) if self.trials_dir.exists() else 0
-            pids = _engine_core_pids()
-            if rows >= self.after_rows and pids:
-                # An engine core exists for the next trial; give its load window time to begin.
-                time.sleep(self.delay_s)
+            if rows >= self.after_rows and self._app_running():
+                time.sleep(self.delay_s)  # warm-up done, measured requests in flight
                 pids = _engine_core_pids()
                 if pids:
                     os.kill(pids[0], 9)
                     self.killed_pid = pids[0]
                     return
             time.sleep(0.5)
+
+    @staticmethod
+    def _app_running() -> bool:
+        from ray import serve
+
+        try:
+            apps = serve.status().applications
+        except Exception:  # noqa: BLE001 - Serve not up yet
+            return False
+        return any(name.startswith("tune-") and str(getattr(a.status, "value", a.status)) == "RUNNING"
+                   for name, a in apps.items())
 
 
 def test_cpu_vllm_study(tmp_path, monkeypatch):

@@ -28,7 +28,6 @@ from orchestrator.failures import EngineStartError, FailureKind, classify_runtim
 log = logging.getLogger(__name__)
 
 RAY_METRIC_PREFIX = "ray_vllm_"  # vLLM's "vllm:x" metrics as Ray exports them
-DEPLOYMENT_NAME = "LLMServer"
 
 
 def _has_cuda() -> bool:
@@ -172,11 +171,14 @@ def replica_log_tail(app_name: str, lines: int = 400) -> str:
     try:
         from ray.util.state import get_log, list_actors
 
-        actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app_name}:{DEPLOYMENT_NAME}")],
-                             detail=False, limit=10, raise_on_missing_output=False)
+        # The state API filters by equality only; replica class names carry the deployment
+        # name ray.serve.llm derives ("ServeReplica:<app>:LLMServer:<model id>").
+        prefix = f"ServeReplica:{app_name}:"
+        actors = [a for a in list_actors(detail=False, limit=5000, raise_on_missing_output=False)
+                  if str(_field(a, "class_name") or "").startswith(prefix)]
         out: list[str] = []
         for a in actors:
-            aid = a.actor_id if hasattr(a, "actor_id") else a["actor_id"]
+            aid = _field(a, "actor_id")
             for suffix in ("err", "out"):
                 try:
                     text = "".join(get_log(actor_id=aid, tail=lines, suffix=suffix, timeout=10))
@@ -187,6 +189,10 @@ def replica_log_tail(app_name: str, lines: int = 400) -> str:
     except Exception as e:  # noqa: BLE001
         log.debug("no replica logs for %s: %s", app_name, e)
         return ""
+
+
+def _field(obj, name: str):
+    return getattr(obj, name, None) if not isinstance(obj, dict) else obj.get(name)
 
 
 def _interesting(line: str) -> bool:
@@ -246,7 +252,6 @@ class VllmServeEngine(Engine):
             "model_loading_config": {"model_id": served, "model_source": model_dir},
             "engine_kwargs": engine_kwargs,
             "deployment_config": {
-                "name": DEPLOYMENT_NAME,
                 "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
                 "health_check_period_s": 5,
                 "graceful_shutdown_wait_loop_s": 0.5,
