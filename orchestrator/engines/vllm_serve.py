@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -191,6 +192,19 @@ def replica_log_tail(app_name: str, lines: int = 400) -> str:
         return ""
 
 
+def kv_cache_facts(log_text: str) -> dict[str, float]:
+    """The KV-cache size vLLM logged at start-up ("GPU KV cache size: N tokens", "Available
+    KV cache memory: X GiB"): the numbers the pre-flight estimate is checked against."""
+    out: dict[str, float] = {}
+    tokens = re.findall(r"KV cache size: ([\d,]+) tokens", log_text)
+    if tokens:
+        out["kv_cache_tokens"] = float(tokens[-1].replace(",", ""))
+    gib = re.findall(r"Available KV cache memory: ([\d.]+) GiB", log_text)
+    if gib:
+        out["kv_cache_gib"] = float(gib[-1])
+    return out
+
+
 def _field(obj, name: str):
     return getattr(obj, name, None) if not isinstance(obj, dict) else obj.get(name)
 
@@ -321,6 +335,7 @@ class VllmServeEngine(Engine):
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
                                  "llm_config": json.loads(json.dumps(cfg, default=str))}
+        facts.update(kv_cache_facts(replica_log_tail(name, lines=3000)))
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),
                                   metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
                                   metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
