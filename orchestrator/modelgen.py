@@ -20,6 +20,7 @@ from typing import Literal, Optional
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
 )
+TOKENIZER_SUBDIR = "tokenizer"
 # Random weights are for small test models; a real shape should use load_format=dummy.
 MAX_RANDOM_WEIGHT_PARAMS = 200_000_000
 
@@ -69,15 +70,14 @@ def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", 
 
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos}) + "\n")
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": specials[0], "eos_token": specials[1],
-        "unk_token": "[UNK]", "pad_token": specials[1], "model_max_length": max_len,
-        "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
-        "chat_template": CHAT_TEMPLATE,
-    }, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({
-        "bos_token": specials[0], "eos_token": specials[1], "unk_token": "[UNK]", "pad_token": specials[1]}) + "\n")
+    # The tokenizer also goes into tokenizer/, beside a stub llama config: transformers picks a
+    # tokenizer class by the model type, and some (qwen2) rebuild the pipeline and break a
+    # word-level vocabulary. Engines point their tokenizer there (TOKENIZER_SUBDIR).
+    for target in (out, out / TOKENIZER_SUBDIR):
+        target.mkdir(exist_ok=True)
+        _write_tokenizer(target, tok, specials, max_len)
+    (out / TOKENIZER_SUBDIR / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "vocab_size": shape_info.vocab_size, "bos_token_id": bos, "eos_token_id": eos}) + "\n")
 
     if weights == "random":
         if shape_info.num_params > MAX_RANDOM_WEIGHT_PARAMS and not force:
@@ -85,6 +85,24 @@ def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", 
                              "for small test models (use weights='none' and load_format=dummy, or force=True)")
         _write_random_weights(out, seed)
     return out
+
+
+def _write_tokenizer(target: Path, tok, specials: list[str], max_len: int) -> None:
+    tok.save(str(target / "tokenizer.json"))
+    (target / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": specials[0], "eos_token": specials[1],
+        "unk_token": "[UNK]", "pad_token": specials[1], "model_max_length": max_len,
+        "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
+    (target / "special_tokens_map.json").write_text(json.dumps({
+        "bos_token": specials[0], "eos_token": specials[1], "unk_token": "[UNK]", "pad_token": specials[1]}) + "\n")
+
+
+def tokenizer_dir(model_dir: str | Path) -> Optional[Path]:
+    """The generated tokenizer of ``model_dir`` (None for other model directories)."""
+    path = Path(model_dir) / TOKENIZER_SUBDIR
+    return path if (path / "tokenizer.json").is_file() else None
 
 
 def _write_random_weights(out: Path, seed: int) -> None:

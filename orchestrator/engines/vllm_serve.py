@@ -262,8 +262,13 @@ class VllmServeEngine(Engine):
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                **{k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME")
                   if os.environ.get(k)}, **spec.env}
+        loading: dict[str, Any] = {"model_id": served, "model_source": model_dir}
+        from orchestrator.modelgen import tokenizer_dir
+
+        if tokenizer_dir(model_dir) is not None:  # a generated model: its word-level tokenizer
+            loading["tokenizer_source"] = str(tokenizer_dir(model_dir))
         cfg: dict[str, Any] = {
-            "model_loading_config": {"model_id": served, "model_source": model_dir},
+            "model_loading_config": loading,
             "engine_kwargs": engine_kwargs,
             "deployment_config": {
                 "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
