@@ -89,7 +89,7 @@ def main() -> None:
 
     out = tempfile.mkdtemp(prefix="overhead-")
     study = parse_study(study_doc(out, a.trials, a.concurrency))
-    ray.init(num_cpus=4, num_gpus=study.hardware.gpus_per_node, include_dashboard=False, namespace="orchestrator",
+    ray.init(address="local", num_cpus=4, num_gpus=study.hardware.gpus_per_node, include_dashboard=False, namespace="orchestrator",
              log_to_driver=False)
     try:
         start_serve(8150)

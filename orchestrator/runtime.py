@@ -75,7 +75,9 @@ def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optiona
         # vLLM's metrics reach Prometheus through Ray's exporter; the 10 s default is too coarse
         # for a load window of a minute.
         extra["_system_config"] = {"metrics_report_interval_ms": 1000}
-    ray.init(num_cpus=cpus, num_gpus=gpus, namespace=NAMESPACE, include_dashboard=False, **extra,
+    # address="local": our own Ray, sized for the study, even if `ray start` runs on this machine
+    # (plain ray.init() would join that cluster instead).
+    ray.init(address="local", num_cpus=cpus, num_gpus=gpus, namespace=NAMESPACE, include_dashboard=False, **extra,
              runtime_env=runtime_env, logging_level=logging.WARNING,
              log_to_driver=os.environ.get("ORCHESTRATOR_RAY_LOGS") == "1")
     return True

@@ -45,7 +45,7 @@ def test_small_study_through_serve_http(tmp_path):
     from orchestrator.search import run_study
 
     study = small_study(tmp_path)
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, namespace="orchestrator")
+    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, namespace="orchestrator")
     try:
         run = run_study(study, quiet=True, serve_port=8123)
         leftover = [a for a in serve.status().applications if a.startswith("tune-")]

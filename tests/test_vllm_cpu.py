@@ -107,7 +107,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
         "budget": {"trials": 4, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    ray.init(num_cpus=3, include_dashboard=False, namespace="orchestrator",
+    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
                                                                   "HF_HOME")}})
