@@ -116,8 +116,10 @@ def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_fac
     chosen = front.iloc[-1]  # a front point other than the highest-throughput one, when there are several
 
     config = tmp_path / "serve.yaml"
+    checkpoint = tmp_path / "models" / "Llama-3.1-8B-Instruct"  # vLLM resolves a path that exists as it is
+    checkpoint.mkdir(parents=True)
     r = subprocess.run([sys.executable, "-m", "orchestrator", "recommend", str(study_dir), "--trial",
-                        chosen["trial_id"], "--model", "/models/Llama-3.1-8B-Instruct", "--serve-config", str(config)],
+                        chosen["trial_id"], "--model", str(checkpoint), "--serve-config", str(config)],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     command = next(line for line in r.stdout.splitlines() if line.startswith("vllm serve "))
@@ -137,7 +139,7 @@ def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_fac
     assert parsed.returncode == 0, parsed.stderr[-3000:]
     out = json.loads(parsed.stdout.strip().splitlines()[-1])
 
-    assert out["cli"]["model"] == "/models/Llama-3.1-8B-Instruct"
+    assert out["cli"]["model"] == str(checkpoint)
     assert out["served_model_name"] == ["llama-3.1-8b"]
     for name, value in params.items():  # every searched parameter, as vLLM understood it
         assert out["cli"][name] == pytest.approx(value), name
@@ -148,4 +150,4 @@ def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_fac
     assert out["llm_config"]["accelerator_type"] == "H100" and out["llm_config"]["model_id"] == "llama-3.1-8b"
     assert out["llm_config"]["engine_kwargs"] == llm_config["engine_kwargs"]
     assert serve_config["applications"][0]["import_path"] == "ray.serve.llm:build_openai_app"
-    assert shlex.split(command)[2] == "/models/Llama-3.1-8B-Instruct"
+    assert shlex.split(command)[2] == str(checkpoint)
