@@ -151,7 +151,7 @@ class _VllmDeployment(Deployment):
             except Exception as e:  # noqa: BLE001
                 bad.append(f"/v1/models failed: {e}")
         text = "; ".join(bad) or f"application {status}"
-        logs = replica_log_tail(self.name)
+        logs = replica_log_tail(self.name, marker=self.endpoint.model)
         return (text + ("\n" + logs if logs else ""))[-6000:]
 
     def teardown_problems(self) -> list[str]:
@@ -167,8 +167,39 @@ class _VllmDeployment(Deployment):
                 self._problems.append(leak)
 
 
-def replica_log_tail(app_name: str, lines: int = 400) -> str:
-    """Last lines of the app's replica logs that look like errors (best effort, via Ray's state API)."""
+def replica_log_tail(app_name: str, lines: int = 400, *, marker: Optional[str] = None,
+                     since: Optional[float] = None) -> str:
+    """Lines of the app's replica logs that say why (errors, memory, KV cache), best effort:
+    through Ray's state API (needs the dashboard), else this node's Ray log files."""
+    text = _state_api_log_tail(app_name, lines)
+    if not text and marker:
+        text = _local_log_tail(marker, since=since)
+    return text
+
+
+def _local_log_tail(marker: str, *, since: Optional[float] = None, max_bytes: int = 4_000_000) -> str:
+    """Worker log files of this node's Ray session that mention ``marker`` (e.g. the model id,
+    which vLLM prints at start-up); the engine core writes to its replica's files."""
+    try:
+        import ray
+
+        logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # noqa: SLF001 - no public API
+    except Exception:  # noqa: BLE001 - not the driver's node / no session
+        return ""
+    out: list[str] = []
+    for path in sorted(logs.glob("worker-*"), key=lambda p: p.stat().st_mtime):
+        try:
+            if since is not None and path.stat().st_mtime < since:
+                continue
+            data = path.read_bytes()[-max_bytes:].decode("utf-8", "replace")
+        except OSError:
+            continue
+        if marker in data:
+            out += [ln for ln in data.splitlines() if _interesting(ln)]
+    return "\n".join(out[-80:])
+
+
+def _state_api_log_tail(app_name: str, lines: int) -> str:
     try:
         from ray.util.state import get_log, list_actors
 
@@ -322,13 +353,15 @@ class VllmServeEngine(Engine):
         except Exception as e:  # noqa: BLE001 - pydantic/vLLM argument validation
             raise EngineStartError(FailureKind.INVALID_ARGS, f"{type(e).__name__}: {e}"[:4000]) from None
         release = ReleaseCheck(self.resources(args).resource)
+        served = cfg["model_loading_config"]["model_id"]
+        t_wall = time.time()
         t0 = time.monotonic()
         serve_app.submit_app(app, name=name, route_prefix=route)
         try:
             serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0,
                                          classify=lambda text: classify_start_error(text))
         except EngineStartError as e:
-            logs = replica_log_tail(name)
+            logs = replica_log_tail(name, marker=served, since=t_wall)
             text = e.message + ("\n" + logs if logs else "")
             kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
@@ -336,11 +369,10 @@ class VllmServeEngine(Engine):
             release.wait(timeout_s=spec.teardown_timeout_s)
             raise EngineStartError(kind, _best_message(text, kind)) from None
         base = serve_app.serve_base_url(route)
-        served = cfg["model_loading_config"]["model_id"]
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
                                  "llm_config": json.loads(json.dumps(cfg, default=str))}
-        facts.update(kv_cache_facts(replica_log_tail(name, lines=3000)))
+        facts.update(kv_cache_facts(replica_log_tail(name, lines=3000, marker=served, since=t_wall)))
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),
                                   metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
                                   metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
