@@ -55,12 +55,20 @@ class RunState:
     def path(state_dir: Path, run_id: str) -> Path:
         return state_dir / "_runs" / f"{run_id}.json"
 
-    def save(self, state_dir: Path) -> None:
+    def save(self, state_dir: Path, *, must: bool = True) -> None:
+        """Write atomically; ``must=False``: a failure (full disk while stopping) only logs,
+        the file on disk keeps its last good state."""
         p = self.path(state_dir, self.run_id)
-        p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name("." + p.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, p)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(asdict(self), indent=2))
+            os.replace(tmp, p)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if must:
+                raise
+            log.warning("could not update run state %s: %s", p, e)
 
     @classmethod
     def load(cls, p: Path) -> Optional["RunState"]:
@@ -164,6 +172,62 @@ def stop_orphans(state_dir: Path) -> list[int]:
     if stopped:
         log.warning("stopped %d Ray process(es) left by a killed driver: %s", len(stopped), stopped)
     return stopped
+
+
+def repair_journal(path: Path) -> int:
+    """Cut a torn last record (a write killed mid-line, or a full disk) off an Optuna journal.
+
+    The record was never acknowledged, so nothing is lost; left in place, the next append
+    would glue onto it and make the whole journal unreadable. Returns the bytes removed.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return 0
+        # Find the last complete line (read backwards in blocks).
+        end = size
+        keep = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            f.seek(start)
+            block = f.read(end - start)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            end = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("Optuna journal %s: removed a torn last record (%d bytes)", path, size - keep)
+    return size - keep
+
+
+class JournalFlock:
+    """Optuna journal lock on ``flock``: no stale lock files after a killed driver (local files only)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @dataclass(frozen=True)

@@ -341,8 +341,8 @@ def searcher_class():
                     ot_trial.set_constraint(key[len(CONSTRAINT_PREFIX):], float(value))
             if result.get("status") == "error":  # the orchestrator failed, not the configuration
                 tell(self._ot_study, ot_trial, state=TrialState.FAIL)
-                self._completed_trials.add(trial_id)
-                return
-            super().on_trial_complete(trial_id, result=result, error=False)
+            else:
+                tell(self._ot_study, ot_trial, [float(result[m]) for m in self._metric])
+            self._completed_trials.add(trial_id)
 
     return ConstrainedOptunaSearch

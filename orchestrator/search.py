@@ -61,11 +61,18 @@ def local_state_dir(study: Study) -> Path:
 
 
 def optuna_storage(state_dir: Path):
+    """The study's Optuna journal: repaired if a killed writer tore its last record, locked with
+    ``flock`` (released by the kernel when a driver dies, where Optuna's own lock files would make
+    the next start wait out a 30 s grace period)."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    from orchestrator.resume import JournalFlock, repair_journal
+
     state_dir.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(state_dir / "optuna.journal")))
+    path = state_dir / "optuna.journal"
+    repair_journal(path)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFlock(str(path) + ".flock")))
 
 
 def optuna_study_name(study: Study) -> str:
@@ -309,7 +316,11 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
         return _summary(store, run, resumed, 0, t_start, retried=fixed.retried)
 
     engine = create_engine(study)
-    started_here = ensure_ray(study, address=address)
+    try:
+        started_here = ensure_ray(study, address=address)
+    except Exception as e:  # noqa: BLE001 - an environment problem, not a bug: say so in one line
+        raise StudyStopped(f"study {study.name} stopped: could not start or reach Ray ({_root_message(e)}).\n"
+                           "  Nothing was lost; run the same command again to resume.") from None
     if started_here:
         mine = local_ray()
         if mine is not None:
@@ -325,7 +336,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
             run.ray_procs = []
     n_done = len(store.trial_ids(run_id=run.run_id))
     if outcome.stop_message:
-        run.save(state_dir)  # still "running": the same command resumes
+        run.save(state_dir, must=False)  # still "running": the same command resumes
         raise StudyStopped(outcome.stop_message)
     if n_done >= run.budget_trials or max_trials is None:
         run.status = "finished"
@@ -396,7 +407,9 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining, max_concurrent_trials=concurrency,
-                                    time_budget_s=study.budget.wall_time_s, reuse_actors=False),
+                                    # A reused trial process keeps its imports and request set: one
+                                    # process start per trial less (the replica is new every trial).
+                                    time_budget_s=study.budget.wall_time_s, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{run.run_id}-{int(time.time())}", storage_path=str(state_dir / "_tune"),
                                   verbose=0, stop=stopper, log_to_file=True,
                                   failure_config=tune.FailureConfig(max_failures=study.budget.trial_retries),

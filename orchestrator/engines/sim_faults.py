@@ -10,8 +10,8 @@ kind            what the replica does                                  the trial
 start_crash     its constructor raises vLLM's start-up error after     failed, start_crash
                 ``after_s`` seconds (Serve: DEPLOY_FAILED)
 never_ready     its constructor never returns                          failed, start_timeout
-crash           its process exits (``after_s`` after ready, or at the  failed, engine_died
-                ``after_requests``-th accepted request), as a dead EngineCore
+crash           its process exits (``after_s`` after the first request, failed, engine_died
+                or at the ``after_requests``-th), as a dead EngineCore
                 takes vLLM's API server down
 oom             the engine loop raises CUDA's out-of-memory error;     failed, runtime_oom
                 waiting requests fail, /health answers 500 with it
@@ -86,7 +86,8 @@ def act_on_start(faults: Sequence[Fault]) -> None:
 
 
 class LoadFaults:
-    """Arms the under-load faults of a ready replica: timers, and a per-request counter."""
+    """Arms the under-load faults of a ready replica: a per-request counter, and timers that start
+    with the first request (under load, not at start-up: how long a start takes varies)."""
 
     def __init__(self, faults: Sequence[Fault], *, crash: Callable[[], None] = lambda: os._exit(1),
                  oom: Callable[[BaseException], None]):
@@ -94,23 +95,22 @@ class LoadFaults:
         self._oom = oom
         self._lock = threading.Lock()
         self._requests = 0
-        self._at_request: list[Fault] = []
-        for f in faults:
-            if f.kind not in ("crash", "oom"):
-                continue
-            if f.after_requests is not None:
-                self._at_request.append(f)
-            else:
-                t = threading.Timer(f.after_s, self._fire, args=(f,))
-                t.daemon = True
-                t.start()
+        load = [f for f in faults if f.kind in ("crash", "oom")]
+        self._at_request = [f for f in load if f.after_requests is not None]
+        self._timed = [f for f in load if f.after_requests is None]
 
     def on_request(self) -> None:
         """Called for every accepted request."""
-        if not self._at_request:
+        if not self._at_request and not self._timed:
             return
         with self._lock:
             self._requests += 1
+            timed, self._timed = self._timed, []
+        for f in timed:
+            t = threading.Timer(f.after_s, self._fire, args=(f,))
+            t.daemon = True
+            t.start()
+        with self._lock:
             due = [f for f in self._at_request if self._requests >= max(1, f.after_requests or 0)]
             self._at_request = [f for f in self._at_request if f not in due]
         for f in due:

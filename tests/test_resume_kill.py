@@ -1,0 +1,125 @@
+"""Resume after SIGKILL: the same command continues the run, nothing lost, nothing measured twice.
+
+The study runs as ``orchestrator run`` in its own process (with the local Ray it
+starts); the test SIGKILLs that process while trials are running, checks that the Ray
+processes it started died with it, runs the same command again and checks the result:
+every grid point measured exactly once, the interrupted trials marked in the Optuna
+journal and run again, no Serve application or engine process left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+import yaml
+
+from orchestrator.results import load_requests, load_trials
+from orchestrator.study import load_study
+
+pytestmark = pytest.mark.slow
+
+SERVE_PORT = 8304
+
+
+def write_study(tmp_path, repo) -> str:
+    doc = {
+        "name": "killed",
+        "seed": 5,
+        "engine": {"kind": "sim"},
+        "model": {"name": "llama-3.1-8b"},
+        "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
+        # ~5 s of load per trial: long enough to be killed in the middle of one.
+        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 20, "warmup_requests": 0,
+                     "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 24, "timeout_s": 30},
+        "space": {"max_num_seqs": [16, 32, 64], "max_num_batched_tokens": [2048, 8192]},
+        "objectives": ["maximize output_throughput_per_gpu"],
+        "search": {"sampler": "grid"},
+        "budget": {"trials": 6, "max_concurrent_trials": 2},
+        "output": str(tmp_path / "out"),
+    }
+    path = tmp_path / "killed.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def command(path: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator", "run", path, "--port", str(SERVE_PORT)]
+
+
+def run_state(tmp_path) -> dict:
+    (state,) = (tmp_path / "out" / "killed" / "_runs").glob("*.json")
+    return json.loads(state.read_text())
+
+
+def alive(procs: list[list[float]]) -> list[int]:
+    out = []
+    for pid, created in procs:
+        try:
+            p = psutil.Process(int(pid))
+            if abs(p.create_time() - created) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(int(pid))
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_sigkilled_driver_resumes_without_loss_or_duplicates(tmp_path, repo):
+    path = write_study(tmp_path, repo)
+    trials_dir = tmp_path / "out" / "killed" / "trials"
+    first = subprocess.Popen(command(path), cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not list(trials_dir.rglob("*.parquet")):
+            assert first.poll() is None, first.stdout.read()
+            time.sleep(0.5)
+        assert list(trials_dir.rglob("*.parquet")), "no trial finished in time"
+        time.sleep(1.5)  # the next trials are deploying or under load
+        ray_procs = run_state(tmp_path)["ray_procs"]
+        assert ray_procs, "the driver should have written down the Ray it started"
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    done_before = len(list(trials_dir.rglob("*.parquet")))
+    assert done_before < 6
+
+    # The Ray it started dies with it (Linux parent-death signal); whatever is left the next start stops.
+    deadline = time.monotonic() + 30
+    while alive(ray_procs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert alive(ray_procs) == [], "Ray processes outlived their SIGKILLed driver"
+
+    second = subprocess.run(command(path), cwd=repo, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "Traceback" not in second.stdout
+    state = run_state(tmp_path)
+    assert f"resuming run {state['run_id']}: {done_before} trials already recorded" in second.stdout
+    assert state["status"] == "finished" and state["ray_procs"] == []
+
+    trials = load_trials(tmp_path / "out" / "killed")
+    assert len(trials) == 6 and trials["trial_id"].is_unique and set(trials["run_id"]) == {state["run_id"]}
+    measured = sorted(zip(trials["max_num_seqs"], trials["max_num_batched_tokens"]))
+    assert measured == sorted((a, b) for a in (16, 32, 64) for b in (2048, 8192))  # each point once
+    assert (trials["status"] == "completed").all()
+    requests = load_requests(tmp_path / "out" / "killed")
+    assert requests.groupby("trial_id").size().reindex(trials["trial_id"]).eq(20).all()
+
+    study = load_study(path)
+    from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name
+
+    ostudy = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(local_state_dir(study)))
+    interrupted = [t for t in ostudy.trials if "orchestrator:interrupted" in t.system_attrs]
+    retries = [t for t in ostudy.trials if "retry_of" in t.user_attrs]
+    assert interrupted, "the killed run had trials in flight"
+    assert sorted(t.user_attrs["retry_of"] for t in retries) == sorted(t.number for t in interrupted)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in retries)
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in ostudy.trials)
