@@ -168,7 +168,8 @@ def test_ray_up_launcher_matches_rays_schema():
     doc = _load("ray-up-gpu.yaml")
     jsonschema.validate(doc, schema)
     assert doc["head_node_type"] in doc["available_node_types"]
-    assert any(t.get("min_workers", 0) >= 1 for n, t in doc["available_node_types"].items() if n != doc["head_node_type"])
+    workers = [t for n, t in doc["available_node_types"].items() if n != doc["head_node_type"]]
+    assert any(t.get("min_workers", 0) >= 1 for t in workers)
     for cmd in re.findall(r"orchestrator (?:run|nightly) \S+", (CLUSTERS / "ray-up-gpu.yaml").read_text()):
         _check_orchestrator_command(shlex.split(cmd))
 

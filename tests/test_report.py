@@ -213,7 +213,7 @@ PROBE = """({
 
 
 def test_browser_check_catches_console_errors_and_network_loads(browser, tmp_path):
-    """The checker itself: a page with a script error and a remote image is caught (else the next test proves nothing)."""
+    """The checker itself catches a script error and a remote image (else the next test would prove nothing)."""
     bad = tmp_path / "bad.html"
     bad.write_text('<!DOCTYPE html><html><head><link rel="icon" href="data:,"></head><body>'
                    '<img src="https://cdn.example.invalid/x.png"><script>console.error("boom"); undefinedCall();'

@@ -41,7 +41,8 @@ def cmd_recommend(args) -> int:
     print("# vllm serve")
     print(rec.vllm_command())
     print()
-    print("# Ray Serve LLM (ray.serve.llm.LLMConfig)" + (f", written to {args.serve_config}" if args.serve_config else ""))
+    written = f", written to {args.serve_config}" if args.serve_config else ""
+    print(f"# Ray Serve LLM (ray.serve.llm.LLMConfig){written}")
     print(config_yaml, end="")
     return EXIT_OK
 

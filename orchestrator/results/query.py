@@ -270,7 +270,7 @@ def best_per_gpu(df: pd.DataFrame, objective: str = "output_throughput_per_gpu",
     if "gpu" not in df.columns:
         raise KeyError("no column 'gpu' in the trials frame")
     best = []
-    for gpu, group in df.groupby("gpu", sort=True):
+    for _, group in df.groupby("gpu", sort=True):
         ranked = best_under_slos(group, name, resolved, constraints)
         if len(ranked):
             best.append(ranked.iloc[0])

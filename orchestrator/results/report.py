@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -426,14 +425,18 @@ def figure_png(fig, dpi: int = 100) -> bytes:
 
 # ================================================================== HTML (pure)
 CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1180px;padding:16px 24px;
-color:#222;background:#fff}
-h1{font-size:1.5em;margin-bottom:0.2em} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:1.6em}
-nav a{margin-right:12px;font-size:0.9em} img{max-width:100%;height:auto;border:1px solid #eee}
-table{border-collapse:collapse;font-size:0.8em;margin:8px 0} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1180px;
+  padding:16px 24px;color:#222;background:#fff}
+h1{font-size:1.5em;margin-bottom:0.2em}
+h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:1.6em}
+nav a{margin-right:12px;font-size:0.9em}
+img{max-width:100%;height:auto;border:1px solid #eee}
+table{border-collapse:collapse;font-size:0.8em;margin:8px 0}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
 th{background:#f4f4f4} td.text,th.text{text-align:left}
 pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:0.82em;border:1px solid #e1e4e8}
-.scroll{overflow-x:auto;max-width:100%} .note{color:#555;font-size:0.9em} .bad{color:#b00020;font-weight:bold} .good{color:#1b7f3b;font-weight:bold}
+.scroll{overflow-x:auto;max-width:100%}
+.note{color:#555;font-size:0.9em} .bad{color:#b00020;font-weight:bold} .good{color:#1b7f3b;font-weight:bold}
 """
 
 
@@ -455,8 +458,8 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def table_html(df: pd.DataFrame, text_columns: Sequence[str] = ()) -> str:
-    """A plain, escaped HTML table (numbers right-aligned, ``text_columns`` left-aligned), scrolling sideways if wide."""
+def table_html(df: pd.DataFrame, text_columns: Sequence[str] = (), header: bool = True) -> str:
+    """A plain, escaped HTML table: numbers right-aligned, ``text_columns`` left; scrolls sideways if wide."""
     # Long snake_case headers may break after an underscore.
     head = "".join(f'<th class="{"text" if c in text_columns else ""}">{esc(c).replace("_", "_<wbr>")}</th>'
                    for c in df.columns)
@@ -465,7 +468,8 @@ def table_html(df: pd.DataFrame, text_columns: Sequence[str] = ()) -> str:
         cells = "".join(f'<td class="{"text" if c in text_columns else ""}">{esc(_cell(r[c]))}</td>'
                         for c in df.columns)
         rows.append(f"<tr>{cells}</tr>")
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+    thead = f"<thead><tr>{head}</tr></thead>" if header else ""
+    return f'<div class="scroll"><table>{thead}<tbody>{"".join(rows)}</tbody></table></div>'
 
 
 def render_html(title: str, subtitle: str, sections: Sequence[Section]) -> str:
@@ -523,8 +527,8 @@ def _summary_section(trials: pd.DataFrame, study: Study, categories: pd.Series) 
         ("trials", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"),
         ("runs", f"{len(runs)}" + (f" (latest {runs[-1]})" if runs else "")),
         ("Pareto front", f"{n_front} trial(s) meet every SLO and are not dominated"),
-    ], columns=["", "value"])
-    return Section("summary", "Summary", [table_html(facts, text_columns=["", "value"])])
+    ], columns=["fact", "value"])
+    return Section("summary", "Summary", [table_html(facts, text_columns=["fact", "value"], header=False)])
 
 
 def _recommendation_section(trials: pd.DataFrame, study: Study) -> Section:
@@ -535,7 +539,8 @@ def _recommendation_section(trials: pd.DataFrame, study: Study) -> Section:
     except RecommendError as e:
         return Section("recommendation", "Recommended deployment",
                        [f'<p class="note">No recommendation:</p><pre>{esc(e)}</pre>',
-                        '<p class="note">Pick a trial yourself: <code>orchestrator recommend PATH --trial ID</code>.</p>'])
+                        '<p class="note">Pick a trial yourself: '
+                        '<code>orchestrator recommend PATH --trial ID</code>.</p>'])
     measured = ", ".join(f"{k} {v:,.4g}" for k, v in rec.metrics.items() if v is not None)
     return Section("recommendation", "Recommended deployment", [
         f"<p>Trial <code>{esc(rec.trial_id)}</code>: the best {esc(study.objectives[0].metric)} under "
