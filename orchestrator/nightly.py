@@ -178,7 +178,8 @@ def front_points(trials: pd.DataFrame, study: Study, limit: int) -> list[dict[st
 
 def _label(params_json: str, study: Study) -> str:
     params = json.loads(params_json)
-    return " ".join(f"{k}={v}" for k, v in params.items() if k in study.space.sampled_names())
+    return " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in params.items() if k in study.space.sampled_names())
 
 
 def _direction(metric: str) -> str:

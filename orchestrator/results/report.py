@@ -135,6 +135,8 @@ def load_curves(requests: pd.DataFrame, trials: pd.DataFrame, trial_ids: Sequenc
     """
     cols = ["trial_id", "source", "x", "ttft_p99_ms", "tpot_p50_ms", "requests"]
     out: list[dict[str, Any]] = []
+    if requests.empty:
+        return pd.DataFrame(out, columns=cols)
     gpus = trials.set_index("trial_id")["gpus"] if "gpus" in trials else pd.Series(dtype=float)
     measured = requests[(~requests["warmup"]) & requests["trial_id"].isin(trial_ids)]
     for trial_id, reqs in measured.groupby("trial_id", sort=False):
@@ -587,6 +589,10 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
         return render_html(f"Study {study.name}", "no trials", sections), pngs
     categories = point_categories(trials, study)
     sections.append(_summary_section(trials, study, categories))
+    for section, png in extra_sections:  # e.g. the nightly verdict: right under the summary
+        sections.append(section)
+        if png is not None:
+            pngs[f"{section.id}.png"] = png
 
     pngs["pareto.png"] = figure_png(pareto_figure(trials, categories, study), options.dpi)
     front, under_slos = front_table(trials, study)
@@ -609,8 +615,7 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
     sections.append(_recommendation_section(trials, study))
 
     chosen = curve_trials(trials, categories, study, options.max_curves)
-    curves = load_curves(requests, trials, chosen, options.load_bins) if len(requests) else load_curves(
-        pd.DataFrame(columns=["trial_id", "warmup", "level", "success", "sent_s", "end_s"]), trials, [], 1)
+    curves = load_curves(requests, trials, chosen, options.load_bins)
     pngs["latency_load.png"] = figure_png(curves_figure(curves, _labels(trials)), options.dpi)
     curve_body = [img_tag(pngs["latency_load.png"], "latency vs load"),
                   '<p class="note">' + ("One point per load level of each configuration." if (
@@ -650,10 +655,6 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
         fail_body.append(table_html(breakdown, text_columns=["status", "failure_kind", "example"]))
     sections.append(Section("failures", "Failures by kind", fail_body))
 
-    for section, png in extra_sections:
-        sections.append(section)
-        if png is not None:
-            pngs[f"{section.id}.png"] = png
     subtitle = (f"{study.model.name} on {study.hardware.gpu}; {len(trials)} trials; generated "
                 f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     return render_html(f"Study {study.name}", subtitle, sections), pngs
