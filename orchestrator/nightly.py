@@ -142,6 +142,32 @@ def capacity_metric_of(study: Study, trials: pd.DataFrame, policy: NightlyPolicy
     return maximised[0] if maximised else "output_throughput_per_gpu"
 
 
+def _same_workload(study: Study):
+    """A predicate on a row's ``workload_json``: the study's workload, as this version of the tuner reads both.
+
+    Re-reading the stored JSON fills fields added since it was written with their
+    defaults, so a tuner upgrade alone does not start a new series.
+    """
+    from functools import lru_cache
+
+    from pydantic import ValidationError
+
+    from orchestrator.workload.spec import WorkloadSpec
+
+    mine = study.workload.model_dump_json()
+
+    @lru_cache(maxsize=None)
+    def same(text: object) -> bool:
+        if not isinstance(text, str):
+            return False
+        try:
+            return WorkloadSpec.model_validate_json(text).model_dump_json() == mine
+        except ValidationError:
+            return False
+
+    return same
+
+
 def previous_run(trials: pd.DataFrame, study: Study, *, before: Optional[str] = None) -> Optional[str]:
     """The latest run (by its first trial's start) on the study's workload with a completed trial.
 
@@ -149,7 +175,7 @@ def previous_run(trials: pd.DataFrame, study: Study, *, before: Optional[str] = 
     """
     if trials.empty:
         return None
-    same = trials[(trials["workload_json"] == study.workload.model_dump_json())]
+    same = trials[trials["workload_json"].map(_same_workload(study))]
     runs = same.groupby("run_id").agg(start=("started_at", "min"),
                                       completed=("status", lambda s: (s == "completed").any()))
     runs = runs[runs["completed"]]

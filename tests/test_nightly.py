@@ -86,6 +86,15 @@ def test_previous_run_is_the_latest_on_the_same_workload():
     assert previous_run(both, study, before="b") == "a"
     assert previous_run(both.iloc[0:0], study) is None
 
+    # Written by an older tuner that lacked a workload field (now defaulted): still the same workload.
+    from orchestrator.workload.spec import WorkloadSpec
+
+    defaults = WorkloadSpec().model_dump(mode="json")
+    older = json.loads(a["workload_json"].iloc[0])
+    dropped = next(k for k, v in older.items() if defaults.get(k) == v)
+    a_old = a.assign(workload_json=json.dumps({k: v for k, v in older.items() if k != dropped}))
+    assert previous_run(pd.concat([a_old, other], ignore_index=True), study) == "a"
+
 
 def test_policy_rejects_nonsense():
     with pytest.raises(ValueError, match="threshold"):
