@@ -391,7 +391,9 @@ def _best_message(text: str, kind: FailureKind) -> str:
     if key:
         for line in text.splitlines():
             if key.lower() in line.lower():
-                return line.strip()[:4000]
+                # "(EngineCore pid=1) ERROR 12-02 16:40:43 [core.py:1374] ValueError: To serve..." -> the message
+                m = re.search(r"(?:\w+(?:Error|Exception)): (.*)$", line)
+                return (m.group(1) if m else line).strip()[:4000]
     return serve_app.engine_message(text)
 
 
