@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.recommend",
     "orchestrator.commands.report",
     "orchestrator.commands.nightly",
+    "orchestrator.commands.bench",
 )
 
 

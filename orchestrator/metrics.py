@@ -15,7 +15,15 @@ Definitions follow ``vllm bench serve`` (``vllm/benchmarks/serve.py``,
   request with one output token has TPOT 0 for this test), per second.
 * Percentiles: ``numpy.percentile`` with linear interpolation.
 
-Warm-up requests are excluded before anything is computed.
+Warm-up requests are excluded before anything is computed, and so are requests due
+outside the measurement ``window`` (the workload's warm-up and cool-down seconds, see
+:func:`measurement_window`): they load the server but are not measured.
+
+The load generator's own cost is reported beside the latencies: scheduling lag
+(actual minus intended send time) percentiles, ``client_us_per_token`` (client time
+spent handling streamed chunks, per token) and ``loadgen_overloaded`` (1 when the
+p99 lag exceeds the allowed lag: the numbers then describe the client, not only the
+server).
 """
 
 from __future__ import annotations
@@ -110,6 +118,9 @@ class LoadMetrics:
     e2el_p90_ms: Optional[float] = None
     e2el_p95_ms: Optional[float] = None
     e2el_p99_ms: Optional[float] = None
+    failed_aborted: int = 0
+    client_us_per_token: Optional[float] = None
+    loadgen_overloaded: Optional[float] = None  # 1.0 / 0.0; None when not judged (capped concurrency)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -156,10 +167,34 @@ def peak_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
     return peak
 
 
+def measurement_window(records: Sequence[RequestRecord], warmup_s: float = 0.0,
+                       cooldown_s: float = 0.0) -> Optional[tuple[float, float]]:
+    """``(first, last)`` due time of the requests to measure, or None for "all".
+
+    Requests due in the first ``warmup_s`` seconds of the load window, or in its
+    last ``cooldown_s`` seconds (counted back from the last due time), are left out:
+    the queue is still filling, or draining, then.
+    """
+    if warmup_s <= 0 and cooldown_s <= 0:
+        return None
+    due = [r.scheduled_s for r in records if not r.warmup]
+    if not due:
+        return None
+    return min(due) + warmup_s, max(due) - cooldown_s
+
+
 def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSLO = RequestSLO(),
-              requested_rate: Optional[float] = None) -> LoadMetrics:
-    """Summarise one load window (warm-up requests are dropped here)."""
+              requested_rate: Optional[float] = None, window: Optional[tuple[float, float]] = None,
+              max_sched_lag_ms: Optional[float] = None) -> LoadMetrics:
+    """Summarise one load window (warm-up requests, and those due outside ``window``, are dropped here).
+
+    ``max_sched_lag_ms``: the p99 scheduling lag above which ``loadgen_overloaded`` is 1
+    (None: not judged).
+    """
     measured = [r for r in records if not r.warmup]
+    if window is not None:
+        lo, hi = window
+        measured = [r for r in measured if lo <= r.scheduled_s <= hi]
     ok = [r for r in measured if r.success]
     failed = [r for r in measured if not r.success]
 
@@ -197,6 +232,12 @@ def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSL
     latency.update(percentile_summary([r.latency_s for r in ok], "e2el"))
 
     lag_ms = np.asarray(lags, dtype=float) * 1000.0 if lags else None
+    chunks = sum(len(r.token_times_s) for r in measured)
+    client_us = sum(r.client_s for r in measured) / chunks * 1e6 if chunks else None
+    lag_p99 = float(np.percentile(lag_ms, 99)) if lag_ms is not None else None
+    overloaded = None
+    if max_sched_lag_ms is not None and lag_p99 is not None:
+        overloaded = 1.0 if lag_p99 > max_sched_lag_ms else 0.0
     return LoadMetrics(
         num_requests=len(measured),
         completed=len(ok),
@@ -215,12 +256,15 @@ def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSL
         requested_rate=requested_rate,
         achieved_rate=achieved,
         sched_lag_p50_ms=float(np.percentile(lag_ms, 50)) if lag_ms is not None else None,
-        sched_lag_p99_ms=float(np.percentile(lag_ms, 99)) if lag_ms is not None else None,
+        sched_lag_p99_ms=lag_p99,
         sched_lag_max_ms=float(lag_ms.max()) if lag_ms is not None else None,
         failed_timeout=count(RequestErrorKind.TIMEOUT),
         failed_http=count(RequestErrorKind.HTTP_STATUS),
         failed_connection=count(RequestErrorKind.CONNECTION),
         failed_bad_response=count(RequestErrorKind.BAD_RESPONSE) + count(RequestErrorKind.CLIENT),
+        failed_aborted=count(RequestErrorKind.ABORTED),
+        client_us_per_token=client_us,
+        loadgen_overloaded=overloaded,
         **latency,
     )
 

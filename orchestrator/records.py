@@ -20,6 +20,7 @@ class RequestErrorKind(str, Enum):
     TIMEOUT = "timeout"  # no end of stream within the per-request timeout
     BAD_RESPONSE = "bad_response"  # unparsable SSE / JSON, or no token at all
     CLIENT = "client"  # the load generator itself failed
+    ABORTED = "aborted"  # cancelled by the load generator (a capacity level stopped at saturation)
 
 
 @dataclass
@@ -52,6 +53,9 @@ class RequestRecord:
     prefix_group: Optional[int] = None
     # Capacity search: the load level this request belonged to.
     level: int = 0
+    # Seconds the client spent handling this request's streamed chunks (parsing, bookkeeping):
+    # the load generator's own cost, reported per token as ``client_us_per_token``.
+    client_s: float = 0.0
 
     @property
     def success(self) -> bool:

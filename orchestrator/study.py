@@ -115,6 +115,20 @@ class ExternalEngineSpec(_Strict):
     model_name: Optional[str] = None
     api_key_env: Optional[str] = Field(default=None, description="environment variable holding the API key")
     metrics_url: Optional[str] = None
+    start_timeout_s: float = Field(default=60.0, gt=0, description="how long to wait for /v1/models to answer")
+
+    @field_validator("base_url")
+    @classmethod
+    def _plain_url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("expected an http:// or https:// URL with a host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("credentials do not belong in the URL (it is recorded); put the key in an "
+                             "environment variable and name it in api_key_env")
+        return v
 
 
 EngineSpec = Annotated[Union[SimEngineSpec, VllmEngineSpec, ExternalEngineSpec], Field(discriminator="kind")]
@@ -246,6 +260,60 @@ class SearchSettings(_Strict):
                                   "default: on for real engines, off for the sim (its start is the same arithmetic)")
 
 
+class SaturationSettings(_Strict):
+    """When a capacity level counts as saturated (queue growing without bound) and stops early."""
+
+    window_s: float = Field(default=5.0, gt=0, description="trailing window the backlog growth is measured over "
+                                                           "(at least twice the median latency)")
+    check_interval_s: float = Field(default=0.5, gt=0, le=60)
+    min_growth: int = Field(default=8, ge=1, description="the backlog must grow by at least this many requests")
+    growth_fraction: float = Field(default=0.25, gt=0, le=1,
+                                   description="... and by this share of the requests sent in the window")
+    confirm: int = Field(default=2, ge=1, le=100, description="consecutive windows the backlog must grow in")
+
+
+class CapacitySpec(_Strict):
+    """Capacity search: one deployment, several load levels, the highest rate that meets the SLOs."""
+
+    start_rate: Optional[float] = Field(default=None, gt=0, description="first level (default: the workload's rate)")
+    min_rate: float = Field(default=0.1, gt=0)
+    max_rate: float = Field(default=1000.0, gt=0)
+    growth: float = Field(default=2.0, gt=1, le=16, description="rate factor between levels until one fails")
+    tolerance: float = Field(default=0.05, gt=0, lt=1,
+                             description="stop when (lowest failing - highest passing) / lowest failing <= this")
+    max_levels: int = Field(default=10, ge=1, le=100)
+    requests_per_level: Optional[int] = Field(default=None, ge=1, le=1_000_000,
+                                              description="default: workload.num_requests")
+    level_duration_s: Optional[float] = Field(default=None, gt=0,
+                                              description="requests per level = rate x this (instead of a count)")
+    min_requests: int = Field(default=20, ge=1, description="fewest requests of a level (with level_duration_s)")
+    max_error_rate: float = Field(default=0.0, ge=0, lt=1, description="share of failed requests a level may have")
+    slo: Optional[list[Constraint]] = Field(
+        default=None, description="what a level must meet; default: the study's constraints on load metrics")
+    saturation: SaturationSettings = SaturationSettings()
+
+    @field_validator("slo")
+    @classmethod
+    def _load_metrics_only(cls, v):
+        from orchestrator.metrics import LOAD_METRIC_NAMES
+
+        for c in v or []:
+            if c.metric not in LOAD_METRIC_NAMES:
+                raise ValueError(f"{c.metric} is not measured per level; use a load metric "
+                                 f"(e.g. ttft_p99_ms, tpot_p50_ms, e2el_p99_ms, goodput)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.min_rate >= self.max_rate:
+            raise ValueError(f"min_rate ({self.min_rate:g}) must be < max_rate ({self.max_rate:g})")
+        if self.requests_per_level is not None and self.level_duration_s is not None:
+            raise ValueError("give requests_per_level or level_duration_s, not both")
+        if self.start_rate is not None and not self.min_rate <= self.start_rate <= self.max_rate:
+            raise ValueError(f"start_rate ({self.start_rate:g}) must lie in [min_rate, max_rate]")
+        return self
+
+
 class Budget(_Strict):
     trials: int = Field(default=16, ge=1, le=100_000)
     wall_time_s: Optional[float] = Field(default=None, gt=0)
@@ -268,6 +336,7 @@ class Study(_Strict):
     constraints: list[Constraint] = Field(default_factory=list)
     search: SearchSettings = SearchSettings()
     budget: Budget = Budget()
+    capacity: Optional[CapacitySpec] = None
     output: str = Field(default="results", description="local path or pyarrow filesystem URI (s3://, gs://)")
 
     # Set by load_study: where the file lives (relative model paths resolve from there).
@@ -300,6 +369,25 @@ class Study(_Strict):
         if len(set(metrics)) != len(metrics):
             raise ValueError(f"objectives: each metric at most once, got {metrics}")
         return self
+
+    @model_validator(mode="after")
+    def _check_capacity(self):
+        if self.capacity is not None and self.workload.trace is None:
+            from orchestrator.workload.arrivals import is_rate_driven
+
+            if not is_rate_driven(self.workload.arrival):
+                raise ValueError(f"capacity: needs a workload whose rate can be varied (arrival kind poisson, "
+                                 f"gamma, constant, ramp or diurnal, or a trace); got arrival kind "
+                                 f"{self.workload.arrival.kind!r}")
+        return self
+
+    def capacity_slo(self) -> list[Constraint]:
+        """What a capacity level must meet: ``capacity.slo``, else the constraints on load metrics."""
+        from orchestrator.metrics import LOAD_METRIC_NAMES
+
+        if self.capacity is not None and self.capacity.slo is not None:
+            return list(self.capacity.slo)
+        return [c for c in self.constraints if c.metric in LOAD_METRIC_NAMES]
 
     # ---- derived
     @property
@@ -430,7 +518,8 @@ def _allowed_keys(model: type[BaseModel]) -> list[str]:
 
 _ALLOWED_AT = {
     (): Study, ("engine",): None, ("model",): ModelSpec, ("hardware",): HardwareSpec, ("workload",): WorkloadSpec,
-    ("search",): SearchSettings, ("budget",): Budget,
+    ("search",): SearchSettings, ("budget",): Budget, ("capacity",): CapacitySpec,
+    ("capacity", "saturation"): SaturationSettings,
 }
 
 
@@ -511,11 +600,14 @@ def _model_for_path(data: Any, loc: tuple[str, ...]):
         entry = (data or {}).get("workload", {}).get(loc[1], {})
         kind = entry.get("kind") if isinstance(entry, dict) else None
         table = {"poisson": wl.PoissonArrival, "gamma": wl.GammaArrival, "constant": wl.ConstantArrival,
-                 "concurrency": wl.ConcurrencyArrival, "burst": wl.BurstArrival, "fixed": wl.FixedLength,
+                 "concurrency": wl.ConcurrencyArrival, "burst": wl.BurstArrival, "ramp": wl.RampArrival,
+                 "diurnal": wl.DiurnalArrival, "fixed": wl.FixedLength,
                  "uniform": wl.UniformLength, "normal": wl.NormalLength, "lognormal": wl.LognormalLength,
                  "choice": wl.ChoiceLength}
         if loc[1] == "shared_prefix":
             return wl.SharedPrefix
+        if loc[1] in ("trace", "dataset"):
+            return wl.TraceSpec if loc[1] == "trace" else wl.DatasetSpec
         return table.get(kind)
     if loc[:1] == ("engine",) and loc[1:] == ("calibration",):
         return SimCalibration
@@ -610,4 +702,26 @@ def load_study(path: str | Path) -> Study:
     except UnicodeDecodeError:
         raise StudyFileError(source, [Problem("", "not a text file")]) from None
     study = parse_study(data, source)
-    return study.model_copy(update={"source_path": str(path.resolve())})
+    study = study.model_copy(update={"source_path": str(path.resolve())})
+    problems = workload_file_problems(study)
+    if problems:
+        raise StudyFileError(source, problems)
+    return study
+
+
+def workload_file_problems(study: Study) -> list[Problem]:
+    """A trace or dataset file that is missing or malformed (one problem naming its file and line)."""
+    wl = study.workload
+    if wl.trace is None and wl.dataset is None:
+        return []
+    from orchestrator.workload.generate import load_entries
+    from orchestrator.workload.trace import TraceError, select_window
+
+    key = "workload.trace.path" if wl.trace is not None else "workload.dataset.path"
+    try:
+        entries = load_entries(wl, study.base_dir)
+        if wl.trace is not None:
+            select_window(entries, start_s=wl.trace.start_s, end_s=wl.trace.end_s, max_requests=wl.trace.max_requests)
+    except TraceError as e:
+        return [Problem(key, str(e))]
+    return []

@@ -22,8 +22,8 @@ from typing import Any, Optional
 from orchestrator import feasibility
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.engines.base import Engine, create_engine
-from orchestrator.failures import EngineStartError, FailureKind, TrialStatus
-from orchestrator.metrics import LoadMetrics, summarise
+from orchestrator.failures import EngineStartError, FailureKind, TrialStatus, classify_runtime_error
+from orchestrator.metrics import LoadMetrics, measurement_window, summarise
 from orchestrator.records import RequestRecord
 from orchestrator.study import Study
 
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # Constraint values (not these) are what tell the sampler the point was infeasible.
 PENALTY = {"maximize": 0.0, "minimize": 1e9}
 START_CONSTRAINT = "engine_started"
+
+# Request errors that mean the engine behind a live server died.
+ENGINE_DEATH_MARKERS = ("EngineCore", "EngineDeadError", "engine dead", "engine died", "Engine loop has died")
 
 # Start-up failures caused by the configuration itself (vs. the engine misbehaving).
 CONFIG_FAILURES = {FailureKind.WEIGHTS_OOM, FailureKind.NO_KV_MEMORY, FailureKind.KV_CACHE_TOO_SMALL,
@@ -56,6 +59,7 @@ class TrialContext:
 class TrialOutcome:
     row: dict[str, Any]
     records: list[RequestRecord] = field(default_factory=list)
+    levels: list[dict[str, Any]] = field(default_factory=list)  # capacity search: one row per load level
 
     @property
     def status(self) -> str:
@@ -76,20 +80,22 @@ def library_versions() -> dict[str, Optional[str]]:
     return out
 
 
-@lru_cache(maxsize=4)
-def _requests_for(workload_json: str, seed: int, vocab_size: int):
+@lru_cache(maxsize=16)
+def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Optional[str] = None):
     from orchestrator.workload.generate import build_requests
     from orchestrator.workload.spec import WorkloadSpec
 
-    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size)
+    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size, base_dir)
 
 
-def study_requests(study: Study):
-    """The study's request set (cached per process: every trial replays the same requests)."""
+def study_requests(study: Study, workload=None):
+    """The request set of the study's workload, or of ``workload`` (a capacity level's);
+    cached per process: every trial replays the same requests."""
     from orchestrator.sim.models import ModelShape
 
     vocab = ModelShape.load(study.model.name, study.base_dir).vocab_size
-    return _requests_for(study.workload.model_dump_json(), study.seed, vocab)
+    base = str(study.base_dir) if study.base_dir is not None else None
+    return _requests_for((workload or study.workload).model_dump_json(), study.seed, vocab, base)
 
 
 def _utc_now() -> datetime:
@@ -155,7 +161,8 @@ def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_
 
 def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: str,
          ctx: TrialContext) -> TrialOutcome:
-    preflight = study.search.preflight if study.search.preflight is not None else study.engine.kind != "sim"
+    # Default on for vLLM only: the sim's start is the same arithmetic, an external endpoint already runs.
+    preflight = study.search.preflight if study.search.preflight is not None else study.engine.kind == "vllm"
     if preflight:
         verdict = feasibility.check(study, args, cluster_units=ctx.cluster_units,
                                     units_per_node=ctx.units_per_node)
@@ -168,14 +175,14 @@ def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: st
     if not engine.serves_http:
         t_load = time.monotonic()
         try:
-            records, telemetry = engine.measure(args, requests)
+            phase = _measure(study, requests, lambda rs, monitor: engine.measure(args, rs), served=False)
         except EngineStartError as e:
             return _start_failed(row, e)
         row["load_window_s"] = time.monotonic() - t_load
-        row.update(telemetry)
+        row.update(phase.telemetry)
         row["status"] = TrialStatus.COMPLETED.value
-        _add_load_metrics(study, row, records, args)
-        return TrialOutcome(row, records)
+        _add_load_metrics(study, row, phase, args)
+        return TrialOutcome(row, phase.records, phase.level_rows())
 
     lease = _Lease(ctx, trial_id, engine.resources(args))
     t_queue = time.monotonic()
@@ -197,9 +204,10 @@ def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: st
                 if ep.facts.get(k) is not None:
                     row[k] = float(ep.facts[k])
             t_load = time.monotonic()
-            records, telemetry = _load(study, deployment, requests)
+            phase = _load(study, deployment, requests)
+            records = phase.records
             row["load_window_s"] = time.monotonic() - t_load
-            row.update(telemetry)
+            row.update(phase.telemetry)
             health = deployment.health()
             t_down = time.monotonic()
         row["teardown_s"] = time.monotonic() - t_down
@@ -212,28 +220,114 @@ def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: st
         row.update(status=TrialStatus.FAILED.value, failure_kind=kind.value, failure_message=health[-4000:])
     elif measured and ok == 0:
         first_err = next((r.error for r in measured if r.error), "no request completed")
-        row.update(status=TrialStatus.FAILED.value, failure_kind=FailureKind.UNRESPONSIVE.value,
-                   failure_message=first_err[-4000:])
+        # The server answered, but with its engine gone (vLLM: "EngineCore encountered an issue").
+        kind = (classify_runtime_error(first_err) if any(k in first_err for k in ENGINE_DEATH_MARKERS)
+                else FailureKind.UNRESPONSIVE)
+        row.update(status=TrialStatus.FAILED.value, failure_kind=kind.value, failure_message=first_err[-4000:])
     else:
         row["status"] = TrialStatus.COMPLETED.value
         if problems:
             row.update(failure_kind=FailureKind.TEARDOWN_LEAK.value, failure_message="; ".join(problems)[-4000:])
-    _add_load_metrics(study, row, records, args)
-    return TrialOutcome(row, records)
+    _add_load_metrics(study, row, phase, args)
+    return TrialOutcome(row, records, phase.level_rows())
 
 
-def _load(study: Study, deployment, requests) -> tuple[list[RequestRecord], dict]:
+@dataclass
+class LoadPhase:
+    """What the load phase measured: every record (all levels), telemetry, and the capacity search."""
+
+    records: list[RequestRecord]
+    telemetry: dict
+    requested_rate: Optional[float] = None
+    capacity: Optional[Any] = None  # orchestrator.capacity.CapacityResult
+
+    def level_rows(self) -> list[dict[str, Any]]:
+        return [lv.row() for lv in self.capacity.levels] if self.capacity is not None else []
+
+
+def _load(study: Study, deployment, requests) -> LoadPhase:
     from orchestrator.loadgen import Endpoint, run_load_sync
     from orchestrator.telemetry import TelemetrySampler, try_nvml
 
     ep = deployment.endpoint
     endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=study.workload.api, api_key=ep.api_key)
     nvml = try_nvml(ep.gpu_indices) if ep.sample_nvml else None
-    with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, labels=ep.metric_labels, nvml=nvml) as sampler:
-        records = run_load_sync(endpoint, requests, timeout_s=study.workload.timeout_s,
+
+    def run_level(rs, monitor):
+        records = run_load_sync(endpoint, rs, timeout_s=study.workload.timeout_s,
                                 max_concurrency=study.workload.max_concurrency,
-                                ignore_eos=study.workload.ignore_eos)
-    return records, sampler.summary()
+                                ignore_eos=study.workload.ignore_eos, monitor=monitor,
+                                check_interval_s=study.capacity.saturation.check_interval_s
+                                if study.capacity else 0.5)
+        if monitor is not None and monitor.saturated_at is not None:
+            _wait_idle(ep)  # the next level must not inherit this one's queue
+        return records, {}
+
+    with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, labels=ep.metric_labels, nvml=nvml) as sampler:
+        phase = _measure(study, requests, run_level, served=True)
+    phase.telemetry = sampler.summary()
+    return phase
+
+
+def _measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
+    """One load window, or a capacity search over levels (``run_level(request set, monitor)``
+    returns ``(records, telemetry)``; ``served``: a monitor may stop a level early)."""
+    if study.capacity is None:
+        records, telemetry = run_level(requests, None)
+        return LoadPhase(records, telemetry, requests.requested_rate)
+    from orchestrator.capacity import (LevelResult, SaturationDetector, detect_saturation, judge_level,
+                                       level_workload, search_capacity)
+
+    spec = study.capacity
+    slo = study.capacity_slo()
+    base_rate = requests.requested_rate
+    records: list[RequestRecord] = []
+
+    def measure(level: int, rate: float) -> LevelResult:
+        rs = study_requests(study, level_workload(study.workload, rate, spec, base_rate))
+        if level > 0:
+            rs = dataclasses.replace(rs, warmup=())  # the engine is warm after the first level
+        monitor = SaturationDetector(spec.saturation) if served else None
+        recs, telemetry = run_level(rs, monitor)
+        for r in recs:
+            r.level = level
+        records.extend(recs)
+        saturated_at = monitor.saturated_at if monitor is not None else detect_saturation(recs, spec.saturation)
+        # A level replays the workload compressed (or stretched) in time unless its duration is
+        # fixed: the warm-up and cool-down windows scale with it, excluding the same requests.
+        scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / rate
+        m = _summarise(study, recs, rs.requested_rate, window_scale=scale)
+        verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None)
+        log.info("level %d at %.3g req/s: %s", level, rate, "meets the SLOs" if verdict.ok
+                 else "; ".join(verdict.reasons))
+        return LevelResult(level, rate, len(rs.measured), recs, m, verdict, saturated_at,
+                           stopped_early=monitor is not None and monitor.saturated_at is not None,
+                           telemetry=telemetry)
+
+    result = search_capacity(measure, spec, spec.start_rate or base_rate or spec.min_rate)
+    chosen = result.best or min(result.levels, key=lambda lv: lv.rate)
+    return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result)
+
+
+def _wait_idle(ep, timeout_s: float = 30.0) -> None:
+    """Wait until the engine reports no running or waiting request (best effort: 1 s without metrics)."""
+    from orchestrator.telemetry import _http_get, parse_prometheus
+
+    if not ep.metrics_url:
+        time.sleep(1.0)
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            m = parse_prometheus(_http_get(ep.metrics_url), ep.metric_labels or None)
+        except Exception:  # noqa: BLE001 - metrics are optional
+            time.sleep(1.0)
+            return
+        busy = sum(v for k, v in m.items() if k.startswith(ep.metric_prefix)
+                   and k.endswith(("num_requests_running", "num_requests_waiting")))
+        if busy == 0:
+            return
+        time.sleep(0.2)
 
 
 def _start_failed(row: dict, e: EngineStartError) -> TrialOutcome:
@@ -242,9 +336,36 @@ def _start_failed(row: dict, e: EngineStartError) -> TrialOutcome:
     return TrialOutcome(row)
 
 
-def _add_load_metrics(study: Study, row: dict, records: list[RequestRecord], args: EngineArgs) -> LoadMetrics:
-    m = summarise(records, gpus=args.gpus, slo=study.request_slo(), requested_rate=study.workload.requested_rate)
+def _summarise(study: Study, records: list[RequestRecord], requested_rate: Optional[float],
+               gpus: int = 1, window_scale: float = 1.0) -> LoadMetrics:
+    wl = study.workload
+    return summarise(records, gpus=gpus, slo=study.request_slo(), requested_rate=requested_rate,
+                     window=measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale),
+                     # With a concurrency cap the send lag includes the intended wait for a slot.
+                     max_sched_lag_ms=None if wl.max_concurrency else wl.max_sched_lag_ms)
+
+
+def _add_load_metrics(study: Study, row: dict, phase: LoadPhase, args: EngineArgs) -> LoadMetrics:
+    """The row's load metrics: the load window's, or (capacity search) the capacity level's."""
+    cap = phase.capacity
+    if cap is None:
+        m = _summarise(study, phase.records, phase.requested_rate, args.gpus)
+    else:
+        chosen = cap.best or min(cap.levels, key=lambda lv: lv.rate)
+        m = dataclasses.replace(chosen.metrics, output_throughput_per_gpu=chosen.metrics.output_throughput
+                                / max(args.gpus, 1))
+        row["capacity_rps"] = cap.capacity_rps
+        row["capacity_goodput"] = cap.capacity_goodput
+        extra = json.loads(row.get("extra_json") or "{}")
+        extra["capacity"] = {"levels": len(cap.levels), "stop_reason": cap.stop_reason,
+                             "level_of_row": chosen.level,
+                             "curve": [[lv.rate, lv.metrics.request_throughput, lv.verdict.ok]
+                                       for lv in cap.levels]}
+        row["extra_json"] = json.dumps(extra, default=str)
     row.update(m.as_dict())
+    if m.loadgen_overloaded:
+        log.warning("trial %s: the load generator lagged (p99 send lag %.1f ms > %.1f ms): latencies include "
+                    "client delay", row.get("trial_id"), m.sched_lag_p99_ms, study.workload.max_sched_lag_ms)
     return m
 
 

@@ -110,6 +110,14 @@ class FakeOpenAI:
             self.in_flight -= 1
 
     async def _respond(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+        if body["model"] == "serial":  # one request at a time: a server with a finite capacity
+            if not hasattr(self, "lock"):
+                self.lock = asyncio.Lock()
+            async with self.lock:
+                return await self._stream(request, dict(body, model="ok"), chat)
+        return await self._stream(request, body, chat)
+
+    async def _stream(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
         if chat:
             words = body["messages"][0]["content"].split()
             prompt_ids = [int(w[1:]) for w in words]
@@ -170,6 +178,11 @@ class FakeOpenAI:
                 emitted += 1
                 if mode == "close" and i == 1:
                     request.transport.close()  # cut the connection mid-stream
+                    return resp
+                if mode == "stallmid" and i == 1:  # two tokens, then silence
+                    await asyncio.sleep(3600)
+                if mode == "garbagemid" and i == 1:  # two tokens, then a broken event
+                    await resp.write(b"data: {\"choices\": [{\"text\": \x00\n\n")
                     return resp
                 if mode == "streamerror" and i == 1:
                     await send({"error": {"message": "engine died", "type": "InternalServerError", "code": 500}})
@@ -389,6 +402,8 @@ def test_workload_end_to_end(fake):
     ("nodone", RequestErrorKind.CONNECTION, "before [DONE]"),
     ("notokens", RequestErrorKind.BAD_RESPONSE, "without any token"),
     ("streamerror", RequestErrorKind.HTTP_STATUS, "engine died"),
+    ("stallmid", RequestErrorKind.TIMEOUT, "2 token chunks received"),
+    ("garbagemid", RequestErrorKind.BAD_RESPONSE, "payload"),
 ])
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_error_kinds(fake, mode, kind, text, api):
@@ -403,7 +418,7 @@ def test_error_kinds(fake, mode, kind, text, api):
     assert elapsed < 0.5 + 0.5
     if mode == "stall":
         assert elapsed >= 0.5
-    if mode in ("close", "streamerror"):  # tokens before the failure are kept
+    if mode in ("close", "streamerror", "stallmid", "garbagemid"):  # tokens before the failure are kept
         assert len(rec.token_times_s) == 2 and rec.first_token_s is not None
     if mode == "http500":
         assert "***" in rec.error  # the echoed key was scrubbed

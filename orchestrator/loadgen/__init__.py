@@ -5,6 +5,7 @@ from orchestrator.loadgen.client import (
     MAX_ERROR_CHARS,
     ApiFormat,
     Endpoint,
+    LoadMonitor,
     ProgressFn,
     run_load,
     run_load_sync,
@@ -14,6 +15,6 @@ from orchestrator.loadgen.client import (
 from orchestrator.loadgen.sse import DONE, SSEParser
 
 __all__ = [
-    "APIS", "ApiFormat", "DONE", "Endpoint", "MAX_ERROR_CHARS", "ProgressFn", "SSEParser",
+    "APIS", "ApiFormat", "DONE", "Endpoint", "LoadMonitor", "MAX_ERROR_CHARS", "ProgressFn", "SSEParser",
     "run_load", "run_load_sync", "send_request", "wait_ready",
 ]

@@ -21,7 +21,9 @@ exception escapes for a failed request. Error kinds:
 * ``TIMEOUT``: no end of stream within ``timeout_s`` of starting the request;
 * ``BAD_RESPONSE``: unparsable JSON, a body that is not an event stream, or a
   complete stream without a single token;
-* ``CLIENT``: the load generator itself failed (e.g. a body that cannot be serialised).
+* ``CLIENT``: the load generator itself failed (e.g. a body that cannot be serialised);
+* ``ABORTED``: the load generator cancelled it (a :class:`LoadMonitor` stopped the load,
+  e.g. a capacity-search level that saturated the server).
 
 A stream that ends with ``[DONE]`` but without a ``usage`` chunk (a server that ignores
 ``stream_options.include_usage``) still succeeds; its token count falls back to the
@@ -29,6 +31,11 @@ number of token-carrying chunks (:attr:`RequestRecord.output_tokens`). Tokens an
 times received before a failure are kept in the record. Error texts are at most
 :data:`MAX_ERROR_CHARS` characters, and the API key is sent only in the
 ``Authorization`` header: it is scrubbed from any error text and never stored.
+
+The generator measures its own cost: ``scheduled_s`` vs ``sent_s`` is its send lag,
+and :attr:`RequestRecord.client_s` sums the time spent handling each request's
+chunks (timestamp, SSE parsing, JSON decoding), so a trial can show that the client
+was not the bottleneck (``sched_lag_*`` and ``client_us_per_token`` metrics).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Optional
+from typing import Any, Awaitable, Callable, Literal, Optional, Protocol
 
 import aiohttp
 
@@ -50,7 +57,7 @@ from orchestrator.workload.generate import token_ids_to_text
 from orchestrator.workload.requests import Request, RequestSet
 
 __all__ = [
-    "APIS", "ApiFormat", "Endpoint", "MAX_ERROR_CHARS", "ProgressFn",
+    "APIS", "ApiFormat", "Endpoint", "LoadMonitor", "MAX_ERROR_CHARS", "ProgressFn",
     "run_load", "run_load_sync", "send_request", "wait_ready",
 ]
 
@@ -86,7 +93,8 @@ def _common(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
 
 def _completions_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
     body = _common(endpoint, req, ignore_eos)
-    body["prompt"] = req.prompt_token_ids  # a list of token ids: the server does not tokenize
+    # Token ids (the server does not tokenize), or a trace's / dataset's own text.
+    body["prompt"] = req.prompt_token_ids if req.prompt_text is None else req.prompt_text
     body["max_tokens"] = req.output_len
     body.update(endpoint.extra_body)
     return body
@@ -94,7 +102,8 @@ def _completions_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> d
 
 def _chat_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
     body = _common(endpoint, req, ignore_eos)
-    body["messages"] = [{"role": "user", "content": token_ids_to_text(req.prompt_token_ids)}]
+    text = token_ids_to_text(req.prompt_token_ids) if req.prompt_text is None else req.prompt_text
+    body["messages"] = [{"role": "user", "content": text}]
     # The chat API's name for the output limit (``max_tokens`` is deprecated there),
     # as ``vllm bench serve`` sends it.
     body["max_completion_tokens"] = req.output_len
@@ -224,9 +233,11 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: bytes, heade
             async for chunk in resp.content.iter_any():
                 if parser.done:
                     continue  # drain to the end of the body so the connection can be reused
+                t = clock()  # one timestamp per network read: its events arrived together
                 events = parser.feed(chunk)
-                # One timestamp per network read: its events arrived together.
-                if events and _consume(events, clock(), carries_token, rec):
+                failed = bool(events) and _consume(events, t, carries_token, rec)
+                rec.client_s += clock() - t
+                if failed:
                     return
         if not parser.done:
             events = parser.flush()  # an event missing only its final blank line
@@ -253,13 +264,22 @@ def _finish(rec: RequestRecord, parser: SSEParser) -> None:
         _fail(rec, RequestErrorKind.BAD_RESPONSE, "complete stream without any token")
 
 
+class _Flag:
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = False
+
+
 async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: Request, *, clock: Clock,
                        timeout_s: float, ignore_eos: bool = True,
-                       scheduled_s: Optional[float] = None) -> RequestRecord:
+                       scheduled_s: Optional[float] = None, aborting: Optional[_Flag] = None) -> RequestRecord:
     """Send one streaming request and record what happened; never raises for a failed request.
 
     ``clock()`` gives the record's time axis (seconds). ``scheduled_s`` defaults to
     ``req.arrival_s``. ``timeout_s`` bounds the whole request, connection included.
+    A cancellation while ``aborting.on`` is our own abort: the request is recorded as
+    ``ABORTED`` (what arrived until then is kept); any other cancellation propagates.
     """
     rec = RequestRecord(
         index=req.index,
@@ -284,6 +304,14 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: 
             else:
                 _fail(rec, RequestErrorKind.TIMEOUT,
                       f"no end of stream within {timeout_s:g} s ({len(rec.token_times_s)} token chunks received)")
+    except asyncio.CancelledError:
+        if aborting is None or not aborting.on:
+            raise
+        task = asyncio.current_task()
+        if task is not None and hasattr(task, "uncancel"):
+            task.uncancel()  # the cancellation is handled here (Python 3.11+ bookkeeping)
+        _fail(rec, RequestErrorKind.ABORTED,
+              f"aborted by the load generator after {len(rec.token_times_s)} token chunks (load stopped)")
     except Exception as e:  # a bug of ours, not the server's
         _fail(rec, RequestErrorKind.CLIENT, f"{type(e).__name__}: {e}")
     if rec.token_times_s:
@@ -312,6 +340,21 @@ def _raise_fd_limit(wanted: int) -> None:
         log.warning("could not raise the open-file limit from %d to %d", soft, new)
 
 
+class LoadMonitor(Protocol):
+    """Watches a load window and may stop it (e.g. :class:`orchestrator.capacity.SaturationDetector`).
+
+    ``on_send`` is called when a measured request is dispatched, ``on_finish`` when its
+    record is complete; ``should_stop`` every ``check_interval_s``. Times are seconds on
+    the records' clock.
+    """
+
+    def on_send(self, t: float) -> None: ...
+
+    def on_finish(self, t: float, record: RequestRecord) -> None: ...
+
+    def should_stop(self, t: float) -> bool: ...
+
+
 class _Progress:
     def __init__(self, fn: Optional[ProgressFn], total: int):
         self.fn, self.total, self.done = fn, total, 0
@@ -328,7 +371,8 @@ class _Progress:
 
 async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float,
                    max_concurrency: Optional[int] = None, ignore_eos: bool = True,
-                   on_progress: Optional[ProgressFn] = None) -> list[RequestRecord]:
+                   on_progress: Optional[ProgressFn] = None, monitor: Optional[LoadMonitor] = None,
+                   check_interval_s: float = 0.5) -> list[RequestRecord]:
     """Play ``requests`` against ``endpoint``; one record per request, warm-up first, by index.
 
     Warm-up requests are sent all at once and awaited (records flagged ``warmup``; their
@@ -341,6 +385,10 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
     * closed loop (``requests.closed_loop_concurrency`` = N): N workers (at most
       ``max_concurrency``) each send the next request as soon as their previous one
       ends; ``scheduled_s`` is when the worker picked it.
+
+    ``monitor`` (optional) sees every measured send and finish; once its ``should_stop``
+    answers True, no further request is sent and those in flight are aborted (records
+    of kind ``ABORTED``); requests never sent get no record.
 
     ``on_progress(done, total)`` is called after each measured request. The soft
     open-file limit is raised (up to the hard limit) if it is below the number of
@@ -375,6 +423,8 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
         # walking them (a big process can otherwise pause the loop for 100+ ms mid-load).
         gc.freeze()
         tasks: list[asyncio.Task] = []
+        aborting = _Flag()  # set once the monitor stops the load: no new sends, in-flight aborted
+        watcher: Optional[asyncio.Task] = None
         try:
             t0 = now()
             for rec in warm:  # onto the measured clock
@@ -388,42 +438,93 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
                 try:
                     if sem is None:
                         rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
-                                                 ignore_eos=ignore_eos, scheduled_s=scheduled_s)
+                                                 ignore_eos=ignore_eos, scheduled_s=scheduled_s, aborting=aborting)
                     else:
                         async with sem:
                             rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
-                                                     ignore_eos=ignore_eos, scheduled_s=scheduled_s)
+                                                     ignore_eos=ignore_eos, scheduled_s=scheduled_s,
+                                                     aborting=aborting)
+                except asyncio.CancelledError:
+                    if not aborting.on:
+                        raise
+                    task = asyncio.current_task()
+                    if task is not None and hasattr(task, "uncancel"):
+                        task.uncancel()
+                    # Aborted while waiting for a concurrency slot: never sent.
+                    rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
+                                        finished_s=clock(), error="aborted before it was sent (load stopped)",
+                                        error_kind=RequestErrorKind.ABORTED)
                 except Exception as e:  # pragma: no cover - send_request does not raise
                     rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
                                         error=f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS],
                                         error_kind=RequestErrorKind.CLIENT)
                 records[pos] = rec
+                if monitor is not None and rec.error_kind is not RequestErrorKind.ABORTED:
+                    monitor.on_finish(rec.finished_s if rec.finished_s is not None else clock(), rec)
                 progress()
 
+            dispatched_pos: list[int] = []
+
+            def dispatched(pos: int) -> None:
+                dispatched_pos.append(pos)
+                if monitor is not None:
+                    monitor.on_send(clock())
+
+            async def watch() -> None:
+                while True:
+                    await asyncio.sleep(check_interval_s)
+                    if monitor.should_stop(clock()):
+                        aborting.on = True
+                        for task in tasks:
+                            if not task.done():
+                                task.cancel()
+                        return
+
+            if monitor is not None:
+                watcher = asyncio.create_task(watch())
             if closed:
                 positions = iter(range(n))
 
                 async def worker() -> None:
                     for pos in positions:  # shared iterator: each worker takes the next request
+                        if aborting.on:
+                            return
+                        dispatched(pos)
                         await one(pos, clock(), None)
 
                 tasks = [asyncio.create_task(worker()) for _ in range(min(in_flight, n))]
             else:
                 sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+                # With a monitor, sleep in short steps so that a stop is seen without waiting a long gap.
+                step = check_interval_s if monitor is not None else float("inf")
                 for pos in sorted(range(n), key=lambda i: measured[i].arrival_s):
                     due = t0 + measured[pos].arrival_s
-                    while (delay := due - now()) > 0:  # sleep until the due time: lag never adds up
-                        await asyncio.sleep(delay)
+                    while (delay := due - now()) > 0 and not aborting.on:  # sleep until due: lag never adds up
+                        await asyncio.sleep(min(delay, step))
+                    if aborting.on:
+                        break
+                    dispatched(pos)
                     tasks.append(asyncio.create_task(one(pos, None, sem)))
-            await asyncio.gather(*tasks)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for res in results:
+                if isinstance(res, BaseException) and not (aborting.on and isinstance(res, asyncio.CancelledError)):
+                    raise res
+            for pos in dispatched_pos:
+                if records[pos] is None:  # cancelled by the stop before its task ever ran: never sent
+                    req = measured[pos]
+                    records[pos] = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
+                                                 finished_s=clock(), error_kind=RequestErrorKind.ABORTED,
+                                                 error="aborted before it was sent (load stopped)")
         finally:
             gc.unfreeze()
+            if watcher is not None:
+                watcher.cancel()
             for task in tasks:  # only unfinished if we were cancelled
                 task.cancel()
 
     warm.sort(key=lambda r: r.index)
     done = [r for r in records if r is not None]
-    assert len(done) == n, "a measured request has no record"
+    assert len(done) == n or aborting.on, "a measured request has no record"
     done.sort(key=lambda r: r.index)
     return warm + done
 

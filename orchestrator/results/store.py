@@ -88,6 +88,7 @@ class ResultsStore:
         self.root = f"{base.rstrip('/')}/{study_name}"
         self.trials_dir = f"{self.root}/trials"
         self.requests_dir = f"{self.root}/requests"
+        self.levels_dir = f"{self.root}/levels"  # capacity-search load levels (orchestrator.results.levels)
         self.staging_dir = f"{self.root}/.tmp"
         self._local = isinstance(self.filesystem, pafs.LocalFileSystem)
         self._checked_schema: Optional[pa.Schema] = None
@@ -104,12 +105,13 @@ class ResultsStore:
 
     # ------------------------------------------------------------------ writing
     def write_trial(self, row: Mapping[str, Any], requests: Optional[pa.Table] = None, *,
-                    param_types: Mapping[str, str]) -> str:
+                    param_types: Mapping[str, str], levels: Optional[pa.Table] = None) -> str:
         """Write (or replace) one trial; returns the trials file path.
 
         ``row`` is validated by :func:`~orchestrator.results.schema.trial_row_to_table`
         (``ValueError`` on unknown keys or bad values, before anything is written);
-        ``requests`` must have :data:`REQUESTS_SCHEMA` and this trial's ids.
+        ``requests`` must have :data:`REQUESTS_SCHEMA` and this trial's ids, ``levels``
+        (capacity search) :data:`~orchestrator.results.levels.LEVELS_SCHEMA` and this trial's ids.
         """
         schema = trials_schema(param_types)
         if self._checked_schema is None and self._local:
@@ -125,20 +127,29 @@ class ResultsStore:
         date = started.date().isoformat()
         trial_path = f"{self.trials_dir}/date={date}/run={run_id}/{trial_id}.parquet"
         request_path = f"{self.requests_dir}/date={date}/run={run_id}/{trial_id}.parquet"
+        level_path = f"{self.levels_dir}/date={date}/run={run_id}/{trial_id}.parquet"
 
         if requests is not None:
             requests = self._check_requests(requests, run_id, trial_id)
-            self._put(request_path, _serialize(requests))
+        if levels is not None:
+            levels = self._check_levels(levels, run_id, trial_id)
+        written: list[str] = []
         try:
+            for path, part in ((request_path, requests), (level_path, levels)):
+                if part is not None:
+                    self._put(path, _serialize(part))
+                    written.append(path)
             self._put(trial_path, _serialize(table))
         except ResultsWriteError:
-            if requests is not None:
-                self._delete(request_path)  # no requests without their trial
+            for path in written:
+                self._delete(path)  # no requests or levels without their trial
             raise
         # The new copy is in place: drop what an earlier write of this trial left elsewhere.
         stale = [f.path for f in self._copies(self.trials_dir, run_id, trial_id) if f.path != trial_path]
         stale += [f.path for f in self._copies(self.requests_dir, run_id, trial_id)
                   if f.path != request_path or requests is None]
+        stale += [f.path for f in self._copies(self.levels_dir, run_id, trial_id)
+                  if f.path != level_path or levels is None]
         for path in stale:
             self._delete(path)
         return trial_path
@@ -183,6 +194,18 @@ class ResultsStore:
             if len(values) and not pc.all(pc.equal(values, expected)).as_py():
                 raise ValueError(f"requests table: column {column!r} must be {expected!r} in every row")
         return requests
+
+    def _check_levels(self, levels: pa.Table, run_id: str, trial_id: str) -> pa.Table:
+        from orchestrator.results.levels import LEVELS_SCHEMA
+
+        if not isinstance(levels, pa.Table) or set(levels.schema.names) != set(LEVELS_SCHEMA.names):
+            raise ValueError("levels must be a pyarrow.Table with LEVELS_SCHEMA's columns (see levels_to_table)")
+        levels = levels.select(LEVELS_SCHEMA.names).cast(LEVELS_SCHEMA)
+        for column, expected in (("study", self.study_name), ("run_id", run_id), ("trial_id", trial_id)):
+            values = levels.column(column)
+            if len(values) and not pc.all(pc.equal(values, expected)).as_py():
+                raise ValueError(f"levels table: column {column!r} must be {expected!r} in every row")
+        return levels
 
     def _put(self, path: str, data: pa.Buffer) -> None:
         fs = self.filesystem
@@ -261,6 +284,12 @@ class ResultsStore:
             return empty_frame(REQUESTS_SCHEMA)
         return load_requests(self.requests_dir, trial_ids=trial_ids, include_warmup=True, run=run_id,
                              filesystem=self.filesystem)
+
+    def read_levels(self, trial_ids: Optional[Iterable[str]] = None) -> pd.DataFrame:
+        """Every capacity-search level row of the given trials, or of all."""
+        from orchestrator.results.levels import load_levels
+
+        return load_levels(self.levels_dir, trial_ids, filesystem=self.filesystem)
 
     def _exists(self, path: str) -> bool:
         return self.filesystem.get_file_info(path).type != pafs.FileType.NotFound

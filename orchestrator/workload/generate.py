@@ -33,38 +33,52 @@ same prefixes (they warm the prefix cache as steady-state traffic would).
 Indexes: measured requests are ``0 .. num_requests-1``; warm-up requests are
 ``-warmup_requests .. -1``, so every index of a :class:`RequestSet` is unique and
 sorting by index puts the warm-up first.
+
+Traces and datasets (``workload.trace`` / ``workload.dataset``): the file gives each
+request's output length and either its prompt text or its input length. A text
+prompt is sent as text; its ``prompt_token_ids`` are the word-level encoding the
+simulated engine uses (:func:`text_token_ids`), so the virtual and the served
+simulator see the same tokens. An input length becomes a prompt drawn from the
+``prompts`` stream, after the shared prefix of its ``prefix_group`` (drawn once per
+group and seed, whatever the order of the lines). A trace's arrivals are its
+timestamps (window, then time scale); a dataset's come from ``workload.arrival``,
+taking ``num_requests`` entries in a seeded order (``dataset`` stream), cycling if
+the file is shorter. Warm-up requests copy the shapes of the first entries with
+prompts of their own (random ids of the same length), so they never put a measured
+prompt into the prefix cache.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import zlib
+from pathlib import Path
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from orchestrator.workload.arrivals import nominal_rate, sample_arrivals
 from orchestrator.workload.requests import Request, RequestSet
 from orchestrator.workload.spec import (
-    BurstArrival,
     ChoiceLength,
     ConcurrencyArrival,
-    ConstantArrival,
     FixedLength,
-    GammaArrival,
     LognormalLength,
     NormalLength,
-    PoissonArrival,
     SharedPrefix,
     UniformLength,
     WorkloadSpec,
 )
+from orchestrator.workload.trace import TraceEntry, TraceError
 
-__all__ = ["build_requests", "token_ids_to_text", "sample_lengths", "sample_arrivals", "MIN_TOKEN_ID"]
+__all__ = ["build_requests", "token_ids_to_text", "text_token_ids", "sample_lengths", "sample_arrivals",
+           "load_entries", "MIN_TOKEN_ID"]
 
 # Ids below this (and the last ``MIN_TOKEN_ID`` of the vocabulary) are never drawn.
 MIN_TOKEN_ID = 10
 
 # Child streams of the per-seed SeedSequence, by position. Append new ones at the
 # end: reordering would change every existing workload.
-_STREAMS = ("arrivals", "input_len", "output_len", "prefix", "prompts", "warmup")
+_STREAMS = ("arrivals", "input_len", "output_len", "prefix", "prompts", "warmup", "dataset")
 
 
 def _streams(seed: int) -> dict[str, np.random.SeedSequence]:
@@ -73,30 +87,6 @@ def _streams(seed: int) -> dict[str, np.random.SeedSequence]:
 
 def _rng(seq: np.random.SeedSequence) -> np.random.Generator:
     return np.random.default_rng(seq)
-
-
-# ---------------------------------------------------------------- arrivals
-def sample_arrivals(arrival, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Due times (seconds, first at 0, non-decreasing) of ``n`` requests."""
-    if n <= 0:
-        return np.zeros(0)
-    if isinstance(arrival, PoissonArrival):
-        gaps = rng.exponential(1.0 / arrival.rate, n - 1)
-    elif isinstance(arrival, GammaArrival):
-        # As vLLM's get_request: shape = burstiness, scale = 1 / (rate * burstiness),
-        # so the mean gap is 1/rate and the gaps' coefficient of variation 1/sqrt(burstiness).
-        b = arrival.burstiness
-        gaps = rng.gamma(shape=b, scale=1.0 / (arrival.rate * b), size=n - 1)
-    elif isinstance(arrival, ConstantArrival):
-        gaps = np.full(n - 1, 1.0 / arrival.rate)
-    elif isinstance(arrival, (BurstArrival, ConcurrencyArrival)):
-        gaps = np.zeros(n - 1)
-    else:  # pragma: no cover - the spec union is closed
-        raise TypeError(f"unknown arrival spec {type(arrival).__name__}")
-    out = np.empty(n)
-    out[0] = 0.0
-    np.cumsum(gaps, out=out[1:])
-    return out
 
 
 # ---------------------------------------------------------------- lengths
@@ -136,6 +126,22 @@ def token_ids_to_text(ids) -> str:
     ``len(ids)``; metrics use the server's ``usage.prompt_tokens``, never this count.
     """
     return " ".join([f"t{i}" for i in ids])
+
+
+def text_token_ids(text: str, vocab_size: int) -> tuple[int, ...]:
+    """The word-level encoding of a text prompt, as the simulated engine reads it.
+
+    Word ``t123`` is id 123 (the inverse of :func:`token_ids_to_text`); any other word
+    is its CRC-32 modulo the vocabulary size. Same rule as
+    ``orchestrator.engines.sim_server.words_to_ids``.
+    """
+    ids = []
+    for w in text.split():
+        if w[:1] == "t" and w[1:].isdigit():
+            ids.append(int(w[1:]) % vocab_size)
+        else:
+            ids.append(zlib.crc32(w.encode()) % vocab_size)
+    return tuple(ids) or (0,)
 
 
 def _check_vocab(vocab_size: int) -> None:
@@ -200,9 +206,15 @@ def _make_requests(
     return tuple(reqs)
 
 
-def build_requests(spec: WorkloadSpec, seed: int, vocab_size: int) -> RequestSet:
-    """The deterministic requests of ``spec`` for ``seed`` (see the module docstring)."""
+def build_requests(spec: WorkloadSpec, seed: int, vocab_size: int,
+                   base_dir: Optional[Union[str, Path]] = None) -> RequestSet:
+    """The deterministic requests of ``spec`` for ``seed`` (see the module docstring).
+
+    ``base_dir``: where relative trace and dataset paths start (the study file's folder).
+    """
     _check_vocab(vocab_size)
+    if spec.trace is not None or spec.dataset is not None:
+        return _build_from_file(spec, seed, vocab_size, base_dir)
     seqs = _streams(seed)
     n = spec.num_requests
 
@@ -228,4 +240,97 @@ def build_requests(spec: WorkloadSpec, seed: int, vocab_size: int) -> RequestSet
         )
 
     closed = spec.arrival.concurrency if isinstance(spec.arrival, ConcurrencyArrival) else None
-    return RequestSet(warmup=warm, measured=measured, closed_loop_concurrency=closed)
+    return RequestSet(warmup=warm, measured=measured, closed_loop_concurrency=closed,
+                      requested_rate=nominal_rate(spec.arrival, n))
+
+
+# ---------------------------------------------------------------- traces and datasets
+def load_entries(spec: WorkloadSpec, base_dir: Optional[Union[str, Path]] = None) -> list[TraceEntry]:
+    """Every entry of the workload's trace or dataset file, in file order (checked: :class:`TraceError`)."""
+    from orchestrator.workload.datasets import read_dataset
+    from orchestrator.workload.trace import read_trace, resolve_workload_file
+
+    if spec.trace is not None:
+        path = resolve_workload_file(spec.trace.path, base_dir)
+        entries = read_trace(path, time_unit=spec.trace.time_unit)
+        default_prefix = spec.trace.prefix_len
+    else:
+        ds = spec.dataset
+        path = resolve_workload_file(ds.path, base_dir)
+        entries = read_dataset(ds.format, path, ds.output_len)
+        default_prefix = None
+    for e in entries:
+        if e.prefix_group is not None and e.input_len is not None and not (e.prefix_len or default_prefix):
+            raise TraceError(f"{path}:{e.line}: prefix_group {e.prefix_group} needs a prefix_len "
+                             "(on the line, or trace.prefix_len)")
+    return entries
+
+
+def _group_prefix(seed: int, group: int, length: int, vocab_size: int) -> list[int]:
+    # Keyed by (seed, group), not drawn in file order: a window or a shuffle that drops
+    # lines does not change the prefix of the groups that remain.
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(len(_STREAMS), group)))
+    return rng.integers(MIN_TOKEN_ID, vocab_size - MIN_TOKEN_ID, size=length, dtype=np.int64).tolist()
+
+
+def _entry_requests(entries: Sequence[TraceEntry], arrivals: Sequence[float], *, seed: int, vocab_size: int,
+                    prompt_rng: np.random.Generator, default_prefix_len: Optional[int], first_index: int,
+                    warmup: bool) -> tuple[Request, ...]:
+    prefixes: dict[tuple[int, int], list[int]] = {}
+    out = []
+    for i, (e, due) in enumerate(zip(entries, arrivals)):
+        text = e.prompt
+        group = e.prefix_group
+        if text is not None:
+            ids = list(text_token_ids(text, vocab_size))
+            if warmup:  # same length, a prompt of its own
+                ids = prompt_rng.integers(MIN_TOKEN_ID, vocab_size - MIN_TOKEN_ID, size=len(ids)).tolist()
+                text = None
+        else:
+            plen = (e.prefix_len or default_prefix_len) if group is not None else None  # checked by load_entries
+            prefix: list[int] = []
+            if plen:
+                key = (group, plen)
+                if key not in prefixes:
+                    prefixes[key] = _group_prefix(seed, group, plen, vocab_size)
+                prefix = prefixes[key]
+            total = max(e.input_len, len(prefix) + 1) if prefix else e.input_len
+            own = prompt_rng.integers(MIN_TOKEN_ID, vocab_size - MIN_TOKEN_ID, size=total - len(prefix)).tolist()
+            ids = prefix + own
+        out.append(Request(index=first_index + i, arrival_s=float(due), prompt_token_ids=tuple(ids),
+                           output_len=e.output_len, prefix_group=group, warmup=warmup, prompt_text=text))
+    return tuple(out)
+
+
+def _build_from_file(spec: WorkloadSpec, seed: int, vocab_size: int,
+                     base_dir: Optional[Union[str, Path]]) -> RequestSet:
+    from orchestrator.workload.trace import select_window
+
+    seqs = _streams(seed)
+    entries = load_entries(spec, base_dir)
+    closed = None
+    if spec.trace is not None:
+        t = spec.trace
+        chosen, due = select_window(entries, start_s=t.start_s, end_s=t.end_s, time_scale=t.time_scale,
+                                    max_requests=t.max_requests)
+        span = float(due[-1] - due[0]) if len(due) > 1 else 0.0
+        rate = (len(due) - 1) / span if span > 0 else None
+        default_prefix = t.prefix_len
+    else:
+        n = spec.num_requests
+        order = np.arange(len(entries))
+        if spec.dataset.shuffle:
+            order = _rng(seqs["dataset"]).permutation(len(entries))
+        chosen = [entries[order[i % len(entries)]] for i in range(n)]
+        due = sample_arrivals(spec.arrival, n, _rng(seqs["arrivals"]))
+        rate = nominal_rate(spec.arrival, n)
+        default_prefix = None
+        if isinstance(spec.arrival, ConcurrencyArrival):
+            closed = spec.arrival.concurrency
+    measured = _entry_requests(chosen, due, seed=seed, vocab_size=vocab_size, prompt_rng=_rng(seqs["prompts"]),
+                               default_prefix_len=default_prefix, first_index=0, warmup=False)
+    w = spec.warmup_requests
+    warm = _entry_requests([chosen[i % len(chosen)] for i in range(w)], [0.0] * w, seed=seed,
+                           vocab_size=vocab_size, prompt_rng=_rng(seqs["warmup"]),
+                           default_prefix_len=default_prefix, first_index=-w, warmup=True) if w else ()
+    return RequestSet(warmup=warm, measured=measured, closed_loop_concurrency=closed, requested_rate=rate)

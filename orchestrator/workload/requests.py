@@ -14,6 +14,9 @@ class Request:
     output_len: int
     prefix_group: Optional[int] = None
     warmup: bool = False
+    # Text to send instead of the token ids (traces and datasets with real prompts);
+    # ``prompt_token_ids`` is then its word-level encoding (see generate.text_token_ids).
+    prompt_text: Optional[str] = None
 
     @property
     def prompt_len(self) -> int:
@@ -27,3 +30,4 @@ class RequestSet:
     warmup: tuple[Request, ...]
     measured: tuple[Request, ...]
     closed_loop_concurrency: Optional[int] = None  # set for `arrival: concurrency`
+    requested_rate: Optional[float] = None  # the nominal rate (a trace's: its own, after scaling)

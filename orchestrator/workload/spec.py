@@ -113,10 +113,83 @@ class BurstArrival(_Strict):
     kind: Literal["burst"] = "burst"
 
 
+class RampArrival(_Strict):
+    """The rate moves from ``start_rate`` to ``end_rate`` over the requests (vLLM's ``--ramp-up-strategy``).
+
+    Request i (of n) is drawn at ``start + (end - start) * i / (n - 1)`` (linear) or
+    ``start * (end / start) ** (i / (n - 1))`` (exponential); gaps are gamma with
+    shape ``burstiness`` (1: Poisson).
+    """
+
+    kind: Literal["ramp"] = "ramp"
+    start_rate: float = Field(gt=0)
+    end_rate: float = Field(gt=0)
+    shape: Literal["linear", "exponential"] = "linear"
+    burstiness: float = Field(default=1.0, gt=0)
+
+
+class DiurnalArrival(_Strict):
+    """A daily rate cycle compressed into the load window (non-homogeneous Poisson).
+
+    The rate is ``rate * (1 + amplitude * sin(2 pi (t / period_s + phase)))``, or, with
+    ``profile``, ``rate`` times the profile: relative levels at equally spaced points of
+    one period, joined linearly, repeated, rescaled to mean 1 (so ``rate`` stays the mean).
+    """
+
+    kind: Literal["diurnal"] = "diurnal"
+    rate: float = Field(gt=0, description="mean requests per second")
+    period_s: float = Field(gt=0, description="length of one cycle in seconds")
+    amplitude: float = Field(default=0.5, ge=0, lt=1)
+    phase: float = Field(default=0.0, ge=0, lt=1, description="fraction of a period at t = 0")
+    profile: Optional[list[float]] = Field(default=None, min_length=2)
+
+    @model_validator(mode="after")
+    def _profile_ok(self):
+        if self.profile is not None and (any(v < 0 for v in self.profile) or sum(self.profile) <= 0):
+            raise ValueError("profile levels must be >= 0 with a positive sum")
+        return self
+
+
 ArrivalSpec = Annotated[
-    Union[PoissonArrival, GammaArrival, ConstantArrival, ConcurrencyArrival, BurstArrival],
+    Union[PoissonArrival, GammaArrival, ConstantArrival, ConcurrencyArrival, BurstArrival, RampArrival,
+          DiurnalArrival],
     Field(discriminator="kind"),
 ]
+# Arrival kinds driven by a rate (what a capacity search can scale).
+RATE_ARRIVALS = (PoissonArrival, GammaArrival, ConstantArrival, RampArrival, DiurnalArrival)
+
+
+# ---------------------------------------------------------------- recorded traffic
+class TraceSpec(_Strict):
+    """Replay a JSONL trace: arrival times and lengths come from the file (:mod:`.trace`)."""
+
+    path: str = Field(description="a JSONL file (relative to the study file), or the name of a shipped "
+                                  "trace in search_spaces/traces/ (e.g. chat)")
+    time_unit: Literal["s", "ms"] = "s"
+    time_scale: float = Field(default=1.0, gt=0, description="multiplies every gap: 0.5 replays twice as fast")
+    start_s: float = Field(default=0.0, ge=0, description="window start, seconds after the trace's first request")
+    end_s: Optional[float] = Field(default=None, gt=0, description="window end (exclusive), same clock")
+    max_requests: Optional[int] = Field(default=None, ge=1)
+    prefix_len: Optional[int] = Field(default=None, ge=1,
+                                      description="shared-prefix length of lines with a prefix_group "
+                                                  "and no prefix_len of their own")
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s:g}) must be > start_s ({self.start_s:g})")
+        return self
+
+
+class DatasetSpec(_Strict):
+    """Prompts and output lengths from a file; arrivals from ``workload.arrival`` (:mod:`.datasets`)."""
+
+    format: Literal["sharegpt", "vllm-custom", "trace"]
+    path: str
+    shuffle: bool = Field(default=True, description="seeded shuffle before taking num_requests (cycled if short)")
+    output_len: Optional[int] = Field(default=None, ge=1,
+                                      description="every request asks for this many tokens instead of the file's "
+                                                  "(vllm bench serve's --custom-output-len)")
 
 
 class SharedPrefix(_Strict):
@@ -138,6 +211,12 @@ class WorkloadSpec(_Strict):
     max_concurrency: Optional[int] = Field(default=None, ge=1, description="client-side cap on in-flight requests")
     timeout_s: float = Field(default=300.0, gt=0, description="per-request timeout")
     ignore_eos: bool = True
+    trace: Optional[TraceSpec] = None
+    dataset: Optional[DatasetSpec] = None
+    warmup_s: float = Field(default=0.0, ge=0, description="requests due in the first seconds are not measured")
+    cooldown_s: float = Field(default=0.0, ge=0, description="requests due in the last seconds are not measured")
+    max_sched_lag_ms: float = Field(default=20.0, gt=0,
+                                    description="p99 send lag above which a trial is flagged loadgen_overloaded")
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +228,32 @@ class WorkloadSpec(_Strict):
                     data[key] = _length_shorthand(data[key])
         return data
 
+    @model_validator(mode="after")
+    def _sources(self):
+        # Compared with the defaults, not with the keys given: a dumped and reloaded spec
+        # (study.json) has every key.
+        def changed(*keys: str) -> list[str]:
+            return [k for k in keys if getattr(self, k) != type(self).model_fields[k].default]
+
+        if self.trace is not None and self.dataset is not None:
+            raise ValueError("trace and dataset exclude each other; use one")
+        if self.trace is not None:
+            clash = changed("arrival", "num_requests", "input_len", "output_len", "shared_prefix")
+            if clash:
+                raise ValueError(f"trace gives arrivals and lengths; remove {', '.join(clash)} "
+                                 "(or use dataset: to replay the file's lengths at workload.arrival)")
+        if self.dataset is not None:
+            clash = changed("input_len", "output_len", "shared_prefix")
+            if clash:
+                raise ValueError(f"dataset gives prompts and output lengths; remove {', '.join(clash)} "
+                                 "(dataset.output_len replaces the file's output lengths)")
+        return self
+
     @property
     def requested_rate(self) -> Optional[float]:
-        return getattr(self.arrival, "rate", None)
+        """The nominal request rate (None: unbounded, closed loop, or a trace: see ``RequestSet``)."""
+        if self.trace is not None:
+            return None
+        from orchestrator.workload.arrivals import nominal_rate
+
+        return nominal_rate(self.arrival, self.num_requests)

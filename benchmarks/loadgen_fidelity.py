@@ -1,0 +1,357 @@
+"""Our load generator against ``vllm bench serve``: same server, same requests, same schedule.
+
+    .venv/bin/python benchmarks/loadgen_fidelity.py [--quick] [--out FILE.json]
+
+Servers (started here, on 127.0.0.1, stopped at the end):
+
+* the CPU vLLM engine: ``python -m vllm.entrypoints.openai.api_server`` on a tiny
+  random-weight Llama built by ``orchestrator make-model tiny-llama DIR --weights random``
+  (float32, eager, ``VLLM_CPU_KVCACHE_SPACE=1``, caches in a temporary directory);
+* the simulated engine's direct HTTP server (the ``sim`` engine's front door, an
+  H100 running Llama-3.1-8B in real time), started without Ray.
+
+Both tools read one ``vllm bench serve`` custom-dataset file (word-level prompts:
+exactly N tokens on the tiny model's tokenizer), send the completions API with
+``ignore_eos`` and temperature 0 at a constant rate (``--burstiness inf``), and runs
+alternate (ours first, then vLLM first, ...) so drift hits both, and prefix caching
+is off in both servers (every run resends the same prompts). Reported per metric:
+the median over repetitions for each tool, their relative difference, and the
+spread between one tool's own repetitions (the noise floor of that metric).
+
+Sustainable rate: offered constant rates climb on the sim server (short requests);
+a tool sustains a rate when its sends keep up: achieved send rate >= 97% of the
+offered rate and p99 send lag <= 20 ms. vLLM does not record intended send times;
+its lag is estimated from ``start_times`` against the constant schedule (origin: the
+least-lagged request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.loadgen import Endpoint, run_load_sync  # noqa: E402
+from orchestrator.metrics import summarise  # noqa: E402
+from orchestrator.workload.datasets import write_vllm_custom  # noqa: E402
+from orchestrator.workload.generate import build_requests  # noqa: E402
+from orchestrator.workload.spec import WorkloadSpec  # noqa: E402
+
+MODEL = "tiny"
+# (our metric, vLLM's key) compared per run.
+COMPARED = [
+    ("output_throughput", "output_throughput"), ("request_throughput", "request_throughput"),
+    ("ttft_mean_ms", "mean_ttft_ms"), ("ttft_p50_ms", "median_ttft_ms"), ("ttft_p99_ms", "p99_ttft_ms"),
+    ("tpot_mean_ms", "mean_tpot_ms"), ("tpot_p50_ms", "median_tpot_ms"), ("tpot_p99_ms", "p99_tpot_ms"),
+    ("itl_mean_ms", "mean_itl_ms"), ("itl_p50_ms", "median_itl_ms"), ("itl_p99_ms", "p99_itl_ms"),
+    ("e2el_mean_ms", "mean_e2el_ms"), ("e2el_p50_ms", "median_e2el_ms"),
+]
+MAX_LAG_MS = 20.0
+MIN_ACHIEVED = 0.97
+
+
+# ---------------------------------------------------------------- servers
+class Server:
+    """A server process in its own session, stopped by its process group (only what we started)."""
+
+    def __init__(self, argv: list[str], env: dict, log: Path, port_on_stdout: bool = False):
+        self.log = open(log, "wb")
+        # stdout goes to the log too (a pipe nobody reads fills up and blocks the server), except for
+        # a server that prints its port on its first line and nothing after it.
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if port_on_stdout else self.log,
+                                     stderr=self.log, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def wait_models(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_vllm(model_dir: Path, tmp: Path) -> tuple[Server, str]:
+    port = free_port()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CACHE_ROOT=str(tmp / "vllm"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"), HF_HOME=str(tmp / "hf"), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "32", "--disable-log-stats",
+            "--no-enable-prefix-caching"]  # every run resends the same prompts: no tool may profit from another
+    server = Server(argv, env, tmp / "vllm.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_models(url, 600, server.proc)
+    return server, url
+
+
+def serve_sim() -> None:
+    """Child process: the sim engine's direct server on a free port (printed), until killed."""
+    from orchestrator.engine_args import EngineArgs
+    from orchestrator.engines.sim_server import build_sim_frontend, start_direct_server
+    from orchestrator.sim.models import find_model_config
+
+    cfg = json.loads(find_model_config("llama-3.1-8b").read_text())
+    args = EngineArgs(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, block_size=16,
+                      enable_chunked_prefill=True, enable_prefix_caching=False)
+    front = build_sim_frontend(model_config=cfg, model_name="llama-3.1-8b", gpu="H100-80GB",
+                               engine_args={k: getattr(args, k) for k in args.__dataclass_fields__},
+                               calibration={}, served_model_name=MODEL)
+    port = asyncio.run_coroutine_threadsafe(start_direct_server(front), front.rt.loop).result(30)
+    print(port, flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def start_sim(tmp: Path) -> tuple[Server, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    server = Server([sys.executable, __file__, "--serve-sim"], env, tmp / "sim.log", port_on_stdout=True)
+    port = int(server.proc.stdout.readline())
+    url = f"http://127.0.0.1:{port}"
+    wait_models(url, 60, server.proc)
+    return server, url
+
+
+# ---------------------------------------------------------------- the two tools
+def dataset(path: Path, n: int, input_len: int, output_len: int, seed: int = 0) -> Path:
+    """``n`` prompts of ``input_len`` words (``t123``: one token each on the word-level tokenizer)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(10, 4000, size=(n, input_len))
+    write_vllm_custom(path, ((" ".join(f"t{i}" for i in row), output_len) for row in ids))
+    return path
+
+
+def run_ours(url: str, data: Path, n: int, rate: float, timeout_s: float = 300) -> dict:
+    spec = WorkloadSpec.model_validate({"dataset": {"format": "vllm-custom", "path": str(data), "shuffle": False},
+                                        "arrival": {"kind": "constant", "rate": rate}, "num_requests": n,
+                                        "warmup_requests": 0, "timeout_s": timeout_s})
+    rs = build_requests(spec, 0, 4096)
+    t0 = time.perf_counter()
+    records = run_load_sync(Endpoint(url, MODEL), rs, timeout_s=timeout_s)
+    wall = time.perf_counter() - t0
+    m = summarise(records, requested_rate=rate, max_sched_lag_ms=MAX_LAG_MS).as_dict()
+    m["wall_s"] = wall
+    m["_records"] = records
+    return m
+
+
+def definitions_check(run: dict) -> float:
+    """Largest relative difference between our metrics and vLLM's ``calculate_metrics`` on the same records."""
+    from vllm.benchmarks import serve
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+
+    ok = [r for r in run["_records"] if not r.warmup]
+    outputs = [RequestFuncOutput(success=r.success, ttft=r.ttft_s or 0.0, itl=r.itl_s, latency=r.latency_s or 0.0,
+                                 output_tokens=r.output_tokens, prompt_len=r.prompt_tokens or 0,
+                                 start_time=r.sent_s or 0.0) for r in ok]
+    with contextlib.redirect_stdout(io.StringIO()):
+        vm, _ = serve.calculate_metrics(input_requests=[], outputs=outputs, dur_s=run["duration_s"], tokenizer=None,
+                                        selected_percentiles=[99], goodput_config_dict={})
+    pairs = [(run["request_throughput"], vm.request_throughput), (run["output_throughput"], vm.output_throughput)]
+    for fam in ("ttft", "tpot", "itl", "e2el"):
+        pairs += [(run[f"{fam}_mean_ms"], getattr(vm, f"mean_{fam}_ms")),
+                  (run[f"{fam}_p50_ms"], getattr(vm, f"median_{fam}_ms")),
+                  (run[f"{fam}_p99_ms"], dict(getattr(vm, f"percentiles_{fam}_ms"))[99])]
+    return max(abs(a - b) / abs(b) for a, b in pairs if b)
+
+
+def run_vllm(url: str, tokenizer: Path, data: Path, n: int, rate: float, tmp: Path) -> dict:
+    from vllm.benchmarks import serve
+
+    p = argparse.ArgumentParser()
+    serve.add_cli_args(p)
+    name = f"vllm-{time.time_ns()}.json"
+    argv = ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", MODEL,
+            "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path", str(data),
+            "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(n),
+            "--request-rate", str(rate), "--burstiness", "inf", "--ignore-eos", "--temperature", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
+            "--save-result", "--save-detailed", "--result-dir", str(tmp), "--result-filename", name,
+            "--disable-tqdm", "--seed", "0"]
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        serve.main(p.parse_args(argv))
+    wall = time.perf_counter() - t0
+    result = json.loads((tmp / name).read_text())
+    result["wall_s"] = wall
+    starts = np.sort(np.asarray(result["start_times"], dtype=float))
+    result["achieved_rate"] = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else None
+    # Intended time of request i: origin + (i + 1) / rate (vLLM's constant schedule); origin: least lagged.
+    due = (np.arange(len(starts)) + 1) / rate
+    lag = starts - due
+    lag -= lag.min()
+    result["sched_lag_p50_ms"] = float(np.percentile(lag, 50) * 1000)
+    result["sched_lag_p99_ms"] = float(np.percentile(lag, 99) * 1000)
+    return result
+
+
+# ---------------------------------------------------------------- comparisons
+def agreement(url: str, tokenizer: Path, data: Path, n: int, rate: float, reps: int, tmp: Path) -> dict:
+    ours, theirs = [], []
+    for i in range(reps):
+        # Alternate who goes first: slow drift of the machine hits both tools alike.
+        for tool in (("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")):
+            if tool == "ours":
+                ours.append(run_ours(url, data, n, rate))
+            else:
+                theirs.append(run_vllm(url, tokenizer, data, n, rate, tmp))
+    rows = []
+    for mine, key in COMPARED:
+        a = np.array([o[mine] for o in ours], dtype=float)
+        b = np.array([t[key] for t in theirs], dtype=float)
+        ma, mb = float(np.median(a)), float(np.median(b))
+        noise = max(_spread(a), _spread(b))
+        rows.append({"metric": mine, "ours": ma, "vllm": mb, "diff": (ma - mb) / mb if mb else float("nan"),
+                     "noise": noise})
+    return {"rows": rows, "definitions_max_rel_diff": definitions_check(ours[-1]),
+            "ours": [{k: v for k, v in o.items() if k != "_records"} for o in ours],
+            "vllm": [{k: v for k, v in t.items() if not isinstance(v, list)} for t in theirs]}
+
+
+def _spread(x: np.ndarray) -> float:
+    """Relative range of one tool's repetitions (0 with one repetition)."""
+    return float((x.max() - x.min()) / abs(np.median(x))) if len(x) > 1 and np.median(x) else 0.0
+
+
+def sustainable(url: str, tokenizer: Path, tmp: Path, rates: list[float], seconds: float) -> dict:
+    ladder = []
+    for rate in rates:
+        n = int(rate * seconds)
+        data = dataset(tmp / f"ladder-{rate:g}.jsonl", n, 32, 8, seed=1)
+        o = run_ours(url, data, n, rate, timeout_s=60)
+        v = run_vllm(url, tokenizer, data, n, rate, tmp)
+        ladder.append({"rate": rate, "n": n,
+                       "ours_achieved": o["achieved_rate"], "ours_lag_p99_ms": o["sched_lag_p99_ms"],
+                       "ours_ok": o["completed"], "ours_client_us_per_token": o["client_us_per_token"],
+                       "vllm_achieved": v["achieved_rate"], "vllm_lag_p99_ms": v["sched_lag_p99_ms"],
+                       "vllm_ok": v["completed"]})
+
+    def best(prefix: str) -> Optional[float]:
+        ok = [x["rate"] for x in ladder if x[f"{prefix}_achieved"] and x[f"{prefix}_achieved"] >= MIN_ACHIEVED * x["rate"]
+              and x[f"{prefix}_lag_p99_ms"] <= MAX_LAG_MS]
+        return max(ok) if ok else None
+
+    return {"ladder": ladder, "ours": best("ours"), "vllm": best("vllm")}
+
+
+def table(title: str, result: dict) -> str:
+    lines = [f"{title}", "", "| metric | ours | vllm bench serve | difference | noise (run-to-run) |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        lines.append(f"| {r['metric']} | {r['ours']:.4g} | {r['vllm']:.4g} | {r['diff']:+.1%} | {r['noise']:.1%} |")
+    lines.append(f"\nvLLM's calculate_metrics on our records vs our metrics: largest relative difference "
+                 f"{result['definitions_max_rel_diff']:.2e}")
+    return "\n".join(lines)
+
+
+def ladder_table(result: dict) -> str:
+    lines = ["| offered req/s | ours: achieved / p99 lag ms | vllm: achieved / p99 lag ms (est.) |",
+             "| ---: | ---: | ---: |"]
+    for x in result["ladder"]:
+        lines.append(f"| {x['rate']:g} | {x['ours_achieved']:.1f} / {x['ours_lag_p99_ms']:.1f} | "
+                     f"{x['vllm_achieved']:.1f} / {x['vllm_lag_p99_ms']:.1f} |")
+    lines.append(f"\nsustainable (achieved >= {MIN_ACHIEVED:.0%}, p99 lag <= {MAX_LAG_MS:g} ms): "
+                 f"ours {result['ours']}, vllm bench serve {result['vllm']} req/s")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests and repetitions")
+    ap.add_argument("--reps", type=int, help="repetitions per tool (default 3, quick 1)")
+    ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-sim", action="store_true")
+    ap.add_argument("--out", help="write all numbers as JSON here")
+    ap.add_argument("--serve-sim", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve_sim:
+        serve_sim()
+        return 0
+    reps = a.reps or (1 if a.quick else 3)
+    tmp = Path(tempfile.mkdtemp(prefix="loadgen-fidelity-"))
+    report: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
+                              "python": platform.python_version(), "reps": reps}
+    servers: list[Server] = []
+    try:
+        model_dir = tmp / "tiny-llama"
+        subprocess.run([sys.executable, "-m", "orchestrator", "make-model", "tiny-llama", str(model_dir),
+                        "--weights", "random"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        if not a.skip_vllm:
+            t = time.perf_counter()
+            server, url = start_vllm(model_dir, tmp)
+            servers.append(server)
+            report["vllm_start_s"] = time.perf_counter() - t
+            n = 40 if a.quick else 160
+            data = dataset(tmp / "cpu.jsonl", n, 64, 32)
+            run_ours(url, dataset(tmp / "warm.jsonl", 16, 64, 32, seed=9), 16, 4.0)  # one-off warm-up costs
+            report["cpu_vllm"] = agreement(url, model_dir, data, n, 4.0, reps, tmp)
+            print(table("CPU vLLM (tiny-llama, 64 in / 32 out, constant 4 req/s)", report["cpu_vllm"]), flush=True)
+            server.stop()
+            servers.remove(server)
+        if not a.skip_sim:
+            server, url = start_sim(tmp)
+            servers.append(server)
+            n = 100 if a.quick else 400
+            data = dataset(tmp / "sim.jsonl", n, 512, 64)
+            run_ours(url, dataset(tmp / "warm2.jsonl", 16, 512, 64, seed=9), 16, 8.0)
+            report["sim"] = agreement(url, model_dir, data, n, 20.0, reps, tmp)
+            print(table("sim engine direct server (Llama-3.1-8B on H100, 512 in / 64 out, constant 20 req/s)",
+                        report["sim"]), flush=True)
+            rates = [50, 100, 200, 300] if a.quick else [50, 100, 200, 300, 400, 600, 800]
+            report["sustainable"] = sustainable(url, model_dir, tmp, rates, 3.0 if a.quick else 5.0)
+            print(ladder_table(report["sustainable"]), flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+        report["load_avg_end"] = os.getloadavg()
+        if a.out:
+            Path(a.out).write_text(json.dumps(report, indent=1, default=str))
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The ``levels`` table: one row per load level of a capacity search (a latency-throughput curve).
+
+``<output>/<study>/levels/date=YYYY-MM-DD/run=<run_id>/<trial_id>.parquet``, beside
+``trials/`` and ``requests/``, written by the same :class:`~orchestrator.results.store.ResultsStore`
+call as its trial (atomic, replaced with it). The schema is fixed (no per-study
+columns), so every file of every study concatenates:
+
+* identity: ``schema_version``, ``study``, ``run_id``, ``trial_id``, ``level`` (0, 1, ...
+  in the order measured; ``requests.level`` points here);
+* the search: ``rate`` (the requested rate of the level), ``planned_requests``,
+  ``saturated``, ``saturated_at_s`` (seconds into the level), ``stopped_early`` (the
+  level was cut short), ``slo_met``, ``slo_violation`` (largest relative SLO excess,
+  <= 0 when met), ``slo_failures`` (what failed, as text);
+* every load metric of :class:`orchestrator.metrics.LoadMetrics` as float64.
+
+Sort by ``rate`` for the curve: ``load_levels(path).sort_values("rate")``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from orchestrator.metrics import LOAD_METRIC_NAMES
+from orchestrator.results.schema import META_SCHEMA_VERSION, META_TABLE, SCHEMA_VERSION
+
+__all__ = ["LEVELS_SCHEMA", "levels_to_table", "load_levels"]
+
+_SEARCH_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("rate", pa.float64()),
+    ("planned_requests", pa.int64()),
+    ("saturated", pa.bool_()),
+    ("saturated_at_s", pa.float64()),
+    ("stopped_early", pa.bool_()),
+    ("slo_met", pa.bool_()),
+    ("slo_violation", pa.float64()),
+    ("slo_failures", pa.string()),
+)
+
+LEVELS_SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int32(), nullable=False),
+        pa.field("study", pa.string(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_id", pa.string(), nullable=False),
+        pa.field("level", pa.int64(), nullable=False),
+    ]
+    + [pa.field(n, t) for n, t in _SEARCH_COLUMNS]
+    + [pa.field(m, pa.float64()) for m in LOAD_METRIC_NAMES],
+    metadata={META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "levels"},
+)
+_ROW_KEYS = {n for n, _ in _SEARCH_COLUMNS} | set(LOAD_METRIC_NAMES) | {"level"}
+
+
+def levels_to_table(rows: Sequence[Mapping[str, Any]], *, study: str, run_id: str, trial_id: str) -> pa.Table:
+    """Level rows (``LevelResult.row()``) as a :data:`LEVELS_SCHEMA` table; unknown keys raise ValueError."""
+    for row in rows:
+        unknown = sorted(set(row) - _ROW_KEYS)
+        if unknown:
+            raise ValueError(f"unknown levels-table keys: {', '.join(unknown)}")
+    n = len(rows)
+    columns: dict[str, pa.Array] = {
+        "schema_version": pa.array([SCHEMA_VERSION] * n, type=pa.int32()),
+        "study": pa.array([study] * n, type=pa.string()),
+        "run_id": pa.array([run_id] * n, type=pa.string()),
+        "trial_id": pa.array([trial_id] * n, type=pa.string()),
+    }
+    for f in LEVELS_SCHEMA:
+        if f.name in columns:
+            continue
+        values = [row.get(f.name) for row in rows]
+        if pa.types.is_floating(f.type):
+            values = [None if v is None else float(v) for v in values]
+        columns[f.name] = pa.array(values, type=f.type)
+    return pa.Table.from_pydict(columns, schema=LEVELS_SCHEMA)
+
+
+def load_levels(path: Union[str, os.PathLike], trial_ids: Optional[Iterable[str]] = None, *,
+                filesystem: Optional[pafs.FileSystem] = None) -> pd.DataFrame:
+    """Every level row under ``path`` (``<output>/<study>`` or its ``levels`` directory), by trial and level."""
+    from orchestrator.results.query import PARTITIONING, empty_frame, list_data_files, resolve_location
+
+    fs, base = resolve_location(path, filesystem)
+    table_dir = base if base.rstrip("/").endswith("/levels") else f"{base.rstrip('/')}/levels"
+    files = list_data_files(fs, table_dir)
+    if trial_ids is not None:
+        wanted = set(trial_ids)
+        files = [f for f in files if f.trial_id in wanted]
+    if not files:
+        return empty_frame(LEVELS_SCHEMA)
+    schema = LEVELS_SCHEMA.append(pa.field("date", pa.string())).append(pa.field("run", pa.string()))
+    dataset = ds.dataset([f.path for f in files], schema=schema, format="parquet", filesystem=fs,
+                         partitioning=PARTITIONING, partition_base_dir=table_dir)
+    df = dataset.to_table().to_pandas()
+    return df.sort_values(["trial_id", "level"], kind="stable").reset_index(drop=True)

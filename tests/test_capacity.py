@@ -1,0 +1,228 @@
+"""Capacity search: saturation detection, level verdicts, the rate proposer, agreement with a
+dense sweep (virtual sim), the levels table, and study validation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from orchestrator.capacity import (LevelPoint, SaturationDetector, capacity_index, detect_saturation, judge_level,
+                                   level_workload, next_rate)
+from orchestrator.metrics import summarise
+from orchestrator.records import RequestRecord
+from orchestrator.study import CapacitySpec, Constraint, SaturationSettings, StudyFileError, parse_study
+
+
+# ---------------------------------------------------------------- saturation
+def queue_records(rate: float, service_s: float, servers: int, n: int, seed: int = 0) -> list[RequestRecord]:
+    """Poisson arrivals into a FIFO queue with ``servers`` parallel servers of fixed service time."""
+    t = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, n))
+    free = [0.0] * servers
+    out = []
+    for i, a in enumerate(t):
+        k = int(np.argmin(free))
+        start = max(a, free[k])
+        free[k] = start + service_s
+        out.append(RequestRecord(index=i, scheduled_s=a, sent_s=a, first_token_s=start + service_s / 2,
+                                 end_s=free[k], finished_s=free[k], token_times_s=[start + service_s / 2, free[k]],
+                                 completion_tokens=2))
+    return out
+
+
+S = SaturationSettings(window_s=5.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stable_queue_near_capacity_is_not_saturated(seed):
+    # 85% utilisation: long queues come and go, but the backlog does not grow without bound.
+    assert detect_saturation(queue_records(17, 0.1, 2, 1500, seed), S) is None
+
+
+@pytest.mark.parametrize("rate", [15, 30])
+def test_an_overloaded_queue_is_flagged_within_a_few_windows(rate):
+    recs = queue_records(rate, 0.1, 1, 60 * rate)  # capacity 10/s, 60 s of arrivals
+    at = detect_saturation(recs, S)
+    assert at is not None and at < 30
+
+
+def test_detector_judges_nothing_before_a_request_finished():
+    det = SaturationDetector(S)
+    for i in range(200):
+        det.on_send(i * 0.01)
+    assert not det.should_stop(100.0)  # all in flight, none finished: could be slow, not saturated
+
+
+# ---------------------------------------------------------------- verdicts and the proposer
+def metrics(ttft_ms: float, failed: int = 0):
+    ok = [RequestRecord(index=i, scheduled_s=i, sent_s=i, first_token_s=i + ttft_ms / 1000, end_s=i + 1,
+                        token_times_s=[i + ttft_ms / 1000, i + 1], completion_tokens=2) for i in range(10)]
+    bad = [RequestRecord(index=10 + i, scheduled_s=i, sent_s=i, error="x") for i in range(failed)]
+    return summarise(ok + bad)
+
+
+def test_judge_level():
+    slo = [Constraint.model_validate("ttft_p99_ms <= 200")]
+    good = judge_level(metrics(100), slo)
+    assert good.ok and good.violation == pytest.approx(-0.5)
+    bad = judge_level(metrics(300), slo)
+    assert not bad.ok and bad.violation == pytest.approx(0.5) and "ttft_p99_ms <= 200" in bad.reasons[0]
+    assert not judge_level(metrics(100, failed=1), slo).ok
+    assert judge_level(metrics(100, failed=1), slo, max_error_rate=0.1).ok
+    sat = judge_level(metrics(100), slo, saturated=True)
+    assert not sat.ok and "saturated" in sat.reasons[0]
+
+
+SPEC = CapacitySpec(min_rate=1, max_rate=100, growth=2, tolerance=0.05, max_levels=12)
+
+
+def run(boundary: float, spec=SPEC, start: float = 8.0) -> list[LevelPoint]:
+    """Drive the proposer against a system whose SLO margin is linear in the rate."""
+    points: list[LevelPoint] = []
+    while True:
+        rate, why = next_rate(points, spec, start)
+        if rate is None:
+            return points, why
+        margin = (rate - boundary) / boundary
+        points.append(LevelPoint(rate, margin <= 0, margin))
+
+
+@pytest.mark.parametrize("boundary", [1.7, 9.3, 31.0, 77.7])
+def test_proposer_brackets_the_boundary_within_tolerance(boundary):
+    points, why = run(boundary)
+    best = points[capacity_index(points)]
+    assert best.ok and best.rate <= boundary and best.rate >= boundary * (1 - SPEC.tolerance)
+    assert why.startswith("bracketed") and len(points) <= 9
+
+
+def test_proposer_stops_at_the_rate_limits():
+    points, why = run(500.0)
+    assert why == "max_rate (100/s) met the SLOs" and max(p.rate for p in points) == 100
+    points, why = run(0.5)
+    assert why == "min_rate (1/s) failed the SLOs" and capacity_index(points) is None
+    few = SPEC.model_copy(update={"max_levels": 3})
+    assert run(9.3, few)[1] == "max_levels (3) measured"
+
+
+def test_proposer_bisects_when_the_margin_is_unusable():
+    pts = [LevelPoint(8, True, -0.2), LevelPoint(16, False, math.inf, saturated=True)]
+    assert next_rate(pts, SPEC, 8)[0] == 12.0
+    pts = [LevelPoint(8, True, -0.5), LevelPoint(16, False, 0.01)]  # interpolation, kept off the edge
+    assert next_rate(pts, SPEC, 8)[0] == 14.0
+
+
+# ---------------------------------------------------------------- the search vs a dense sweep
+def capacity_study(**capacity):
+    return parse_study({
+        "name": "cap", "seed": 0, "engine": {"kind": "sim", "mode": "virtual"},
+        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 120, "warmup_requests": 1,
+                     "input_len": {"kind": "uniform", "min": 200, "max": 1500},
+                     "output_len": {"kind": "uniform", "min": 16, "max": 96}},
+        "space": {"max_num_seqs": [8, 64]},
+        "objectives": ["maximize capacity_rps"],
+        "constraints": ["ttft_p99_ms <= 300", "tpot_p50_ms <= 30"],
+        "capacity": {"tolerance": 0.03, **capacity},
+    })
+
+
+def test_capacity_search_finds_the_dense_sweeps_boundary():
+    """Same config, same level builder: the search lands within 5% of a 2.5%-step sweep's boundary.
+
+    (The sweep starts at 8 req/s to keep the test short; from 6 req/s, 38 levels, it finds the
+    same boundary.)"""
+    from orchestrator.engine_args import engine_args_from_params
+    from orchestrator.engines.base import create_engine
+    from orchestrator.trial import TrialContext, _summarise, execute_trial, study_requests
+
+    study = capacity_study()
+    out = execute_trial(study, {"max_num_seqs": 8}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
+    found = out.row["capacity_rps"]
+
+    engine = create_engine(study)
+    args = engine.resolve(engine_args_from_params({"max_num_seqs": 8}))
+    sweep = []
+    for rate in 8 * 1.025 ** np.arange(23):  # 8 .. 13.8 req/s
+        rs = study_requests(study, level_workload(study.workload, rate, study.capacity, 8.0))
+        recs, _ = engine.measure(args, rs)
+        m = _summarise(study, recs, rate)
+        sat = detect_saturation(recs, study.capacity.saturation) is not None
+        sweep.append(LevelPoint(rate, judge_level(m, study.capacity_slo(), saturated=sat).ok, 0.0))
+    dense = sweep[capacity_index(sweep)].rate
+    assert 8 < dense < 13.5  # the boundary lies inside the sweep
+    assert found == pytest.approx(dense, rel=0.05), (found, dense)
+    assert len(out.levels) <= 8  # vs 23 levels for the sweep (and 38 from 6 req/s)
+
+
+def test_capacity_trial_row_levels_and_records():
+    from orchestrator.trial import TrialContext, execute_trial
+
+    out = execute_trial(capacity_study(), {"max_num_seqs": 64}, trial_id="t", trial_number=0,
+                        ctx=TrialContext("r"))
+    row, levels = out.row, out.levels
+    assert row["status"] == "completed" and row["capacity_rps"] > 0
+    best = max((lv for lv in levels if lv["slo_met"]), key=lambda lv: lv["rate"])
+    assert row["capacity_rps"] == best["rate"] and row["capacity_goodput"] == best["goodput"]
+    assert row["ttft_p99_ms"] == best["ttft_p99_ms"]  # the row describes the capacity level
+    assert not any(lv["slo_met"] for lv in levels if lv["rate"] > row["capacity_rps"])
+    extra = json.loads(row["extra_json"])["capacity"]
+    assert extra["levels"] == len(levels) and extra["level_of_row"] == best["level"]
+    assert {r.level for r in out.records} == set(range(len(levels)))
+    assert sum(r.warmup for r in out.records) == 1  # warm-up before the first level only
+    for lv in levels:
+        assert sum(1 for r in out.records if r.level == lv["level"] and not r.warmup) == lv["num_requests"]
+
+
+def test_capacity_over_a_trace_scales_its_time():
+    from orchestrator.trial import TrialContext, execute_trial
+
+    doc = capacity_study().model_dump(mode="json", exclude={"source_path"})
+    doc["workload"] = {"trace": {"path": "chat", "max_requests": 100}, "warmup_requests": 1}
+    study = parse_study(doc)
+    out = execute_trial(study, {"max_num_seqs": 64}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
+    assert out.levels[0]["rate"] == pytest.approx(out.levels[0]["requested_rate"])  # the trace's own rate
+    assert all(lv["num_requests"] == 100 for lv in out.levels)
+    assert out.row["capacity_rps"] > out.levels[0]["rate"]
+
+
+# ---------------------------------------------------------------- the levels table
+def test_levels_are_written_and_replaced_with_their_trial(tmp_path):
+    from orchestrator.results import ResultsStore
+    from orchestrator.results.levels import levels_to_table, load_levels
+    from orchestrator.results.schema import requests_to_table
+    from orchestrator.trial import TrialContext, execute_trial
+
+    study = capacity_study()
+    out = execute_trial(study, {"max_num_seqs": 64}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    store = ResultsStore(tmp_path, study.name)
+    kw = dict(study=study.name, run_id="r1", trial_id="t1")
+    store.write_trial(out.row, requests_to_table(out.records, **kw), param_types=study.space.column_types(),
+                      levels=levels_to_table(out.levels, **kw))
+    df = load_levels(tmp_path / study.name)
+    assert len(df) == len(out.levels) and list(df["level"]) == list(range(len(out.levels)))
+    assert np.allclose(df["rate"], [lv["rate"] for lv in out.levels])
+    assert df["slo_met"].tolist() == [lv["slo_met"] for lv in out.levels]
+    assert store.read_levels(["t1"]).equals(df)
+    store.write_trial(out.row, None, param_types=study.space.column_types())  # rewritten without levels
+    assert load_levels(tmp_path / study.name).empty
+    with pytest.raises(ValueError, match="unknown levels-table keys: bogus"):
+        levels_to_table([{"level": 0, "bogus": 1}], **kw)
+
+
+# ---------------------------------------------------------------- study validation
+@pytest.mark.parametrize("workload, capacity, message", [
+    ({"arrival": {"kind": "concurrency", "concurrency": 4}}, {}, "capacity: needs a workload whose rate"),
+    ({}, {"slo": ["kv_cache_usage_peak <= 0.9"]}, "capacity.slo"),
+    ({}, {"requests_per_level": 10, "level_duration_s": 5}, "requests_per_level or level_duration_s"),
+    ({}, {"min_rate": 5, "max_rate": 1}, "min_rate (5) must be < max_rate (1)"),
+    ({}, {"growth": 1.0}, "capacity.growth"),
+    ({}, {"saturation": {"windo_s": 1}}, "did you mean 'window_s'"),
+])
+def test_capacity_problems_are_reported_one_line_each(study_doc, workload, capacity, message):
+    study_doc["workload"].update(workload)
+    study_doc["capacity"] = capacity
+    with pytest.raises(StudyFileError) as e:
+        parse_study(study_doc)
+    assert len(e.value.problems) == 1 and message in str(e.value), str(e.value)

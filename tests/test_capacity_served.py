@@ -1,0 +1,157 @@
+"""Capacity search on served engines, one deployment each, load levels in real time.
+
+* the sim engine served by Ray Serve: an overloaded first level is stopped early
+  (saturation), every level is a row of the ``levels`` table and every request a row of
+  ``requests`` with its level, and the capacity is consistent with the virtual-time
+  search of the same configuration;
+* real vLLM (the CPU build) under ``ray.serve.llm`` on a tiny random-weight Llama: the
+  levels, sorted by rate, form a monotone latency-throughput curve.
+
+Both share one local Ray cluster (the costly part of these tests) and Serve on port 8202.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from orchestrator.results import load_requests
+from orchestrator.results.levels import load_levels
+from orchestrator.study import parse_study
+from orchestrator.trial import TrialContext, execute_trial
+
+pytestmark = pytest.mark.slow
+
+SERVE_PORT = 8202
+KV_BYTES = 8 * 2**20  # 4,096 tokens of tiny-llama in float32
+
+
+@pytest.fixture(scope="module")
+def ray_serve(tmp_path_factory):
+    """A Ray cluster of our own (never one another job on the machine started) with Serve."""
+    import ray
+
+    from orchestrator.engines.serve_app import SERVE_PORT_ENV
+    from orchestrator.runtime import start_serve
+
+    cache = tmp_path_factory.mktemp("cache")
+    env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+           "HF_HOME": str(cache / "hf")}
+    saved = {k: os.environ.get(k) for k in [*env, SERVE_PORT_ENV]}
+    os.environ.update(env)
+    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
+             _system_config={"metrics_report_interval_ms": 1000}, runtime_env={"env_vars": env})
+    try:
+        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
+        yield
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def study_doc(tmp_path, mode: str) -> dict:
+    return {
+        "name": f"cap-{mode}", "seed": 2, "engine": {"kind": "sim", "mode": mode},
+        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 24}, "warmup_requests": 1,
+                     "input_len": {"kind": "uniform", "min": 200, "max": 1200}, "output_len": 32,
+                     "timeout_s": 30},
+        "space": {"max_num_seqs": 4},
+        "objectives": ["maximize capacity_rps"],
+        "constraints": ["ttft_p99_ms <= 400"],
+        "capacity": {"start_rate": 40, "tolerance": 0.2, "max_levels": 6, "level_duration_s": 3, "min_requests": 12,
+                     "saturation": {"window_s": 0.5, "check_interval_s": 0.1, "min_growth": 4}},
+        "output": str(tmp_path / "out"),
+    }
+
+
+def test_served_sim_capacity_search(tmp_path, ray_serve):
+    from orchestrator.results import ResultsStore
+    from orchestrator.results.levels import levels_to_table
+    from orchestrator.results.schema import requests_to_table
+
+    study = parse_study(study_doc(tmp_path, "served"))
+    out = execute_trial(study, {"max_num_seqs": 4}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    row = out.row
+    assert row["status"] == "completed", row.get("failure_message")
+    kw = dict(study=study.name, run_id="r1", trial_id="t1")
+    ResultsStore(study.output, study.name).write_trial(
+        row, requests_to_table(out.records, **kw), param_types=study.space.column_types(),
+        levels=levels_to_table(out.levels, **kw))
+    study_dir = tmp_path / "out" / study.name
+    levels = load_levels(study_dir)
+    assert list(levels["level"]) == list(range(len(levels))) and len(levels) >= 3
+
+    # The first level asks for ~3x what 4 sequences serve: stopped early, in-flight requests aborted.
+    first = levels.iloc[0]
+    shown = levels[["rate", "slo_met", "saturated", "saturated_at_s", "num_requests", "ttft_p99_ms"]].to_string()
+    assert first["rate"] == 40 and first["saturated"] and first["stopped_early"] and not first["slo_met"], shown
+    assert first["failed_aborted"] > 0  # the stop may come after the last send: the drain is what it saves
+
+    met = levels[levels["slo_met"]]
+    assert row["capacity_rps"] == met["rate"].max()
+    assert row["capacity_goodput"] == pytest.approx(met.loc[met["rate"].idxmax(), "goodput"])
+    assert json.loads(row["extra_json"])["capacity"]["levels"] == len(levels)
+
+    requests = load_requests(study_dir, include_warmup=True)
+    per_level = requests[~requests["warmup"]].groupby("level").size()
+    assert per_level.to_dict() == dict(zip(levels["level"], levels["num_requests"].astype(int)))
+
+    # Same configuration in virtual time. Real time only adds costs (HTTP, a busy machine's late
+    # wake-ups), so the served capacity is at most the virtual one (+ the search's tolerance), and
+    # on an idle machine close to it.
+    virtual = parse_study(study_doc(tmp_path, "virtual"))
+    v = execute_trial(virtual, {"max_num_seqs": 4}, trial_id="v", trial_number=0, ctx=TrialContext("v"))
+    assert 0.4 * v.row["capacity_rps"] <= row["capacity_rps"] <= 1.25 * v.row["capacity_rps"], \
+        (row["capacity_rps"], v.row["capacity_rps"], levels[["rate", "slo_met", "ttft_p99_ms"]])
+
+
+@pytest.mark.vllm
+def test_cpu_vllm_capacity_curve(tmp_path, ray_serve):
+    """Levels sorted by rate: throughput rises with the offered rate up to the knee; latency does not fall."""
+    pytest.importorskip("vllm")
+    from orchestrator.modelgen import make_model_dir
+
+    model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
+    params = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 512}
+    study = parse_study({
+        "name": "cap-vllm",
+        "engine": {"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
+                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}},
+        "model": {"name": "tiny-llama", "dtype": "float32"},
+        "hardware": {"gpu": "CPU"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 1}, "warmup_requests": 2, "input_len": 64,
+                     "output_len": 16, "timeout_s": 60},
+        "space": {**{k: [v] for k, v in params.items()}, "enforce_eager": True},
+        "objectives": ["maximize capacity_rps"],
+        "constraints": ["ttft_p99_ms <= 1000"],
+        "capacity": {"start_rate": 1, "growth": 2, "tolerance": 0.2, "max_levels": 5, "level_duration_s": 4,
+                     "min_requests": 10, "max_rate": 64,
+                     "saturation": {"window_s": 1.0, "check_interval_s": 0.25}},
+        "search": {"preflight": False},
+        "output": str(tmp_path / "out"),
+    })
+    out = execute_trial(study, {**params, "enforce_eager": True}, trial_id="t1", trial_number=0,
+                        ctx=TrialContext("r1"))
+
+    row = out.row
+    assert row["status"] == "completed", (row.get("failure_kind"), row.get("failure_message"))
+    assert row["startup_s"] is not None  # one engine start for every level
+    levels = sorted(out.levels, key=lambda lv: lv["rate"])
+    assert len(levels) >= 3 and any(lv["slo_met"] for lv in levels) and not all(lv["slo_met"] for lv in levels)
+    assert row["capacity_rps"] == max(lv["rate"] for lv in levels if lv["slo_met"])
+
+    knee = [lv for lv in levels if lv["rate"] <= row["capacity_rps"]]
+    thr = [lv["request_throughput"] for lv in knee]
+    assert all(b >= 0.9 * a for a, b in zip(thr, thr[1:])), [(lv["rate"], lv["request_throughput"]) for lv in knee]
+    assert all(lv["request_throughput"] >= 0.6 * lv["rate"] for lv in knee)  # below the knee the engine keeps up
+    lat = [lv["e2el_p50_ms"] for lv in levels]
+    assert lat[-1] >= lat[0], [(lv["rate"], lv["e2el_p50_ms"]) for lv in levels]
+    failing = [lv for lv in levels if not lv["slo_met"]]
+    assert min(lv["rate"] for lv in failing) > row["capacity_rps"]

@@ -1,0 +1,105 @@
+"""Load generator: text prompts, its own cost per token, and a monitor that stops a load window
+(aborting what is in flight) — against the real local fake server of test_loadgen."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from orchestrator.capacity import SaturationDetector
+from orchestrator.loadgen import run_load_sync
+from orchestrator.metrics import summarise
+from orchestrator.records import RequestErrorKind
+from orchestrator.study import SaturationSettings
+from orchestrator.workload.requests import Request, RequestSet
+from test_loadgen import API_KEY, endpoint, fake, make_set, server  # noqa: F401 - fixtures
+
+
+def test_text_prompts_go_out_as_text(fake):
+    reqs = RequestSet(warmup=(), measured=(
+        Request(index=0, arrival_s=0, prompt_token_ids=(1, 2), output_len=3, prompt_text="hello there"),
+        Request(index=1, arrival_s=0, prompt_token_ids=(5, 6, 7), output_len=3)))
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=1, fake_itl_ms=1), reqs, timeout_s=5)
+    assert all(r.success for r in recs)
+    prompts = sorted((b["prompt"] for b in fake.stats()["bodies"]), key=str)
+    assert prompts == [[5, 6, 7], "hello there"]
+    fake.reset()
+    run_load_sync(endpoint(fake, api="chat", fake_ttft_ms=1, fake_itl_ms=1),
+                  RequestSet(warmup=(), measured=(Request(index=0, arrival_s=0, prompt_token_ids=(1,),
+                                                          output_len=2, prompt_text="t4 t5"),)), timeout_s=5)
+    assert fake.stats()["bodies"][0]["messages"] == [{"role": "user", "content": "t4 t5"}]
+
+
+def test_client_cost_per_token_is_measured(fake):
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=2, fake_itl_ms=1), make_set(20, rate=200, output_len=10),
+                         timeout_s=5)
+    assert all(r.client_s > 0 for r in recs)
+    m = summarise(recs, max_sched_lag_ms=1e6)
+    assert 0 < m.client_us_per_token < 5000  # microseconds per token on any machine, never milliseconds
+    assert m.loadgen_overloaded == 0.0
+    assert summarise(recs, max_sched_lag_ms=1e-9).loadgen_overloaded == 1.0
+
+
+class StopAt:
+    """A monitor that stops the load at ``t_stop`` and counts what it saw."""
+
+    def __init__(self, t_stop: float):
+        self.t_stop, self.sends, self.finishes = t_stop, 0, 0
+
+    def on_send(self, t):
+        self.sends += 1
+
+    def on_finish(self, t, record):
+        self.finishes += 1
+
+    def should_stop(self, t):
+        return t >= self.t_stop
+
+
+@pytest.mark.parametrize("concurrency", [None, 4])
+def test_a_monitor_stops_sending_and_aborts_what_is_in_flight(fake, concurrency):
+    # 100 requests due over 2 s, each streaming for ~0.5 s; stop after 0.6 s.
+    rs = make_set(100, rate=50, output_len=25, concurrency=concurrency)
+    mon = StopAt(0.6)
+    t = time.perf_counter()
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=10, fake_itl_ms=20), rs, timeout_s=10, monitor=mon,
+                         check_interval_s=0.05)
+    elapsed = time.perf_counter() - t
+    assert elapsed < 1.5  # neither the remaining sends nor the in-flight streams were waited for
+    assert 0 < len(recs) < 100 and len(recs) == mon.sends  # unsent requests get no record
+    aborted = [r for r in recs if r.error_kind == RequestErrorKind.ABORTED]
+    done = [r for r in recs if r.success]
+    assert aborted and len(done) + len(aborted) == len(recs) and mon.finishes == len(done)
+    assert all(r.token_times_s for r in aborted if r.first_token_s is not None)  # partial streams kept
+    assert summarise(recs).failed_aborted == len(aborted)
+
+
+def test_saturation_detector_as_a_monitor_leaves_a_keeping_up_load_alone(fake):
+    rs = make_set(60, rate=60, output_len=5)
+    det = SaturationDetector(SaturationSettings(window_s=0.2, check_interval_s=0.05, min_growth=3))
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=5, fake_itl_ms=2), rs, timeout_s=5, monitor=det,
+                         check_interval_s=0.05)
+    assert len(recs) == 60 and all(r.success for r in recs) and det.saturated_at is None
+
+
+def test_saturation_detector_leaves_a_slow_but_parallel_server_alone(fake):
+    # Every response takes 0.6 s, all in parallel: a backlog of ~24 that does not grow.
+    rs = make_set(100, rate=40, output_len=2)
+    det = SaturationDetector(SaturationSettings(window_s=0.5, check_interval_s=0.1, min_growth=5))
+    recs = run_load_sync(endpoint(fake, fake_ttft_ms=600, fake_itl_ms=1), rs, timeout_s=30, monitor=det,
+                         check_interval_s=0.1)
+    assert det.saturated_at is None and len(recs) == 100 and all(r.success for r in recs)
+
+
+def test_saturation_detector_stops_a_server_that_falls_behind(fake):
+    # One request at a time, 40 ms each (capacity 25/s), offered 60/s for 5 s: the backlog grows ~35/s.
+    rs = make_set(300, rate=60, output_len=2)
+    det = SaturationDetector(SaturationSettings(window_s=0.5, check_interval_s=0.1, min_growth=5))
+    t = time.perf_counter()
+    recs = run_load_sync(endpoint(fake, "serial", fake_ttft_ms=30, fake_itl_ms=10), rs, timeout_s=30,
+                         monitor=det, check_interval_s=0.1)
+    # Unstopped, the sends alone take 5 s and draining the backlog 12 s more.
+    assert det.saturated_at is not None and det.saturated_at < 4.0
+    assert time.perf_counter() - t < 6.0 and len(recs) < 300
+    assert any(r.error_kind == RequestErrorKind.ABORTED for r in recs)
