@@ -114,5 +114,5 @@ def delete_app(name: str, *, timeout_s: float = 120) -> Optional[str]:
                 return None
         except Exception as e:  # noqa: BLE001
             return f"serve.status failed during teardown: {e}"
-        time.sleep(0.25)
+        time.sleep(0.1)
     return f"application {name} still present {timeout_s:.0f} s after delete"
