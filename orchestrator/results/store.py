@@ -65,6 +65,11 @@ def _check_name(what: str, value: Any) -> str:
     return value
 
 
+def _covers(have: pa.Schema, want: pa.Schema) -> bool:
+    """``have`` holds every column of ``want`` with the same type."""
+    return all(n in have.names and have.field(n).type.equals(want.field(n).type) for n in want.names)
+
+
 def _serialize(table: pa.Table) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression=COMPRESSION)
@@ -116,7 +121,7 @@ class ResultsStore:
         schema = trials_schema(param_types)
         if self._checked_schema is None and self._local:
             self._sweep_stale_temps()
-        self._check_same_schema(schema)
+        schema = self._check_same_schema(schema)
         table = trial_row_to_table(row, schema)
         study = table.column("study")[0].as_py()
         if study != self.study_name:
@@ -154,10 +159,15 @@ class ResultsStore:
             self._delete(path)
         return trial_path
 
-    def _check_same_schema(self, schema: pa.Schema) -> None:
-        """Every trials file of a study has one schema: compare with an existing file (once)."""
-        if self._checked_schema is not None and self._checked_schema.equals(schema):
-            return
+    def _check_same_schema(self, schema: pa.Schema) -> pa.Schema:
+        """Every trials file of a study has one schema. Returns the schema to write with.
+
+        A newer tool (more metric columns) or a space that gained or lost parameters
+        evolves the study: the union of both schemas, existing files rewritten to it
+        (atomically, once). Columns whose type changed cannot be reconciled.
+        """
+        if self._checked_schema is not None and _covers(self._checked_schema, schema):
+            return self._checked_schema
         try:
             existing = list_data_files(self.filesystem, self.trials_dir)
             if existing:
@@ -166,17 +176,32 @@ class ResultsStore:
             else:
                 theirs = schema
         except (OSError, pa.ArrowException):
-            theirs = schema  # unreadable listing or file: nothing to compare with; the write decides
-        if not theirs.equals(schema):
-            ours_cols, their_cols = set(schema.names), set(theirs.names)
-            diff = [f"new columns: {sorted(ours_cols - their_cols)}" if ours_cols - their_cols else "",
-                    f"missing columns: {sorted(their_cols - ours_cols)}" if their_cols - ours_cols else "",
-                    "column types differ" if ours_cols == their_cols else ""]
+            existing, theirs = [], schema  # unreadable listing or file: nothing to compare with
+        if theirs.equals(schema):
+            self._checked_schema = schema
+            return schema
+        clashes = [n for n in set(schema.names) & set(theirs.names)
+                   if not schema.field(n).type.equals(theirs.field(n).type)]
+        if clashes:
             raise ValueError(
-                f"study {self.study_name!r} at {self.root} already holds trials with another schema "
-                f"({'; '.join(d for d in diff if d)}): the search space or the schema version changed; "
+                f"study {self.study_name!r} at {self.root} already holds trials whose columns "
+                f"{sorted(clashes)} have another type: the search space changed a parameter's type; "
                 "use a new study name or output directory")
-        self._checked_schema = schema
+        union = pa.schema(list(schema) + [f for f in theirs if f.name not in schema.names])
+        for data_file in existing:
+            self._migrate(data_file.path, union)
+        self._checked_schema = union
+        return union
+
+    def _migrate(self, path: str, schema: pa.Schema) -> None:
+        """Rewrite one trials file to ``schema`` (new columns null), atomically."""
+        with self.filesystem.open_input_file(path) as f:
+            table = pq.read_table(f)
+        if table.schema.equals(schema):
+            return
+        columns = [table.column(fld.name) if fld.name in table.schema.names
+                   else pa.nulls(table.num_rows, type=fld.type) for fld in schema]
+        self._put(path, _serialize(pa.Table.from_arrays(columns, schema=schema)))
 
     def _check_requests(self, requests: pa.Table, run_id: str, trial_id: str) -> pa.Table:
         if not isinstance(requests, pa.Table):

@@ -338,14 +338,23 @@ def test_stale_staging_files_are_swept(tmp_path):
     assert len(load_trials(tmp_path)) == 1
 
 
-def test_a_changed_search_space_is_refused(tmp_path):
+def test_a_grown_schema_evolves_the_study(tmp_path):
+    """A new parameter (or a newer tool's new metric) adds a column: old files are rewritten."""
     ResultsStore(tmp_path, "s").write_trial(make_row(0), None, param_types=PARAM_TYPES)
-    other = dict(PARAM_TYPES, block_size="int")
-    row = make_row(1, block_size=16)
-    with pytest.raises(ValueError, match=r"another schema \(new columns: \['block_size'\]\)"):
-        ResultsStore(tmp_path, "s").write_trial(row, None, param_types=other)
+    grown = dict(PARAM_TYPES, block_size="int")
+    ResultsStore(tmp_path, "s").write_trial(make_row(1, block_size=16), None, param_types=grown)
+    df = pd.read_parquet(tmp_path / "s" / "trials").sort_values("trial_id")  # no project code
+    assert list(df["trial_id"]) == ["t000", "t001"]
+    assert pd.isna(df["block_size"].iloc[0]) and df["block_size"].iloc[1] == 16
+    # The old space again: written with the union, nothing dropped.
+    ResultsStore(tmp_path, "s").write_trial(make_row(2), None, param_types=PARAM_TYPES)
+    assert len(pd.read_parquet(tmp_path / "s" / "trials")) == 3
+
+
+def test_a_retyped_parameter_is_refused(tmp_path):
+    ResultsStore(tmp_path, "s").write_trial(make_row(0), None, param_types=PARAM_TYPES)
     retyped = dict(PARAM_TYPES, max_num_seqs="float")
-    with pytest.raises(ValueError, match="column types differ"):
+    with pytest.raises(ValueError, match=r"columns \['max_num_seqs'\] have another type"):
         ResultsStore(tmp_path, "s").write_trial(make_row(1), None, param_types=retyped)
     assert ResultsStore(tmp_path, "s").trial_ids() == {"t000"}
 
