@@ -10,7 +10,7 @@ Runs the same configurations twice on a local Ray with the served sim engine:
 Overhead = trial wall time - start-up - load window - GPU queueing. Prints both and their
 ratio; the target is <= 2 s and <= 3% of the trial time.
 
-    python benchmarks/orchestration_overhead.py [--trials 6] [--concurrency 1]
+    python benchmarks/orchestration_overhead.py [--trials 6] [--concurrency 1] [--requests 150]
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ CONFIGS = [
 ]
 
 
-def study_doc(out: str, trials: int, concurrency: int) -> dict:
+def study_doc(out: str, trials: int, concurrency: int, requests: int) -> dict:
     return {
         "name": "overhead",
         "engine": {"kind": "sim"},
         "model": {"name": "llama-3.1-8b"},
         "hardware": {"gpu": "H100-80GB", "gpus_per_node": max(2, concurrency)},
-        "workload": {"arrival": {"kind": "poisson", "rate": 10}, "num_requests": 150, "warmup_requests": 2,
+        "workload": {"arrival": {"kind": "poisson", "rate": 10}, "num_requests": requests, "warmup_requests": 2,
                      "input_len": {"kind": "uniform", "min": 200, "max": 800}, "output_len": 64},
         "space": {"max_num_seqs": sorted({c["max_num_seqs"] for c in CONFIGS[:trials]}),
                   "max_num_batched_tokens": sorted({c["max_num_batched_tokens"] for c in CONFIGS[:trials]}),
@@ -79,6 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=150, help="measured requests per trial (at 10 req/s)")
     a = ap.parse_args()
 
     import ray
@@ -88,7 +89,7 @@ def main() -> None:
     from orchestrator.search import run_study
 
     out = tempfile.mkdtemp(prefix="overhead-")
-    study = parse_study(study_doc(out, a.trials, a.concurrency))
+    study = parse_study(study_doc(out, a.trials, a.concurrency, a.requests))
     ray.init(address="local", num_cpus=4, num_gpus=study.hardware.gpus_per_node, include_dashboard=False, namespace="orchestrator",
              log_to_driver=False)
     try:

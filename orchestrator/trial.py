@@ -66,7 +66,9 @@ class TrialOutcome:
         return self.row["status"]
 
 
+@lru_cache(maxsize=1)
 def library_versions() -> dict[str, Optional[str]]:
+    """Versions that produced a row (looked up once per process: metadata scans are slow)."""
     from importlib import metadata
 
     out: dict[str, Optional[str]] = {"python": platform.python_version()}
