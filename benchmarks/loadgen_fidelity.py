@@ -8,7 +8,10 @@ Servers (started here, on 127.0.0.1, stopped at the end):
   random-weight Llama built by ``orchestrator make-model tiny-llama DIR --weights random``
   (float32, eager, ``VLLM_CPU_KVCACHE_SPACE=1``, caches in a temporary directory);
 * the simulated engine's direct HTTP server (the ``sim`` engine's front door, an
-  H100 running Llama-3.1-8B in real time), started without Ray.
+  H100 running Llama-3.1-8B in real time), started without Ray;
+* a stub that streams with a known first-token delay and token gap and records when
+  it actually wrote each chunk: ground truth, so each tool's own error (measured minus
+  what the server did) shows which one is closer.
 
 Both tools read one ``vllm bench serve`` custom-dataset file (word-level prompts:
 exactly N tokens on the tiny model's tokenizer), send the completions API with
@@ -144,6 +147,106 @@ def serve_sim() -> None:
     print(port, flush=True)
     while True:
         time.sleep(3600)
+
+
+STUB_TTFT_S, STUB_ITL_S = 0.020, 0.010
+
+
+def serve_stub() -> None:
+    """Child process: streams ``max_tokens`` chunks, first after 20 ms, then every 10 ms; ``/stats``
+    gives what it really did (server-side first-token delay and gaps, from receipt of the request)."""
+    from aiohttp import web
+
+    ttfts: list[float] = []
+    gaps: list[float] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        last = None
+        for i in range(int(body.get("max_tokens") or 16)):
+            await asyncio.sleep(STUB_TTFT_S if i == 0 else STUB_ITL_S)
+            chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": f" w{i}"}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            now = time.perf_counter()
+            if last is None:
+                ttfts.append(now - t0)
+            else:
+                gaps.append(now - last)
+            last = now
+        n = int(body.get("max_tokens") or 16)
+        usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
+        await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def stats(_: web.Request) -> web.Response:
+        if not ttfts or not gaps:
+            return web.json_response({})
+        out = {"ttft_p50_ms": float(np.percentile(ttfts, 50) * 1000), "ttft_p99_ms": float(np.percentile(ttfts, 99) * 1000),
+               "itl_p50_ms": float(np.percentile(gaps, 50) * 1000), "itl_p99_ms": float(np.percentile(gaps, 99) * 1000)}
+        ttfts.clear()
+        gaps.clear()
+        return web.json_response(out)
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL}]})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/stats", stats)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)  # noqa: SLF001
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def start_stub(tmp: Path) -> tuple[Server, str]:
+    server = Server([sys.executable, __file__, "--serve-stub"], dict(os.environ), tmp / "stub.log",
+                    port_on_stdout=True)
+    url = f"http://127.0.0.1:{int(server.proc.stdout.readline())}"
+    wait_models(url, 60, server.proc)
+    return server, url
+
+
+def stub_truth(url: str) -> dict:
+    with urllib.request.urlopen(url + "/stats", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def ground_truth(url: str, tokenizer: Path, data: Path, n: int, rate: float, reps: int, tmp: Path) -> dict:
+    """Each tool's TTFT and ITL minus what the stub server did for the same requests (ms)."""
+    errors: dict[str, list[dict]] = {"ours": [], "vllm": []}
+    stub_truth(url)  # reset
+    for i in range(reps):
+        for tool in (("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")):
+            if tool == "ours":
+                r = run_ours(url, data, n, rate)
+                got = {k: r[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")}
+            else:
+                r = run_vllm(url, tokenizer, data, n, rate, tmp)
+                got = {"ttft_p50_ms": r["median_ttft_ms"], "ttft_p99_ms": r["p99_ttft_ms"],
+                       "itl_p50_ms": r["median_itl_ms"], "itl_p99_ms": r["p99_itl_ms"]}
+            truth = stub_truth(url)
+            errors[tool].append({k: got[k] - truth[k] for k in got} | {"server_" + k: v for k, v in truth.items()})
+    return {tool: {k: float(np.median([e[k] for e in errs])) for k in errs[0]} for tool, errs in errors.items()}
+
+
+def truth_table(result: dict) -> str:
+    lines = ["| metric | server did (ms) | ours: measured - server (ms) | vllm bench serve: measured - server (ms) |",
+             "| --- | ---: | ---: | ---: |"]
+    for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
+        lines.append(f"| {k} | {result['ours']['server_' + k]:.2f} | {result['ours'][k]:+.2f} | "
+                     f"{result['vllm'][k]:+.2f} |")
+    return "\n".join(lines)
 
 
 def start_sim(tmp: Path) -> tuple[Server, str]:
@@ -305,10 +408,15 @@ def main() -> int:
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--out", help="write all numbers as JSON here")
+    ap.add_argument("--skip-stub", action="store_true")
     ap.add_argument("--serve-sim", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-stub", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve_sim:
         serve_sim()
+        return 0
+    if a.serve_stub:
+        serve_stub()
         return 0
     reps = a.reps or (1 if a.quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="loadgen-fidelity-"))
@@ -343,6 +451,16 @@ def main() -> int:
             rates = [50, 100, 200, 300] if a.quick else [50, 100, 200, 300, 400, 600, 800]
             report["sustainable"] = sustainable(url, model_dir, tmp, rates, 3.0 if a.quick else 5.0)
             print(ladder_table(report["sustainable"]), flush=True)
+            server.stop()
+            servers.remove(server)
+        if not a.skip_stub:
+            server, url = start_stub(tmp)
+            servers.append(server)
+            n = 100 if a.quick else 300
+            data = dataset(tmp / "stub.jsonl", n, 64, 32)
+            report["ground_truth"] = ground_truth(url, model_dir, data, n, 30.0, reps, tmp)
+            print("stub server (first token after 20 ms, then every 10 ms; 64 in / 32 out, constant 30 req/s)")
+            print(truth_table(report["ground_truth"]), flush=True)
     finally:
         for s in servers:
             s.stop()

@@ -217,15 +217,19 @@ def _run(study: Study, engine: Engine, args: EngineArgs, row: dict, trial_id: st
 
     measured = [r for r in records if not r.warmup]
     ok = sum(r.success for r in measured)
+    # Requests that failed because the engine died: the config is unstable under this load even
+    # when Serve has since restarted the replica and later requests succeeded.
+    death = next((r.error for r in measured if r.error and any(k in r.error for k in ENGINE_DEATH_MARKERS)), None)
     if health is not None:
         kind = FailureKind.RUNTIME_OOM if "out of memory" in health.lower() else FailureKind.ENGINE_DIED
         row.update(status=TrialStatus.FAILED.value, failure_kind=kind.value, failure_message=health[-4000:])
+    elif death is not None:
+        row.update(status=TrialStatus.FAILED.value, failure_kind=classify_runtime_error(death).value,
+                   failure_message=death[-4000:])
     elif measured and ok == 0:
         first_err = next((r.error for r in measured if r.error), "no request completed")
-        # The server answered, but with its engine gone (vLLM: "EngineCore encountered an issue").
-        kind = (classify_runtime_error(first_err) if any(k in first_err for k in ENGINE_DEATH_MARKERS)
-                else FailureKind.UNRESPONSIVE)
-        row.update(status=TrialStatus.FAILED.value, failure_kind=kind.value, failure_message=first_err[-4000:])
+        row.update(status=TrialStatus.FAILED.value, failure_kind=FailureKind.UNRESPONSIVE.value,
+                   failure_message=first_err[-4000:])
     else:
         row["status"] = TrialStatus.COMPLETED.value
         if problems:

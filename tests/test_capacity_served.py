@@ -3,11 +3,10 @@
 * the sim engine served by Ray Serve: an overloaded first level is stopped early
   (saturation), every level is a row of the ``levels`` table and every request a row of
   ``requests`` with its level, and the capacity is consistent with the virtual-time
-  search of the same configuration;
-* real vLLM (the CPU build) under ``ray.serve.llm`` on a tiny random-weight Llama: the
-  levels, sorted by rate, form a monotone latency-throughput curve.
+  search of the same configuration.
 
-Both share one local Ray cluster (the costly part of these tests) and Serve on port 8202.
+Real vLLM's curve (the CPU build under ``ray.serve.llm``) is checked in
+``test_vllm_cpu.py``, whose study searches capacity on every trial.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from orchestrator.trial import TrialContext, execute_trial
 pytestmark = pytest.mark.slow
 
 SERVE_PORT = 8202
-KV_BYTES = 8 * 2**20  # 4,096 tokens of tiny-llama in float32
 
 
 @pytest.fixture(scope="module")
@@ -110,48 +108,3 @@ def test_served_sim_capacity_search(tmp_path, ray_serve):
     v = execute_trial(virtual, {"max_num_seqs": 4}, trial_id="v", trial_number=0, ctx=TrialContext("v"))
     assert 0.4 * v.row["capacity_rps"] <= row["capacity_rps"] <= 1.25 * v.row["capacity_rps"], \
         (row["capacity_rps"], v.row["capacity_rps"], levels[["rate", "slo_met", "ttft_p99_ms"]])
-
-
-@pytest.mark.vllm
-def test_cpu_vllm_capacity_curve(tmp_path, ray_serve):
-    """Levels sorted by rate: throughput rises with the offered rate up to the knee; latency does not fall."""
-    pytest.importorskip("vllm")
-    from orchestrator.modelgen import make_model_dir
-
-    model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
-    params = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 512}
-    study = parse_study({
-        "name": "cap-vllm",
-        "engine": {"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
-                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}},
-        "model": {"name": "tiny-llama", "dtype": "float32"},
-        "hardware": {"gpu": "CPU"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 1}, "warmup_requests": 2, "input_len": 64,
-                     "output_len": 16, "timeout_s": 60},
-        "space": {**{k: [v] for k, v in params.items()}, "enforce_eager": True},
-        "objectives": ["maximize capacity_rps"],
-        "constraints": ["ttft_p99_ms <= 1000"],
-        "capacity": {"start_rate": 1, "growth": 2, "tolerance": 0.2, "max_levels": 5, "level_duration_s": 4,
-                     "min_requests": 10, "max_rate": 64,
-                     "saturation": {"window_s": 1.0, "check_interval_s": 0.25}},
-        "search": {"preflight": False},
-        "output": str(tmp_path / "out"),
-    })
-    out = execute_trial(study, {**params, "enforce_eager": True}, trial_id="t1", trial_number=0,
-                        ctx=TrialContext("r1"))
-
-    row = out.row
-    assert row["status"] == "completed", (row.get("failure_kind"), row.get("failure_message"))
-    assert row["startup_s"] is not None  # one engine start for every level
-    levels = sorted(out.levels, key=lambda lv: lv["rate"])
-    assert len(levels) >= 3 and any(lv["slo_met"] for lv in levels) and not all(lv["slo_met"] for lv in levels)
-    assert row["capacity_rps"] == max(lv["rate"] for lv in levels if lv["slo_met"])
-
-    knee = [lv for lv in levels if lv["rate"] <= row["capacity_rps"]]
-    thr = [lv["request_throughput"] for lv in knee]
-    assert all(b >= 0.9 * a for a, b in zip(thr, thr[1:])), [(lv["rate"], lv["request_throughput"]) for lv in knee]
-    assert all(lv["request_throughput"] >= 0.6 * lv["rate"] for lv in knee)  # below the knee the engine keeps up
-    lat = [lv["e2el_p50_ms"] for lv in levels]
-    assert lat[-1] >= lat[0], [(lv["rate"], lv["e2el_p50_ms"]) for lv in levels]
-    failing = [lv for lv in levels if not lv["slo_met"]]
-    assert min(lv["rate"] for lv in failing) > row["capacity_rps"]

@@ -1,8 +1,10 @@
 """Real vLLM (the CPU build) under ray.serve.llm, through Tune, Serve and the load generator.
 
-One study of four trials on a tiny random model:
+One study of four trials on a tiny random model, each a capacity search (one engine
+start, load levels of rising rate):
 * two configurations that start, with different max_num_seqs / max_num_batched_tokens /
-  prefix caching: the engine metrics must show the settings took effect;
+  prefix caching: the engine metrics must show the settings took effect, and the levels,
+  sorted by rate, form a monotone latency-throughput curve up to the capacity;
 * one whose KV cache cannot hold a max_model_len sequence: vLLM refuses to start, the row
   is infeasible with vLLM's own message, and the study goes on;
 * one whose engine process is killed mid-load: the row is classified, the study finishes.
@@ -38,12 +40,14 @@ def _engine_core_pids() -> list[int]:
 
 
 class EngineKiller(threading.Thread):
-    """Kills the engine core of the trial that runs after ``after_rows`` trials are recorded,
-    once its application is serving (so the kill lands in the load window, not the start)."""
+    """Kills the engine core of the trial that runs after ``after_rows`` trials are recorded, once
+    its engine has finished ``after_requests`` requests (readiness probe and warm-up included), so
+    the kill lands in the measured load window however slow the start and warm-up are."""
 
-    def __init__(self, trials_dir: Path, after_rows: int, delay_s: float, timeout_s: float = 900):
+    def __init__(self, trials_dir: Path, after_rows: int, after_requests: int, timeout_s: float = 900):
         super().__init__(daemon=True)
-        self.trials_dir, self.after_rows, self.delay_s, self.timeout_s = trials_dir, after_rows, delay_s, timeout_s
+        self.trials_dir, self.after_rows, self.after_requests = trials_dir, after_rows, after_requests
+        self.timeout_s = timeout_s
         self.killed_pid = None
         self.stop = threading.Event()
 
@@ -51,25 +55,33 @@ class EngineKiller(threading.Thread):
         deadline = time.monotonic() + self.timeout_s
         while not self.stop.is_set() and time.monotonic() < deadline:
             rows = len(list(self.trials_dir.rglob("*.parquet"))) if self.trials_dir.exists() else 0
-            if rows >= self.after_rows and self._app_running():
-                time.sleep(self.delay_s)  # warm-up done, measured requests in flight
+            if rows >= self.after_rows and self._finished_requests() >= self.after_requests:
                 pids = _engine_core_pids()
                 if pids:
                     os.kill(pids[0], 9)
                     self.killed_pid = pids[0]
                     return
-            time.sleep(0.5)
+            time.sleep(0.25)
 
     @staticmethod
-    def _app_running() -> bool:
+    def _finished_requests() -> float:
+        """Requests the running trial's engine has finished (vLLM's counter, as Ray exports it)."""
         from ray import serve
 
+        from orchestrator.engines.vllm_serve import node_metrics_url
+        from orchestrator.telemetry import _http_get, parse_prometheus
+
         try:
-            apps = serve.status().applications
-        except Exception:  # noqa: BLE001 - Serve not up yet
-            return False
-        return any(name.startswith("tune-") and str(getattr(a.status, "value", a.status)) == "RUNNING"
-                   for name, a in apps.items())
+            apps = [name for name, a in serve.status().applications.items()
+                    if name.startswith("tune-") and str(getattr(a.status, "value", a.status)) == "RUNNING"]
+            url = node_metrics_url()
+            if not apps or not url:
+                return 0
+            served = "tiny-llama-" + apps[0].removeprefix("tune-")
+            metrics = parse_prometheus(_http_get(url), {"model_name": served})
+        except Exception:  # noqa: BLE001 - Serve or the metrics agent not up yet
+            return 0
+        return sum(v for k, v in metrics.items() if k.endswith("request_success_total"))
 
 
 def test_cpu_vllm_study(tmp_path, monkeypatch):
@@ -78,6 +90,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
 
     from orchestrator.modelgen import make_model_dir
     from orchestrator.results import load_requests, load_trials
+    from orchestrator.results.levels import load_levels
     from orchestrator.search import run_study
     from orchestrator.study import parse_study
 
@@ -102,7 +115,11 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
                      "shared_prefix": {"groups": 2, "length": 256}, "timeout_s": 60},
         "space": {"max_num_seqs": [2, 4, 8], "max_num_batched_tokens": [256, 1024],
                   "enable_prefix_caching": [True, False], "max_model_len": [1024, 8192], "enforce_eager": True},
-        "objectives": ["maximize output_throughput", "minimize ttft_p99_ms"],
+        "objectives": ["maximize capacity_rps", "minimize ttft_p99_ms"],
+        "constraints": ["ttft_p99_ms <= 1000"],
+        # Levels of 3 s at 2, 4, 8, 16 req/s (bisecting once one fails the SLO).
+        "capacity": {"start_rate": 2, "growth": 2, "tolerance": 0.25, "max_levels": 4, "level_duration_s": 3,
+                     "min_requests": 8, "max_rate": 64, "saturation": {"window_s": 1.0, "check_interval_s": 0.25}},
         "search": {"sampler": "random", "initial_points": [ok_a, ok_b, too_long, killed], "preflight": False},
         "budget": {"trials": 4, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
@@ -111,7 +128,8 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
              _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
                                                                   "HF_HOME")}})
-    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", after_rows=3, delay_s=4)
+    # 2 warm-up + 3 measured requests finished: 21 measured requests (~7 s) still to come.
+    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", after_rows=3, after_requests=5)
     killer.start()
     try:
         run = run_study(study, quiet=True, serve_port=8131)
@@ -130,10 +148,10 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
         (match,) = [r for _, r in trials.iterrows() if all(r[k] == v for k, v in params.items())]
         return match
 
+    levels = load_levels(run.study_dir)
     for params in (ok_a, ok_b):
         r = row(params)
         assert r["status"] == "completed", (r["failure_kind"], r["failure_message"])
-        assert r["completed"] == 24 and r["failed"] == 0
         # The engine's own gauges (Ray-exported vLLM metrics) reached the row ...
         assert r["num_requests_running_peak"] is not None and r["kv_cache_usage_peak"] > 0
         # ... and show the setting took effect.
@@ -141,6 +159,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
         cfg = json.loads(r["engine_args_json"])
         assert cfg["max_num_seqs"] == params["max_num_seqs"]
         assert cfg["enable_prefix_caching"] == params["enable_prefix_caching"]
+        _assert_monotone_curve(r, levels[levels["trial_id"] == r["trial_id"]].sort_values("rate"))
     # Prefix caching on (ok_a) with shared prefixes: the engine reports hits.
     assert row(ok_a)["prefix_cache_hit_rate"] > 0
 
@@ -152,6 +171,27 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     assert killer.killed_pid is not None
     assert died["status"] == "failed" and died["failure_kind"] == "engine_died", died["failure_message"]
 
+    # Every request of every level is a row, with its level; the warm-up ones too.
     requests = load_requests(run.study_dir, include_warmup=True)
-    done = trials[trials["status"] == "completed"]["trial_id"]
-    assert (requests[requests["trial_id"].isin(done)].groupby("trial_id").size() == 26).all()
+    for trial_id in trials.loc[trials["status"] == "completed", "trial_id"]:
+        mine = requests[requests["trial_id"] == trial_id]
+        per_level = mine[~mine["warmup"]].groupby("level").size().to_dict()
+        planned = levels[levels["trial_id"] == trial_id]
+        assert per_level == dict(zip(planned["level"], planned["num_requests"].astype(int)))
+        assert mine["warmup"].sum() == 2
+
+
+def _assert_monotone_curve(row, levels) -> None:
+    """Levels sorted by rate: throughput rises with the offered rate up to the knee, latency does
+    not fall, and the capacity is the highest rate that met the SLO (every failing level above it)."""
+    shown = levels[["rate", "slo_met", "saturated", "request_throughput", "e2el_p50_ms", "ttft_p99_ms"]].to_string()
+    assert len(levels) >= 3 and levels["slo_met"].any(), shown
+    assert row["capacity_rps"] == levels.loc[levels["slo_met"], "rate"].max(), shown
+    knee = levels[levels["rate"] <= row["capacity_rps"]]
+    thr = list(knee["request_throughput"])
+    assert all(b >= 0.9 * a for a, b in zip(thr, thr[1:])), shown
+    assert (knee["request_throughput"] >= 0.6 * knee["rate"]).all(), shown  # below the knee the engine keeps up
+    lat = list(levels["e2el_p50_ms"])
+    assert lat[-1] >= lat[0], shown
+    failing = levels[~levels["slo_met"]]
+    assert failing.empty or failing["rate"].min() > row["capacity_rps"], shown
