@@ -107,7 +107,7 @@ def test_policy_rejects_nonsense():
 def ray_session():
     import ray
 
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, namespace="orchestrator")
+    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, namespace="orchestrator")
     yield
     ray.shutdown()
 

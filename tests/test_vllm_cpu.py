@@ -190,7 +190,7 @@ def _assert_monotone_curve(row, levels) -> None:
     knee = levels[levels["rate"] <= row["capacity_rps"]]
     thr = list(knee["request_throughput"])
     assert all(b >= 0.9 * a for a, b in zip(thr, thr[1:])), shown
-    assert (knee["request_throughput"] >= 0.6 * knee["rate"]).all(), shown  # below the knee the engine keeps up
+    assert (knee["request_throughput"] >= 0.5 * knee["rate"]).all(), shown  # below the knee the engine keeps up
     lat = list(levels["e2el_p50_ms"])
     assert lat[-1] >= lat[0], shown
     failing = levels[~levels["slo_met"]]
