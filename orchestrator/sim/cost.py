@@ -17,7 +17,7 @@ A roofline per operator group, summed (the kernels run one after another):
   batch within the largest capture size (piecewise graphs), every layer above it.
   Decode-only batches replay a full graph padded to the next capture size.
 
-Constants were fitted on Llama-3.1-8B / H200 / vLLM 0.26 (``notes/h200-reference.md``);
+Constants were fitted on Llama-3.1-8B / H200 / vLLM 0.26 (reference numbers in docs/simulator.md);
 :class:`orchestrator.study.SimCalibration` multiplies them (1.0 = as fitted).
 """
 

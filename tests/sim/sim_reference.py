@@ -1,4 +1,4 @@
-"""The H200 reference scenarios (notes/h200-reference.md) as simulator runs."""
+"""The H200 reference scenarios (docs/simulator.md, "Calibration") as simulator runs."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_preemption_under_kv_pressure_completes_everything():
 
 
 # ---------------------------------------------------------------- H200 calibration
-# Reference: vLLM 0.26 on one H200 (notes/h200-reference.md). Loose bounds: throughput
+# Reference: vLLM 0.26 on one H200 (docs/simulator.md). Loose bounds: throughput
 # 15%, TPOT p50 25%; TTFT p50 only within 35% where no queue forms or the queue dominates
 # (near saturation it swings with the arrival seed), else a factor of 2.5.
 TTFT_TIGHT = {(16, 256, 320), (64, 16, 640)}
