@@ -73,7 +73,9 @@ def make_sampler(study, *, concurrent: Optional[bool] = None):
     if s.sampler == "grid":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.BruteForceSampler(seed=seed)
+            from orchestrator.grid_sampler import GridSampler
+
+            return GridSampler(seed=seed)
     raise ValueError(f"unknown sampler {s.sampler!r}; allowed: tpe, nsga2, gp, random, grid")
 
 

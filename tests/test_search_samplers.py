@@ -99,3 +99,23 @@ def test_pruned_configuration_reaches_the_sampler_as_a_violated_constraint(study
     assert pruned_trial.constraints["engine_started"] > 0
     ok, ok_trial = rows[4096]
     assert ok["status"] == "completed" and ok_trial.constraints["engine_started"] <= 0
+
+
+def test_grid_goes_on_after_a_resumed_trial_that_never_got_parameters(study_doc):
+    """A driver killed between ask and suggest leaves a parameterless trial that resume marks
+    failed; the grid sampler must still walk the whole grid (Optuna's own raises on it)."""
+    from optuna.trial import TrialState
+
+    doc = copy.deepcopy(study_doc)
+    doc["space"] = {"max_num_seqs": [8, 16], "max_num_batched_tokens": [1024, 2048]}
+    doc["search"] = {"sampler": "grid"}
+    study = parse_study(doc)
+    ostudy = optuna.create_study(directions=study.directions, sampler=make_sampler(study, concurrent=False))
+    orphan = ostudy.ask()
+    ostudy._storage.set_trial_state_values(orphan._trial_id, TrialState.FAIL)  # noqa: SLF001 - as resume does
+    seen = set()
+    for _ in range(4):
+        trial, params = ask_distinct(ostudy, study.space)
+        seen.add(tuple(sorted(params.items())))
+        tell(ostudy, trial, [1.0] * len(study.directions))
+    assert len(seen) == 4
