@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import BASE_STUDY
 
-trace = pytest.importorskip("orchestrator.workload.trace", reason="trace loader not written yet")
+from orchestrator.workload import trace
 
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
                    st.text(max_size=12), st.lists(st.integers(0, 5), max_size=3))

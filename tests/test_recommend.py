@@ -103,7 +103,6 @@ def test_floats_are_written_as_typed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_factory, tmp_path):
-    pytest.importorskip("vllm")
     from test_query_docs import quickstart_results
 
     from orchestrator.results import load_trials, pareto_front

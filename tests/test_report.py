@@ -91,7 +91,7 @@ def chromium_path() -> str:
         why += f"; apt-get install chromium failed: {r.stderr.strip()[-300:]}"
     else:
         why += "; apt-get is not available as root to install it"
-    pytest.skip(f"headless Chromium needed to look at the report: {why}")
+    pytest.fail(f"headless Chromium is needed to look at the report (./dev test installs it): {why}")
 
 
 @dataclass
