@@ -23,7 +23,6 @@ import itertools
 import json
 import threading
 import time
-import zlib
 from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
@@ -32,19 +31,14 @@ from orchestrator.engine_args import EngineArgs
 from orchestrator.sim.core import SimEngineCore, SimRequest
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape
+from orchestrator.workload.generate import text_token_ids
 
 _FINISHED = "finished"
 
 
 def words_to_ids(text: str, vocab_size: int) -> list[int]:
     """Text prompts: word ``t123`` is token 123 (the workload's encoding); other words hash."""
-    ids = []
-    for w in text.split():
-        if w[:1] == "t" and w[1:].isdigit():
-            ids.append(int(w[1:]) % vocab_size)
-        else:
-            ids.append(zlib.crc32(w.encode()) % vocab_size)
-    return ids or [0]
+    return list(text_token_ids(text, vocab_size))
 
 
 class BadRequest(ValueError):

@@ -132,8 +132,7 @@ def text_token_ids(text: str, vocab_size: int) -> tuple[int, ...]:
     """The word-level encoding of a text prompt, as the simulated engine reads it.
 
     Word ``t123`` is id 123 (the inverse of :func:`token_ids_to_text`); any other word
-    is its CRC-32 modulo the vocabulary size. Same rule as
-    ``orchestrator.engines.sim_server.words_to_ids``.
+    is its CRC-32 modulo the vocabulary size.
     """
     ids = []
     for w in text.split():
