@@ -92,7 +92,16 @@ ENGINE_ARG_RULES: dict[str, ArgRule] = {
                                low=1, high=1024),
     "scheduling_policy": ArgRule("choice", "waiting-queue order", choices=SCHEDULING_POLICIES),
     "dtype": ArgRule("choice", "model compute dtype", choices=DTYPES),
+    # ray.serve.llm's serving layer (engine.ingress: serve_llm): not vLLM arguments, but searched
+    # like them, because through that ingress they bound what the engine can be measured to do.
+    "num_ingress_replicas": ArgRule("int", "ray.serve.llm router replicas (ingress serve_llm only)",
+                                    low=1, high=1024),
+    "stream_batching_interval_ms": ArgRule("float", "ray.serve.llm stream batching window, ms "
+                                           "(ingress serve_llm only)", low=0, high=10_000),
 }
+
+# Parameters of ray.serve.llm's serving layer, not of the engine: never on vLLM's command line.
+SERVING_ARGS = ("num_ingress_replicas", "stream_batching_interval_ms")
 
 TUNABLE_ENGINE_ARGS = tuple(ENGINE_ARG_RULES)
 
@@ -121,6 +130,9 @@ class EngineArgs:
     stream_interval: int = 1
     scheduling_policy: str = "fcfs"
     dtype: str = "auto"
+    # ray.serve.llm's serving layer (SERVING_ARGS); None: ray.serve.llm's default.
+    num_ingress_replicas: Optional[int] = None
+    stream_batching_interval_ms: Optional[float] = None
     # Not searchable: set by the engine/study, passed through as given.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -166,7 +178,7 @@ class EngineArgs:
         out: dict[str, Any] = {}
         defaults = EngineArgs()
         for f in fields(self):
-            if f.name == "extra":
+            if f.name == "extra" or f.name in SERVING_ARGS:
                 continue
             value = getattr(self, f.name)
             if value is None or value == getattr(defaults, f.name):
@@ -176,6 +188,10 @@ class EngineArgs:
         out["gpu_memory_utilization"] = self.gpu_memory_utilization
         out.update(self.extra)
         return out
+
+    def serving(self) -> dict[str, Any]:
+        """The ray.serve.llm serving-layer settings that differ from its defaults."""
+        return {name: getattr(self, name) for name in SERVING_ARGS if getattr(self, name) is not None}
 
     def to_engine_kwargs(self) -> dict[str, Any]:
         """``engine_kwargs`` for ``ray.serve.llm.LLMConfig`` (same names as ``AsyncEngineArgs``)."""

@@ -99,6 +99,11 @@ class SimEngineSpec(_Strict):
 class VllmEngineSpec(_Strict):
     kind: Literal["vllm"] = "vllm"
     platform: Literal["auto", "cuda", "cpu"] = "auto"
+    ingress: Literal["engine", "serve_llm"] = Field(
+        default="engine",
+        description="engine: a Serve replica runs vLLM's own OpenAI server and the load goes to it directly "
+                    "(measures the engine); serve_llm: ray.serve.llm's OpenAI ingress (proxy, router, stream "
+                    "batching), as deployed in production with ray.serve.llm")
     load_format: Literal["auto", "dummy"] = Field(
         default="auto", description="dummy: random weights from config.json (shape-only runs)")
     model_source: Optional[str] = Field(default=None, description="local model directory (checkpoint or config + tokenizer)")
@@ -671,11 +676,24 @@ def _space_problems(raw: Any) -> list[Problem]:
     return problems
 
 
+def _serving_arg_problems(data: dict) -> list[Problem]:
+    """ray.serve.llm's serving-layer parameters exist only behind its ingress."""
+    from orchestrator.engine_args import SERVING_ARGS
+
+    engine = data.get("engine") if isinstance(data.get("engine"), dict) else {}
+    if engine.get("kind") == "vllm" and engine.get("ingress") == "serve_llm":
+        return []
+    where = {"space": data.get("space"), "engine.engine_kwargs": engine.get("engine_kwargs")}
+    return [Problem(f"{key}.{name}", "a ray.serve.llm serving-layer setting: needs engine.kind: vllm with "
+                                     "engine.ingress: serve_llm")
+            for key, table in where.items() if isinstance(table, dict) for name in table if name in SERVING_ARGS]
+
+
 def parse_study(data: Any, source: str = "<study>") -> Study:
     """Validate a parsed YAML document; raise :class:`StudyFileError` with every problem."""
     if not isinstance(data, dict):
         raise StudyFileError(source, [Problem("", "expected a mapping at the top level", data, True)])
-    problems = _space_problems(data.get("space"))
+    problems = _space_problems(data.get("space")) + _serving_arg_problems(data)
     try:
         study = Study.model_validate(data)
     except ValidationError as err:

@@ -167,6 +167,62 @@ class _VllmDeployment(Deployment):
                 self._problems.append(leak)
 
 
+class _EngineModeDeployment(_VllmDeployment):
+    """Ingress ``engine``: health is the server's own; teardown also waits for its processes."""
+
+    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float,
+                 release: Optional[ReleaseCheck], handle, log_path: Optional[Path]):
+        super().__init__(name, endpoint, teardown_timeout_s, release)
+        self.handle = handle
+        self.log_path = log_path
+
+    def _log_tail(self) -> str:
+        from orchestrator.engines.vllm_process import tail
+
+        if self.log_path is not None:
+            return tail(self.log_path, 80)
+        try:
+            return self.handle.log_tail.remote(80).result(timeout_s=10)
+        except Exception:  # noqa: BLE001 - the replica is gone with its log
+            return ""
+
+    def health(self) -> Optional[str]:
+        """None while ``vllm serve`` answers /health (vLLM says 503 once its engine core died)."""
+        try:
+            with urllib.request.urlopen(self.endpoint.base_url + "/health", timeout=20) as r:
+                if r.status == 200:
+                    return None
+                why = f"/health answered {r.status}"
+        except Exception as e:  # noqa: BLE001 - the server is gone or its engine is dead
+            why = f"vllm serve /health failed: {e}"
+        from orchestrator.engines.serve_app import _app_status, _failure_text
+
+        st = _app_status(self.name)
+        serve_says = _failure_text(st) if st is not None else "application disappeared"
+        return "\n".join(x for x in (why, serve_says, self._log_tail()) if x)[-6000:]
+
+    def __exit__(self, *exc) -> None:
+        from orchestrator.engines.vllm_process import group_gone
+
+        super().__exit__(*exc)
+        for pid in self.endpoint.pids:
+            if not group_gone(pid, timeout_s=self.teardown_timeout_s):
+                self._problems.append(f"vllm serve (pid {pid}) or its engine still running "
+                                      f"{self.teardown_timeout_s:.0f} s after delete")
+
+
+def _this_node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _local_logs_dir() -> Path:
+    from orchestrator.engines.vllm_process import ray_logs_dir
+
+    return ray_logs_dir()
+
+
 def replica_log_tail(app_name: str, lines: int = 400, *, marker: Optional[str] = None,
                      since: Optional[float] = None) -> str:
     """Lines of the app's replica logs that say why (errors, memory, KV cache), best effort:
@@ -283,16 +339,40 @@ class VllmServeEngine(Engine):
             return ResourceRequest("CPU", args.gpus)
         return ResourceRequest("GPU", args.gpus)
 
-    def llm_config(self, trial_id: str, args: EngineArgs, model_dir: str) -> dict[str, Any]:
-        """The ``LLMConfig`` (as a dict) for one trial; also what ``recommend`` prints."""
+    def served_name(self, trial_id: str) -> str:
+        # One model id per trial: concurrent trials may share a node's metrics endpoint, told apart by it.
+        return f"{self.study.model.served_name or self.study.model.name}-{trial_id}"
+
+    def engine_env(self, args: EngineArgs) -> dict[str, str]:
+        """The environment of the engine processes (both ingress modes)."""
         spec = self.study.engine
-        # One model id per trial: concurrent trials share a node's metrics endpoint, told apart by it.
-        served = f"{self.study.model.served_name or self.study.model.name}-{trial_id}"
-        engine_kwargs = args.to_engine_kwargs()
-        engine_kwargs.setdefault("load_format", spec.load_format)
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                **{k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME")
                   if os.environ.get(k)}, **spec.env}
+        if self.platform == "cpu" and "kv_cache_memory_bytes" not in args.extra:  # the env var would override it
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
+        return env
+
+    def server_argv(self, trial_id: str, args: EngineArgs, model_dir: str) -> list[str]:
+        """``vllm serve``'s arguments for one trial (ingress ``engine``): the same engine arguments
+        as the ``engine_kwargs`` of ingress ``serve_llm``, written as flags."""
+        from orchestrator.modelgen import tokenizer_dir
+
+        argv = ["--model", model_dir, "--served-model-name", self.served_name(trial_id)]
+        if tokenizer_dir(model_dir) is not None:  # a generated model: its word-level tokenizer
+            argv += ["--tokenizer", str(tokenizer_dir(model_dir))]
+        argv += args.to_cli_args()
+        if "load_format" not in args.extra:
+            argv += ["--load-format", self.study.engine.load_format]
+        return argv + ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
+
+    def llm_config(self, trial_id: str, args: EngineArgs, model_dir: str) -> dict[str, Any]:
+        """The ``LLMConfig`` (as a dict) for one trial; also what ``recommend`` prints."""
+        spec = self.study.engine
+        served = self.served_name(trial_id)
+        engine_kwargs = args.to_engine_kwargs()
+        engine_kwargs.setdefault("load_format", spec.load_format)
+        env = self.engine_env(args)
         loading: dict[str, Any] = {"model_id": served, "model_source": model_dir}
         from orchestrator.modelgen import tokenizer_dir
 
@@ -311,9 +391,9 @@ class VllmServeEngine(Engine):
             "runtime_env": {"env_vars": env},
             "log_engine_metrics": True,
         }
+        if args.serving():  # num_ingress_replicas, stream_batching_interval_ms
+            cfg["experimental_configs"] = args.serving()
         if self.platform == "cpu":
-            if "kv_cache_memory_bytes" not in engine_kwargs:  # the env var would override it
-                env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
             cfg["accelerator_config"] = {"kind": "cpu"}
             cfg["placement_group_config"] = {"bundles": [{"CPU": 1}] * args.gpus}
         else:
@@ -336,6 +416,72 @@ class VllmServeEngine(Engine):
 
     # ---- lifecycle
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
+        if self.study.engine.ingress == "engine":
+            return self._deploy_engine(trial_id, args)
+        return self._deploy_serve_llm(trial_id, args)
+
+    def _deploy_engine(self, trial_id: str, args: EngineArgs) -> Deployment:
+        """Ingress ``engine``: a Serve replica runs ``vllm serve``; the load goes to it directly."""
+        from ray import serve
+
+        from orchestrator.engines.sim_serve import _serve_knows_label_selector
+        from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
+        from orchestrator.scheduling import leased_node
+
+        spec = self.study.engine
+        name = serve_app.app_name_for(trial_id)
+        model_dir = model_directory(self.study)
+        served = self.served_name(trial_id)
+        units = max(args.gpus, 1)
+        # One bundle of TP x PP accelerators: one node, visible to the server and its workers.
+        options: dict[str, Any] = ({"num_cpus": units} if self.platform == "cpu"
+                                   else {"num_gpus": units, "num_cpus": 1})
+        node = leased_node(trial_id)
+        if node is not None and _serve_knows_label_selector():
+            options["label_selector"] = {"ray.io/node-id": node}
+        log_name = f"vllm_server-{name}"
+        app = serve.deployment(
+            VllmServer, name=DEPLOYMENT_NAME, num_replicas=1, ray_actor_options=options,
+            health_check_period_s=5, health_check_timeout_s=60,
+            graceful_shutdown_wait_loop_s=0.5, graceful_shutdown_timeout_s=30,
+            max_constructor_retry_count=1,  # a configuration that cannot start fails the same way
+        ).bind(argv=self.server_argv(trial_id, args, model_dir), env=self.engine_env(args), log_name=log_name,
+               ready_timeout_s=spec.start_timeout_s + 30)
+        release = ReleaseCheck(self.resources(args).resource)
+        local_log = _local_logs_dir() / f"{log_name}.log"
+        t0 = time.monotonic()
+        serve_app.submit_app(app, name=name, route_prefix=None)
+        try:
+            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=1.0,
+                                         classify=lambda text: classify_start_error(text))
+            handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=name)
+            info = handle.info.remote().result(timeout_s=60)
+        except EngineStartError as e:
+            # The replica's node may be this one: its server log says why, line by line.
+            text = e.message + "\n" + tail(local_log, 200)
+            kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
+            serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
+            release.wait(timeout_s=spec.teardown_timeout_s)
+            raise EngineStartError(kind, _best_message(text, kind)) from None
+        same_node = info["node_ip"] == _this_node_ip()
+        base = f"http://{'127.0.0.1' if same_node else info['node_ip']}:{info['port']}"
+        _wait_models(base, timeout_s=120)
+        facts: dict[str, Any] = {"platform": self.platform, "ingress": "engine", "model_dir": model_dir,
+                                 "vllm_argv": self.server_argv(trial_id, args, model_dir), **info}
+        facts.update(kv_cache_facts(handle.log_tail.remote(3000).result(timeout_s=60)))
+        gpus = info.get("accelerators")
+        endpoint = EngineEndpoint(
+            base_url=base, model=served, metrics_url=base + "/metrics", metric_prefix="vllm:",
+            metric_labels={"model_name": served}, startup_s=time.monotonic() - t0, facts=facts,
+            sample_nvml=self.platform == "cuda" and same_node, node_ip=info["node_ip"],
+            gpu_indices=[int(g) for g in gpus.split(",")] if same_node and gpus and gpus.replace(",", "").isdigit()
+            else None,
+            pids=[info["pid"]] if same_node else [])
+        return _EngineModeDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release,
+                                     handle=handle, log_path=Path(info["log_path"]) if same_node else None)
+
+    def _deploy_serve_llm(self, trial_id: str, args: EngineArgs) -> Deployment:
+        """Ingress ``serve_llm``: ``ray.serve.llm``'s OpenAI app (proxy, router, LLMServer)."""
         from ray.serve.llm import LLMConfig, build_openai_app
 
         spec = self.study.engine
@@ -373,6 +519,7 @@ class VllmServeEngine(Engine):
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
                                  "llm_config": json.loads(json.dumps(cfg, default=str))}
         facts.update(kv_cache_facts(replica_log_tail(name, lines=3000, marker=served, since=t_wall)))
+        facts["ingress"] = "serve_llm"
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),
                                   metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
                                   metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
