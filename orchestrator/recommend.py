@@ -71,6 +71,8 @@ class Recommendation:
             "engine_kwargs": self.engine_args.to_engine_kwargs(),
             "deployment_config": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
         }
+        if self.engine_args.serving():  # measured behind ray.serve.llm with these serving-layer settings
+            cfg["experimental_configs"] = self.engine_args.serving()
         if self.accelerator_type:
             cfg["accelerator_type"] = self.accelerator_type
         if self.env:

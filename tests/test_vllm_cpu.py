@@ -1,4 +1,4 @@
-"""Real vLLM (the CPU build) under ray.serve.llm, through Tune, Serve and the load generator.
+"""Real vLLM (the CPU build) in a Ray Serve replica (ingress `engine`), through Tune, Serve and the load generator.
 
 One study of four trials on a tiny random model, each a capacity search (one engine
 start, load levels of rising rate):
@@ -65,23 +65,20 @@ class EngineKiller(threading.Thread):
 
     @staticmethod
     def _finished_requests() -> float:
-        """Requests the running trial's engine has finished (vLLM's counter, as Ray exports it)."""
-        from ray import serve
-
-        from orchestrator.engines.vllm_serve import node_metrics_url
+        """Requests the running trial's engine has finished: vLLM's own counter, read from the
+        server the trial started (ingress ``engine``: its port is on the server's command line)."""
         from orchestrator.telemetry import _http_get, parse_prometheus
 
-        try:
-            apps = [name for name, a in serve.status().applications.items()
-                    if name.startswith("tune-") and str(getattr(a.status, "value", a.status)) == "RUNNING"]
-            url = node_metrics_url()
-            if not apps or not url:
-                return 0
-            served = "tiny-llama-" + apps[0].removeprefix("tune-")
-            metrics = parse_prometheus(_http_get(url), {"model_name": served})
-        except Exception:  # noqa: BLE001 - Serve or the metrics agent not up yet
-            return 0
-        return sum(v for k, v in metrics.items() if k.endswith("request_success_total"))
+        for p in psutil.process_iter(["cmdline"]):
+            argv = p.info["cmdline"] or []
+            if "vllm.entrypoints.openai.api_server" in argv and "--port" in argv:
+                port = argv[argv.index("--port") + 1]
+                try:
+                    metrics = parse_prometheus(_http_get(f"http://127.0.0.1:{port}/metrics"))
+                except Exception:  # noqa: BLE001 - the server is not up yet
+                    return 0
+                return sum(v for k, v in metrics.items() if k.endswith("request_success_total"))
+        return 0
 
 
 def test_cpu_vllm_study(tmp_path, monkeypatch):

@@ -1,0 +1,90 @@
+"""Real vLLM (the CPU build) behind ``ray.serve.llm``'s OpenAI ingress (``engine.ingress: serve_llm``).
+
+One trial whose serving-layer settings are searched parameters: they must reach
+``ray.serve.llm`` (its ``experimental_configs``), the trial must serve through Serve's
+proxy, record vLLM's metrics as Ray exports them, and leave no application and no
+engine process behind. The recommended deployment carries the serving settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def _vllm_pids() -> list[int]:
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            text = (p.info["name"] or "") + " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "EngineCore" in text or "vllm.entrypoints" in text:
+            out.append(p.pid)
+    return out
+
+
+def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch):
+    import ray
+    from ray import serve
+
+    from orchestrator.modelgen import make_model_dir
+    from orchestrator.recommend import recommend
+    from orchestrator.results import load_trials
+    from orchestrator.search import run_study
+    from orchestrator.study import parse_study
+
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf")):
+        monkeypatch.setenv(var, str(tmp_path / "cache" / sub))
+    model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
+    study = parse_study({
+        "name": "cpu-serve-llm",
+        "engine": {"kind": "vllm", "platform": "cpu", "ingress": "serve_llm", "model_source": str(model_dir),
+                   "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": 8 * 2**20}},
+        "model": {"name": "tiny-llama", "dtype": "float32"},
+        "hardware": {"gpu": "CPU"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 16, "warmup_requests": 2,
+                     "input_len": {"kind": "uniform", "min": 64, "max": 200}, "output_len": 16, "timeout_s": 60},
+        "space": {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True,
+                  "stream_batching_interval_ms": [20.0], "num_ingress_replicas": [1]},
+        "objectives": ["maximize output_throughput", "minimize ttft_p99_ms"],
+        "constraints": ["ttft_p99_ms <= 5000"],
+        "search": {"sampler": "random", "preflight": False},
+        "budget": {"trials": 1, "max_concurrent_trials": 1},
+        "output": str(tmp_path / "out"),
+    })
+    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
+             _system_config={"metrics_report_interval_ms": 1000},
+             runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
+                                                                  "HF_HOME")}})
+    try:
+        run = run_study(study, quiet=True, serve_port=8132)
+        leftover = [a for a in serve.status().applications if a.startswith("tune-")]
+    finally:
+        ray.shutdown()
+    assert leftover == []
+    time.sleep(2)
+    assert _vllm_pids() == [], "a vLLM process outlived its trial"
+
+    (row,) = [r for _, r in load_trials(run.study_dir).iterrows()]
+    assert row["status"] == "completed", (row["failure_kind"], row["failure_message"])
+    assert row["completed"] == 16 and row["failed"] == 0
+    facts = json.loads(row["extra_json"])["engine_facts"]
+    # The searched serving settings reached ray.serve.llm, and the trial went through Serve's proxy.
+    assert facts["ingress"] == "serve_llm"
+    assert facts["llm_config"]["experimental_configs"] == {"stream_batching_interval_ms": 20.0,
+                                                           "num_ingress_replicas": 1}
+    assert json.loads(row["engine_args_json"])["stream_batching_interval_ms"] == 20.0
+    assert "stream_batching_interval_ms" not in facts["llm_config"]["engine_kwargs"]
+    assert "--stream-batching-interval-ms" not in row["vllm_command"]  # not a vLLM argument
+    assert json.loads(row["extra_json"])["endpoint"].endswith("/tune-" + row["trial_id"])
+
+    rec = recommend(load_trials(run.study_dir), study)
+    assert rec.llm_config()["experimental_configs"] == {"stream_batching_interval_ms": 20.0,
+                                                        "num_ingress_replicas": 1}
