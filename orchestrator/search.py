@@ -20,8 +20,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,8 +47,19 @@ class StudyStopped(Exception):
 
 
 # ------------------------------------------------------------------ state locations
+# Consonants only: a random suffix never spells a word, and never reads as a number.
+_RUN_ID_LETTERS = "bcdfghjklmnpqrstvwxz"
+
+
 def new_run_id(study: Study) -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4]
+    """``r<YYYYMMDD>-<HHMMSS>-<4 letters>``, UTC start time: ids sort by time.
+
+    The run id is a hive partition value (``run=<run_id>``), which readers type by guessing:
+    the old ``20261203T071410-2711`` (a hex suffix, sometimes all digits) read as a datetime
+    in Polars. A leading letter and a letters-only suffix leave nothing to guess.
+    """
+    suffix = "".join(secrets.choice(_RUN_ID_LETTERS) for _ in range(4))
+    return datetime.now(timezone.utc).strftime("r%Y%m%d-%H%M%S-") + suffix
 
 
 def local_state_dir(study: Study) -> Path:

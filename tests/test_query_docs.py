@@ -64,7 +64,8 @@ def test_dataset_layout_and_plain_readers(quickstart):
     assert len(files) == QUICKSTART_TRIALS
     for f in files:
         rel = f.relative_to(trials_dir).parts
-        assert re.fullmatch(r"date=\d{4}-\d{2}-\d{2}", rel[0]) and rel[1].startswith("run=")
+        assert re.fullmatch(r"date=\d{4}-\d{2}-\d{2}", rel[0])
+        assert re.fullmatch(r"run=r\d{8}-\d{6}-[a-z]{4}", rel[1]), rel[1]  # never a date or number to a reader
     for name in ("study.json", "optuna.journal", "_runs", "requests"):
         assert (quickstart / name).exists(), name
 

@@ -111,6 +111,6 @@ def test_quickstart_cli(tmp_path, repo):
     assert requests.groupby("trial_id").size().reindex(completed["trial_id"]).eq(expected).all()
 
     front = pareto_front(load_trials(out / "quickstart"), study.objectives, study.constraints)
-    printed = re.findall(r"^(\d{8}T\d{6}-[0-9a-f]{4}-\d{4}) ", r.stdout, flags=re.M)
+    printed = re.findall(r"^(r\d{8}-\d{6}-[a-z]{4}-\d{4}) ", r.stdout, flags=re.M)
     assert sorted(printed) == sorted(front["trial_id"]), r.stdout[-2000:]
     assert len(front) >= 1
