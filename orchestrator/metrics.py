@@ -134,6 +134,7 @@ HIGHER_IS_BETTER = frozenset({
     "total_token_throughput", "output_throughput_per_gpu", "goodput", "slo_attainment",
     "total_input_tokens", "total_output_tokens", "achieved_rate", "capacity_rps",
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
+    "engine_output_throughput", "engine_request_throughput",
 })
 
 
@@ -275,7 +276,27 @@ TELEMETRY_METRIC_NAMES: tuple[str, ...] = (
     "gpu_mem_peak_gib", "gpu_util_mean", "gpu_power_mean_w", "gpu_energy_j",
     "kv_cache_usage_peak", "kv_cache_usage_mean", "num_requests_running_peak",
     "num_requests_waiting_peak", "num_preemptions", "prefix_cache_hit_rate",
+    "num_requests_running_mean", "num_requests_waiting_mean",
 )
+# The engine's own latency histograms and counters over the measured window (the requests the
+# client measures; in a capacity search, the row's level): ``engine_<family>_{mean,p50,p90,p99}_ms``,
+# the bound ``engine_ttft_p50_upper_ms``, and the engine's throughputs. See
+# orchestrator.telemetry.engine_window_metrics; null where the engine does not export them.
+ENGINE_LATENCY_FAMILIES = ("ttft", "itl", "tpot", "e2el", "queue", "prefill", "decode")
+ENGINE_PERCENTILES = (50, 90, 99)
+
+
+def _engine_window_fields() -> list[str]:
+    names = []
+    for fam in ENGINE_LATENCY_FAMILIES:
+        names.append(f"engine_{fam}_mean_ms")
+        names += [f"engine_{fam}_p{p}_ms" for p in ENGINE_PERCENTILES]
+        if fam == "ttft":
+            names.append("engine_ttft_p50_upper_ms")
+    return names + ["engine_output_throughput", "engine_request_throughput"]
+
+
+ENGINE_WINDOW_METRIC_NAMES: tuple[str, ...] = tuple(_engine_window_fields())
 # Facts of the engine start.
 ENGINE_METRIC_NAMES: tuple[str, ...] = ("startup_s", "kv_cache_tokens", "kv_cache_gib", "gpus")
 # Where a trial's wall time went: waiting for GPUs, the load window (warm-up included),
@@ -288,4 +309,4 @@ CAPACITY_METRIC_NAMES: tuple[str, ...] = ("capacity_rps", "capacity_goodput")
 def known_metric_names() -> list[str]:
     """Every metric an objective or constraint may name."""
     return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES
-                + PHASE_NAMES)
+                + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES)

@@ -1,7 +1,8 @@
 """Progress of a running study, one line per finished trial, in the terminal and job logs.
 
 Each line: trial count, the trial's status and parameters, its objectives, whether
-it met the SLOs; then done / running / failed counts, the best feasible value of the
+it met the SLOs (and "harness-bound" when the serving path, not the engine, limited
+the measurement: see orchestrator.harness); then done / running / failed counts, the best feasible value of the
 first objective so far and an ETA from the mean trial time.
 """
 
@@ -116,6 +117,8 @@ class ProgressPrinter:
         objs = "  ".join(f"{o.metric}={_fmt(result.get(o.metric))}" for o in self.study.objectives) \
             if status == "completed" else (result.get("failure_kind") or "")
         slo = "" if status != "completed" else ("  SLO ok" if result.get("feasible") else "  SLO missed")
+        if status == "completed" and result.get("harness_bound"):
+            slo += "  harness-bound"
         elapsed = time.monotonic() - self.t0
         left = self.total - self.done
         eta = elapsed / self.finished_here * left / 1 if self.finished_here else 0

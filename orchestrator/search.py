@@ -133,6 +133,7 @@ def tune_metrics(study: Study, row: dict) -> dict[str, Any]:
     out[ROW_KEY] = row["trial_id"]  # Tune owns the key "trial_id"
     out["feasible"] = bool(row.get("feasible"))
     out["failure_kind"] = row.get("failure_kind") or ""
+    out["harness_bound"] = bool(row.get("harness_bound"))  # for the progress line
     for c in study.constraints:
         v = row.get(c.metric)
         out["m__" + c.metric] = float(v) if v is not None else float("nan")

@@ -40,13 +40,13 @@ class SimCalibration(_Strict):
 class SimFault(_Strict):
     """One failure injected into the simulated engine (chaos testing; see docs/search.md)."""
 
-    kind: Literal["start_crash", "never_ready", "crash", "oom"] = Field(
+    kind: Literal["start_crash", "never_ready", "crash", "oom", "ingress_delay"] = Field(
         description="start_crash: the engine dies while starting; never_ready: it never becomes ready (start "
                     "timeout); crash: the engine process exits under load; oom: the engine runs out of memory "
-                    "under load")
+                    "under load; ingress_delay: a slow serving path (streamed chunks pass one at a time)")
     after_s: float = Field(default=0.0, ge=0, le=86_400,
                            description="start_crash: seconds into the start; crash, oom: seconds after the "
-                                       "first request")
+                                       "first request; ingress_delay: seconds per streamed chunk")
     after_requests: Optional[int] = Field(default=None, ge=0, le=100_000_000,
                                           description="crash, oom: after this many accepted requests instead")
     probability: float = Field(default=1.0, ge=0, le=1,

@@ -248,7 +248,17 @@ class LoadPhase:
     capacity: Optional[Any] = None  # orchestrator.capacity.CapacityResult
 
     def level_rows(self) -> list[dict[str, Any]]:
-        return [lv.row() for lv in self.capacity.levels] if self.capacity is not None else []
+        """Rows of the levels table: each level's client metrics, engine-side numbers and harness verdict."""
+        if self.capacity is None:
+            return []
+        from orchestrator.harness import harness_verdict
+        from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
+
+        rows = []
+        for lv in self.capacity.levels:
+            row = {**lv.row(), **{k: lv.telemetry.get(k) for k in ENGINE_WINDOW_METRIC_NAMES}}
+            rows.append({**row, **harness_verdict(row).columns()})
+        return rows
 
 
 def _load(study: Study, deployment, requests) -> LoadPhase:
@@ -260,18 +270,20 @@ def _load(study: Study, deployment, requests) -> LoadPhase:
     nvml = try_nvml(ep.gpu_indices) if ep.sample_nvml else None
 
     def run_level(rs, monitor):
+        window = sampler.window()  # the engine's histograms over this level's measured requests
         records = run_load_sync(endpoint, rs, timeout_s=study.workload.timeout_s,
                                 max_concurrency=study.workload.max_concurrency,
                                 ignore_eos=study.workload.ignore_eos, monitor=monitor,
                                 check_interval_s=study.capacity.saturation.check_interval_s
-                                if study.capacity else 0.5)
+                                if study.capacity else 0.5, on_measure_start=window.begin)
         if monitor is not None and monitor.saturated_at is not None:
             _wait_idle(ep)  # the next level must not inherit this one's queue
-        return records, {}
+        return records, window.finish(records)
 
     with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, labels=ep.metric_labels, nvml=nvml) as sampler:
         phase = _measure(study, requests, run_level, served=True)
-    phase.telemetry = sampler.summary()
+    # The window's (or the chosen level's) engine_* columns over the whole load's gauges.
+    phase.telemetry = {**sampler.summary(), **phase.telemetry}
     return phase
 
 
@@ -369,6 +381,9 @@ def _add_load_metrics(study: Study, row: dict, phase: LoadPhase, args: EngineArg
                                        for lv in cap.levels]}
         row["extra_json"] = json.dumps(extra, default=str)
     row.update(m.as_dict())
+    from orchestrator.harness import harness_verdict
+
+    row.update(harness_verdict(row).columns())
     if m.loadgen_overloaded:
         log.warning("trial %s: the load generator lagged (p99 send lag %.1f ms > %.1f ms): latencies include "
                     "client delay", row.get("trial_id"), m.sched_lag_p99_ms, study.workload.max_sched_lag_ms)

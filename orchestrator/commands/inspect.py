@@ -15,6 +15,7 @@ def cmd_pareto(args) -> int:
 
 def cmd_show(args) -> int:
 
+    from orchestrator.harness import harness_bound_mask
     from orchestrator.results import load_trials
 
     study = study_from_dataset(args.path)
@@ -35,6 +36,7 @@ def cmd_show(args) -> int:
         for kind, g in bad.groupby(bad["failure_kind"].fillna("?")):
             print(f"  {kind}: {len(g)}  e.g. {str(g['failure_message'].iloc[0])[:160]}")
     completed = df[df["status"] == "completed"]
+    bound = harness_bound_mask(completed)
     if len(completed):
         print("best completed trial per objective:")
         for o in study.objectives:
@@ -42,7 +44,16 @@ def cmd_show(args) -> int:
             if col.empty:
                 continue
             idx = col.idxmax() if o.resolved_direction == "maximize" else col.idxmin()
-            print(f"  {o.resolved_direction} {o.metric}: {col[idx]:,.4g} ({completed.loc[idx, 'trial_id']})")
+            flag = ", harness-bound" if bool(bound.get(idx, False)) else ""
+            print(f"  {o.resolved_direction} {o.metric}: {col[idx]:,.4g} ({completed.loc[idx, 'trial_id']}{flag})")
+    if bound.any():
+        flagged = completed[bound]
+        print(f"harness-bound: {len(flagged)} of {len(completed)} completed trials measured the serving path "
+              "or the client, not the engine (client vs engine numbers, see docs/metrics.md):")
+        for _, r in flagged.head(5).iterrows():
+            print(f"  {r['trial_id']}: {r.get('harness_bound_reason') or '?'}")
+        if len(flagged) > 5:
+            print(f"  ... and {len(flagged) - 5} more")
     print_front(study, args.path)
     return EXIT_OK
 

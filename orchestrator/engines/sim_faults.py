@@ -15,6 +15,10 @@ crash           its process exits (``after_s`` after the first request, failed, 
                 takes vLLM's API server down
 oom             the engine loop raises CUDA's out-of-memory error;     failed, runtime_oom
                 waiting requests fail, /health answers 500 with it
+ingress_delay   a slow serving path: streamed chunks pass one at a     completed,
+                time, each taking ``after_s`` seconds (a proxy that    harness_bound
+                moves 1/after_s chunks per second over all streams);
+                the engine runs unchanged and its /metrics show it
 ==============  =====================================================  =================
 """
 
@@ -72,6 +76,11 @@ def faults_for_trial(faults: Sequence, engine_args: dict[str, Any], *, seed: int
         if _matches(f.when, engine_args) and _draw(seed, trial_id, i) < f.probability:
             out.append(Fault(f.kind, f.after_s, f.after_requests))
     return out
+
+
+def ingress_delay_s(faults: Sequence[Fault]) -> float:
+    """Seconds the serving path spends per streamed chunk (``ingress_delay`` faults add up)."""
+    return sum(f.after_s for f in faults if f.kind == "ingress_delay")
 
 
 def act_on_start(faults: Sequence[Fault]) -> None:

@@ -12,8 +12,9 @@ server. Two HTTP front doors share it:
   reached, and costs tens of microseconds per chunk.
 
 Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (SSE or
-JSON), ``/health``, ``/metrics`` (Prometheus text with vLLM's metric names) and
-``/engine_facts``.
+JSON), ``/health``, ``/metrics`` (Prometheus text with vLLM's metric names: its
+gauges, counters and request-latency histograms, see
+:mod:`orchestrator.engines.sim_metrics`) and ``/engine_facts``.
 """
 
 
@@ -28,6 +29,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
 
 from orchestrator.engine_args import EngineArgs
+from orchestrator.engines.sim_metrics import SimRequestMetrics
 from orchestrator.sim.core import SimEngineCore, SimRequest
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape
@@ -70,6 +72,7 @@ class SimRuntime:
         self.ids = itertools.count()
         self.error: Optional[BaseException] = None
         self.request_success = 0
+        self.metrics = SimRequestMetrics()  # vLLM's request-latency histograms (engine thread)
         self.on_accept: Optional[Callable[[], None]] = None  # per accepted request (fault injection)
         self._pending_failure: Optional[BaseException] = None
         self._wake: Optional[asyncio.Event] = None
@@ -111,6 +114,9 @@ class SimRuntime:
                 delay = next_free - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                # Recorded before any token reaches a client: a scrape after the client saw a
+                # request end always counts it.
+                self.metrics.step(result.outputs, start, loop.time())
                 for out in result.outputs:
                     box = self.mailboxes.get(out.request_id)
                     if box is None:
@@ -143,6 +149,7 @@ class SimRuntime:
         """Queue a request on the engine thread; returns (request id, mailbox, accepted future)."""
         if self.error is not None:
             raise RuntimeError(f"engine dead: {self.error!r}")
+        arrival = time.monotonic()  # vLLM's arrival_time: the front end has the request
         rid = f"cmpl-{next(self.ids)}"
         box = _Mailbox(asyncio.get_running_loop())
         box.prompt_tokens = len(prompt_ids)
@@ -150,11 +157,13 @@ class SimRuntime:
         caller = asyncio.get_running_loop()
 
         def _add():
+            queued = time.monotonic()
             try:
-                self.core.add_request(SimRequest(rid, prompt_ids, max_tokens, arrival_s=time.monotonic()))
+                self.core.add_request(SimRequest(rid, prompt_ids, max_tokens, arrival_s=queued))
             except ValueError as e:  # too long for max_model_len: vLLM answers 400
                 caller.call_soon_threadsafe(fut.set_exception, BadRequest(str(e)))
                 return
+            self.metrics.add(rid, arrival, queued)
             self.mailboxes[rid] = box
             self._wake.set()
             caller.call_soon_threadsafe(fut.set_result, None)
@@ -175,6 +184,7 @@ class SimRuntime:
 
     def abort(self, rid: str) -> None:
         def _abort():
+            self.metrics.abort(rid)
             if self.mailboxes.pop(rid, None) is not None:
                 try:
                     self.core.abort_request(rid)
@@ -193,6 +203,11 @@ class OpenAIFrontend:
         self.args = args
         self.name = served_model_name
         self.created = int(time.time())
+        # Fault ``ingress_delay``: a serving path that moves one streamed chunk at a time, each
+        # taking this long (0: none). See orchestrator.engines.sim_faults.
+        self.chunk_delay_s = 0.0
+        self._ingress_lock = threading.Lock()
+        self._ingress_free_at = 0.0
 
     def models_body(self) -> dict:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
@@ -253,15 +268,27 @@ class OpenAIFrontend:
             if not finished:
                 self.rt.abort(rid)
 
+    async def _through_ingress(self) -> None:
+        """Wait for this chunk's turn on the (simulated) slow serving path, and its transfer."""
+        if self.chunk_delay_s <= 0:
+            return
+        with self._ingress_lock:
+            now = time.monotonic()
+            done = max(now, self._ingress_free_at) + self.chunk_delay_s
+            self._ingress_free_at = done
+        await asyncio.sleep(done - now)
+
     async def sse(self, rid: str, box: _Mailbox, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
         created, name = int(time.time()), self.name
         obj = "chat.completion.chunk" if chat else "text_completion"
         prefix = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
         if chat:
+            await self._through_ingress()
             yield ("data: " + prefix + '{"index":0,"delta":{"role":"assistant","content":""},'
                    '"finish_reason":null}]}\n\n').encode()
         try:
             async for n in self.tokens(rid, box):
+                await self._through_ingress()
                 text = " tok" * n
                 if chat:
                     body = f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}'
@@ -285,6 +312,7 @@ class OpenAIFrontend:
     async def full(self, rid: str, box: _Mailbox, chat: bool) -> dict:
         async for _ in self.tokens(rid, box):
             pass
+        await self._through_ingress()
         text = " tok" * box.generated
         usage = {"prompt_tokens": box.prompt_tokens, "completion_tokens": box.generated,
                  "total_tokens": box.prompt_tokens + box.generated}
@@ -306,12 +334,16 @@ class OpenAIFrontend:
             ("vllm:prefix_cache_hits_total", "counter", s.prefix_cache_hits_total),
             ("vllm:prompt_tokens_total", "counter", s.prompt_tokens_total),
             ("vllm:generation_tokens_total", "counter", s.generation_tokens_total),
-            ("vllm:request_success_total", "counter", self.rt.request_success),
         ]
         out = []
         for name, kind, value in rows:
             out.append(f"# TYPE {name.removesuffix('_total')} {kind}")
             out.append(f"{name}{labels} {float(value)}")
+        # The simulated requests all end at max_tokens (ignore_eos): finished_reason "length".
+        out.append("# TYPE vllm:request_success counter")
+        out.append(f'vllm:request_success_total{{model_name="{self.name}",engine="0",finished_reason="length"}} '
+                   f"{float(self.rt.request_success)}")
+        out += self.rt.metrics.exposition(f'model_name="{self.name}",engine="0"')
         out.append("# TYPE vllm:cache_config_info gauge")
         out.append(f'vllm:cache_config_info{{block_size="{m.block_size}",num_gpu_blocks="{m.num_blocks}",'
                    f'engine="0"}} 1.0')
@@ -419,12 +451,13 @@ def build_ingress_class():
     @serve.ingress(api)
     class SimLLMServer:
         def __init__(self, *, startup_s: float = 0.0, direct: bool = True, faults: tuple = (), **kwargs):
-            from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start
+            from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start, ingress_delay_s
 
             t0 = time.monotonic()
             injected = [Fault(**f) for f in faults]
             act_on_start(injected)
             self.front = build_sim_frontend(**kwargs)
+            self.front.chunk_delay_s = ingress_delay_s(injected)
             self.direct_url = None
             if direct:
                 import ray

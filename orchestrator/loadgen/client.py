@@ -372,7 +372,8 @@ class _Progress:
 async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float,
                    max_concurrency: Optional[int] = None, ignore_eos: bool = True,
                    on_progress: Optional[ProgressFn] = None, monitor: Optional[LoadMonitor] = None,
-                   check_interval_s: float = 0.5) -> list[RequestRecord]:
+                   check_interval_s: float = 0.5,
+                   on_measure_start: Optional[Callable[[list[RequestRecord]], None]] = None) -> list[RequestRecord]:
     """Play ``requests`` against ``endpoint``; one record per request, warm-up first, by index.
 
     Warm-up requests are sent all at once and awaited (records flagged ``warmup``; their
@@ -389,6 +390,10 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
     ``monitor`` (optional) sees every measured send and finish; once its ``should_stop``
     answers True, no further request is sent and those in flight are aborted (records
     of kind ``ABORTED``); requests never sent get no record.
+
+    ``on_measure_start(warm-up records)`` is called once the warm-up requests are done,
+    right before the measured clock starts (the engine-side telemetry snapshots its
+    histograms there; it may block: nothing is in flight).
 
     ``on_progress(done, total)`` is called after each measured request. The soft
     open-file limit is raised (up to the hard limit) if it is below the number of
@@ -419,6 +424,8 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
                 send_request(session, endpoint, r, clock=lambda: now() - tw, timeout_s=timeout_s,
                              ignore_eos=ignore_eos, scheduled_s=0.0)
                 for r in requests.warmup)))
+        if on_measure_start is not None:
+            on_measure_start(warm)
         # Objects that exist now are not garbage of this window: keep full collections from
         # walking them (a big process can otherwise pause the loop for 100+ ms mid-load).
         gc.freeze()

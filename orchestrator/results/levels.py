@@ -11,7 +11,12 @@ columns), so every file of every study concatenates:
   ``saturated``, ``saturated_at_s`` (seconds into the level), ``stopped_early`` (the
   level was cut short), ``slo_met``, ``slo_violation`` (largest relative SLO excess,
   <= 0 when met), ``slo_failures`` (what failed, as text);
-* every load metric of :class:`orchestrator.metrics.LoadMetrics` as float64.
+* every load metric of :class:`orchestrator.metrics.LoadMetrics` as float64;
+* the engine's own numbers over the level (``engine_*``,
+  :data:`orchestrator.metrics.ENGINE_WINDOW_METRIC_NAMES`, float64, null where the
+  engine exports none) and the level's ``harness_bound`` / ``harness_bound_reason``
+  (:mod:`orchestrator.harness`). Files written before these columns existed read
+  them as null.
 
 Sort by ``rate`` for the curve: ``load_levels(path).sort_values("rate")``.
 """
@@ -26,7 +31,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from orchestrator.metrics import LOAD_METRIC_NAMES
+from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES
 from orchestrator.results.schema import META_SCHEMA_VERSION, META_TABLE, SCHEMA_VERSION
 
 __all__ = ["LEVELS_SCHEMA", "levels_to_table", "load_levels"]
@@ -42,6 +47,11 @@ _SEARCH_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("slo_failures", pa.string()),
 )
 
+_JUDGEMENT_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("harness_bound", pa.bool_()),
+    ("harness_bound_reason", pa.string()),
+)
+
 LEVELS_SCHEMA = pa.schema(
     [
         pa.field("schema_version", pa.int32(), nullable=False),
@@ -51,10 +61,12 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("level", pa.int64(), nullable=False),
     ]
     + [pa.field(n, t) for n, t in _SEARCH_COLUMNS]
-    + [pa.field(m, pa.float64()) for m in LOAD_METRIC_NAMES],
+    + [pa.field(m, pa.float64()) for m in LOAD_METRIC_NAMES + ENGINE_WINDOW_METRIC_NAMES]
+    + [pa.field(n, t) for n, t in _JUDGEMENT_COLUMNS],
     metadata={META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "levels"},
 )
-_ROW_KEYS = {n for n, _ in _SEARCH_COLUMNS} | set(LOAD_METRIC_NAMES) | {"level"}
+_ROW_KEYS = ({n for n, _ in _SEARCH_COLUMNS} | set(LOAD_METRIC_NAMES) | set(ENGINE_WINDOW_METRIC_NAMES)
+             | {n for n, _ in _JUDGEMENT_COLUMNS} | {"level"})
 
 
 def levels_to_table(rows: Sequence[Mapping[str, Any]], *, study: str, run_id: str, trial_id: str) -> pa.Table:

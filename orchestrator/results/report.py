@@ -31,6 +31,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from orchestrator.harness import harness_bound_mask
 from orchestrator.results.pareto import pareto_front
 from orchestrator.study import Study
 
@@ -513,7 +514,29 @@ def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]
     cols = ["trial_id"] + [n for n in study.space.sampled_names() if n in trials.columns]
     cols += [m for m in dict.fromkeys([o.metric for o in study.objectives] + [c.metric for c in study.constraints]
                                       + [y]) if m in trials.columns]
+    if "harness_bound" in front.columns and front["harness_bound"].notna().any():
+        cols.append("harness_bound")
     return front.sort_values(y, ascending=False)[cols], under_slos
+
+
+HARNESS_COLUMNS = ("trial_id", "ttft_p50_ms", "engine_ttft_p50_ms", "output_throughput", "engine_output_throughput",
+                   "harness_bound_reason")
+
+
+def _harness_section(trials: pd.DataFrame) -> Optional[Section]:
+    """Trials whose client-side numbers describe the serving path, not the engine (none: no section)."""
+    flagged = trials[harness_bound_mask(trials)]
+    if flagged.empty:
+        return None
+    completed = int((trials["status"] == "completed").sum())
+    cols = [c for c in HARNESS_COLUMNS if c in flagged.columns]
+    return Section("harness", "Harness-bound trials", [
+        f'<p class="bad">{len(flagged)} of {completed} completed trial(s) are harness-bound: the client saw '
+        'a slower engine than the engine itself reported, so their latency and throughput describe the serving '
+        'path (proxy, HTTP, client), not the configuration.</p>',
+        '<p class="note">Rule: client TTFT p50 above the engine\'s by more than 10 % and 20 ms, or client output '
+        'throughput below 0.9x the engine\'s (docs/metrics.md).</p>',
+        table_html(flagged.sort_values("trial_number")[cols], text_columns=["trial_id", "harness_bound_reason"])])
 
 
 def _summary_section(trials: pd.DataFrame, study: Study, categories: pd.Series) -> Section:
@@ -529,7 +552,9 @@ def _summary_section(trials: pd.DataFrame, study: Study, categories: pd.Series) 
         ("trials", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"),
         ("runs", f"{len(runs)}" + (f" (latest {runs[-1]})" if runs else "")),
         ("Pareto front", f"{n_front} trial(s) meet every SLO and are not dominated"),
-    ], columns=["fact", "value"])
+    ] + ([("harness-bound", f"{int(harness_bound_mask(trials).sum())} completed trial(s): the serving path, "
+           "not the engine, limited the measurement")] if harness_bound_mask(trials).any() else []),
+        columns=["fact", "value"])
     return Section("summary", "Summary", [table_html(facts, text_columns=["fact", "value"], header=False)])
 
 
@@ -611,6 +636,9 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
                       'completed trials ignoring the SLOs (diamonds in the figures): the closest candidates.</p>',
                       table_html(front, text_columns=["trial_id"])]
     sections.append(Section("front-table", "Front table", table_body))
+    harness = _harness_section(trials)
+    if harness is not None:
+        sections.append(harness)
 
     sections.append(_recommendation_section(trials, study))
 

@@ -13,6 +13,8 @@ DuckDB and Polars read it with no project code:
   engine arguments as JSON;
 * every metric of :func:`orchestrator.metrics.known_metric_names` as float64
   (``gpus`` is the exception: it is the int64 column of the "where it ran" group);
+* ``harness_bound`` (bool) and ``harness_bound_reason``: whether the serving path or
+  the client, not the engine, limited the measurement (:mod:`orchestrator.harness`);
 * ``extra_json`` for anything else.
 
 Rows are built through :func:`trial_row_to_table`, which rejects unknown keys and
@@ -83,7 +85,12 @@ _CONFIG: tuple[tuple[str, pa.DataType], ...] = (
     ("versions_json", pa.string()),
     ("host", pa.string()),
 )
-FIXED_TRIAL_COLUMNS: tuple[str, ...] = tuple(n for n, _ in _HEAD + _CONFIG) + ("extra_json",)
+# Judgements over the metrics (after the metric columns).
+_JUDGEMENTS: tuple[tuple[str, pa.DataType], ...] = (
+    ("harness_bound", pa.bool_()),
+    ("harness_bound_reason", pa.string()),
+)
+FIXED_TRIAL_COLUMNS: tuple[str, ...] = tuple(n for n, _ in _HEAD + _CONFIG + _JUDGEMENTS) + ("extra_json",)
 # Partition keys of the dataset layout; no row column may use these names.
 PARTITION_COLUMNS = ("date", "run")
 
@@ -107,6 +114,7 @@ def trials_schema(param_types: Mapping[str, str]) -> pa.Schema:
     fields += [pa.field(name, PARAM_ARROW_TYPES[kind]) for name, kind in param_types.items()]
     fields += [pa.field(n, t) for n, t in _CONFIG]
     fields += [pa.field(m, pa.float64()) for m in metric_columns()]
+    fields += [pa.field(n, t) for n, t in _JUDGEMENTS]
     fields.append(pa.field("extra_json", pa.string()))
     meta = {META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "trials",
             META_PARAMS: json.dumps(dict(param_types))}

@@ -1,0 +1,144 @@
+"""The engine's own numbers next to the client's, on the served simulator over HTTP.
+
+* A plain trial: the simulated engine's /metrics histograms (vLLM's names and buckets)
+  give every ``engine_*`` column, consistent with what the client measured for the same
+  requests (the engine's exact mean TTFT and E2E below the client's, by no more than
+  the direct HTTP path costs), and the trial is not harness-bound.
+* The same configuration behind a slow serving path (fault ``ingress_delay``: chunks
+  pass one at a time, 50 ms each): the engine's numbers do not change, the client's
+  TTFT does, and the trial is flagged ``harness_bound`` with the reason; ``orchestrator
+  show`` and the HTML report say so.
+* A capacity search: every level row carries its own engine columns and verdict, and
+  the trial row the chosen level's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
+from orchestrator.study import parse_study
+from orchestrator.trial import TrialContext, execute_trial
+
+pytestmark = pytest.mark.slow
+
+SERVE_PORT = 8204
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PARAMS = {"max_num_seqs": 16}
+
+
+@pytest.fixture(scope="module")
+def ray_serve():
+    """A Ray cluster of our own (never one another job on the machine started) with Serve."""
+    import ray
+
+    from orchestrator.engines.serve_app import SERVE_PORT_ENV
+    from orchestrator.runtime import start_serve
+
+    saved = os.environ.get(SERVE_PORT_ENV)
+    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator")
+    try:
+        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop(SERVE_PORT_ENV, None)
+        else:
+            os.environ[SERVE_PORT_ENV] = saved
+
+
+def study_doc(tmp_path, faults=(), capacity=None) -> dict:
+    doc = {
+        "name": "harness", "seed": 3, "engine": {"kind": "sim", "faults": list(faults)},
+        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 24, "warmup_requests": 2,
+                     "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 24, "timeout_s": 30},
+        "space": {"max_num_seqs": 16},
+        "objectives": ["maximize output_throughput", "ttft_p50_ms"],
+        "output": str(tmp_path / "out"),
+    }
+    if capacity:
+        doc["capacity"] = capacity
+        doc["objectives"] = ["maximize capacity_rps"]
+        doc["constraints"] = ["ttft_p99_ms <= 2000"]
+    return doc
+
+
+def run(study, trial_id: str):
+    out = execute_trial(study, PARAMS, trial_id=trial_id, trial_number=int(trial_id[1:]), ctx=TrialContext("r1"))
+    assert out.row["status"] == "completed", out.row.get("failure_message")
+    return out
+
+
+def test_engine_columns_and_a_throttled_ingress(tmp_path, ray_serve):
+    from orchestrator.results import ResultsStore
+    from orchestrator.results.definition import write_study_definition
+    from orchestrator.results.schema import requests_to_table
+
+    study = parse_study(study_doc(tmp_path))
+    plain = run(study, "t0").row
+    missing = [c for c in ENGINE_WINDOW_METRIC_NAMES if plain.get(c) is None]
+    assert not missing, missing
+    shown = {k: round(plain[k], 1) for k in ("ttft_mean_ms", "engine_ttft_mean_ms", "ttft_p50_ms",
+                                             "engine_ttft_p50_ms", "engine_ttft_p50_upper_ms", "e2el_mean_ms",
+                                             "engine_e2el_mean_ms", "output_throughput", "engine_output_throughput")}
+    # Same requests: the engine's exact means are below the client's, by the cost of direct HTTP.
+    assert plain["engine_ttft_mean_ms"] <= plain["ttft_mean_ms"] < plain["engine_ttft_mean_ms"] + 15, shown
+    assert plain["engine_e2el_mean_ms"] <= plain["e2el_mean_ms"] < plain["engine_e2el_mean_ms"] + 15, shown
+    # The engine's median TTFT lies in vLLM's bucket whose top is engine_ttft_p50_upper_ms.
+    assert plain["engine_ttft_p50_ms"] <= plain["engine_ttft_p50_upper_ms"] and plain["ttft_p50_ms"] > 0
+    # Phases add up as vLLM defines them: queue + prefill ~ TTFT (both from the engine's clock).
+    assert plain["engine_queue_mean_ms"] + plain["engine_prefill_mean_ms"] <= plain["engine_ttft_mean_ms"] + 1
+    assert 0.9 * plain["engine_output_throughput"] <= plain["output_throughput"], shown
+    assert plain["engine_output_throughput"] <= 1.5 * plain["output_throughput"], shown
+    assert plain["num_requests_running_mean"] is not None and plain["num_requests_running_mean"] >= 0
+    assert plain["harness_bound"] is False and plain["harness_bound_reason"] is None, shown
+
+    slow = parse_study(study_doc(tmp_path, faults=[{"kind": "ingress_delay", "after_s": 0.05}]))
+    throttled = run(slow, "t1")
+    row = throttled.row
+    shown = {k: round(row[k], 1) for k in shown}
+    assert row["harness_bound"] is True, shown
+    assert row["harness_bound_reason"].startswith("client TTFT p50 "), row["harness_bound_reason"]
+    # The engine did not see the slow path: its TTFT is that of the plain trial (same bucket),
+    # while the client waited at least one 50 ms chunk transfer more.
+    assert row["engine_ttft_p50_upper_ms"] == plain["engine_ttft_p50_upper_ms"], shown
+    assert row["ttft_p50_ms"] >= row["engine_ttft_p50_ms"] + 50, shown
+
+    # The flag reaches the results, `orchestrator show` and the report.
+    store = ResultsStore(study.output, study.name)
+    for out, s in ((plain, study), (throttled.row, slow)):
+        tid = out["trial_id"]
+        recs = (throttled.records if tid == "t1" else [])
+        store.write_trial(out, requests_to_table(recs, study=s.name, run_id="r1", trial_id=tid),
+                          param_types=s.space.column_types())
+    write_study_definition(slow)
+    study_dir = str(tmp_path / "out" / study.name)
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "show", study_dir], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "harness-bound: 1 of 2 completed trials" in r.stdout, r.stdout
+    assert f"  t1: {row['harness_bound_reason']}" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "report", study_dir, "--out", str(tmp_path / "rep")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert 'id="harness"' in page and "1 of 2 completed trial(s) are harness-bound" in page
+
+
+def test_capacity_levels_carry_engine_columns(tmp_path, ray_serve):
+    study = parse_study(study_doc(tmp_path, capacity={
+        "start_rate": 3, "max_levels": 2, "level_duration_s": 2, "min_requests": 6, "tolerance": 0.5}))
+    out = run(study, "t2")
+    assert len(out.levels) == 2
+    for lv in out.levels:
+        assert lv["engine_ttft_mean_ms"] is not None and lv["engine_ttft_mean_ms"] <= lv["ttft_mean_ms"], lv
+        assert lv["engine_output_throughput"] > 0 and lv["harness_bound"] is False, lv
+    chosen = next(lv for lv in out.levels if lv["rate"] == out.row["capacity_rps"])
+    for k in ("engine_ttft_p50_ms", "engine_e2el_mean_ms", "engine_output_throughput", "harness_bound"):
+        assert out.row[k] == chosen[k], k
