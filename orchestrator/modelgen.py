@@ -49,11 +49,13 @@ def build_tokenizer(vocab_size: int):
 
 
 def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", "random"] = "none",
-                   max_position_embeddings: Optional[int] = None, seed: int = 0, force: bool = False) -> Path:
-    """Write the model directory; returns its path."""
+                   max_position_embeddings: Optional[int] = None, seed: int = 0, force: bool = False,
+                   base_dir: Optional[Path] = None) -> Path:
+    """Write the model directory; returns its path. ``base_dir``: where a relative config path
+    starts (the study file's folder, ``Study.base_dir``)."""
     from orchestrator.sim.models import ModelShape, find_model_config
 
-    src = find_model_config(shape)
+    src = find_model_config(shape, base_dir)
     config = json.loads(Path(src).read_text())
     shape_info = ModelShape.from_config(config, name=Path(src).stem)
     out = Path(out_dir)

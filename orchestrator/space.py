@@ -17,6 +17,7 @@ values. The space compiles to an Optuna define-by-run function
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -75,6 +76,14 @@ class IntParam(_Param):
     def suggest(self, trial, name: str):
         return trial.suggest_int(name, self.low, self.high, step=self.step, log=self.log)
 
+    def allows(self, value: Any) -> bool:
+        return (isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+                and (self.log or (value - self.low) % self.step == 0))
+
+    def allowed(self) -> str:
+        steps = f" in steps of {self.step} from {self.low}" if self.step != 1 and not self.log else ""
+        return f"an integer in [{self.low}, {self.high}]{steps}"
+
 
 class FloatParam(_Param):
     type: Literal["float"] = "float"
@@ -102,6 +111,20 @@ class FloatParam(_Param):
     def suggest(self, trial, name: str):
         return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
 
+    def allows(self, value: Any) -> bool:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return False
+        if not self.low <= value <= self.high:
+            return False
+        if self.step is None:
+            return True
+        k = (value - self.low) / self.step
+        return abs(k - round(k)) < 1e-8  # Optuna's own test for a stepped float
+
+    def allowed(self) -> str:
+        steps = f" in steps of {self.step:g} from {self.low:g}" if self.step is not None else ""
+        return f"a number in [{self.low:g}, {self.high:g}]{steps}"
+
 
 class CategoricalParam(_Param):
     type: Literal["categorical"] = "categorical"
@@ -123,6 +146,12 @@ class CategoricalParam(_Param):
     def suggest(self, trial, name: str):
         return trial.suggest_categorical(name, self.choices)
 
+    def allows(self, value: Any) -> bool:
+        return any(_same(c, value) for c in self.choices)
+
+    def allowed(self) -> str:
+        return "one of " + json.dumps(self.choices)
+
 
 class FixedParam(_Param):
     type: Literal["fixed"] = "fixed"
@@ -133,6 +162,19 @@ class FixedParam(_Param):
 
     def suggest(self, trial, name: str):
         return self.value
+
+    def allows(self, value: Any) -> bool:
+        return _same(self.value, value)
+
+    def allowed(self) -> str:
+        return "the fixed value " + json.dumps(self.value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and not a bool standing in for a number (``True == 1`` in Python, not in a study)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    return a == b
 
 
 ParamSpec = Annotated[Union[IntParam, FloatParam, CategoricalParam, FixedParam], Field(discriminator="type")]

@@ -356,11 +356,12 @@ class Study(_Strict):
 
     @field_validator("model")
     @classmethod
-    def _model_exists(cls, v: ModelSpec) -> ModelSpec:
+    def _model_exists(cls, v: ModelSpec, info) -> ModelSpec:
         from orchestrator.sim.models import find_model_config
 
+        base_dir = (info.context or {}).get("base_dir")  # the study file's folder (see parse_study)
         try:
-            find_model_config(v.name)
+            find_model_config(v.name, Path(base_dir) if base_dir is not None else None)
         except FileNotFoundError as e:
             raise ValueError(str(e)) from None
         return v
@@ -433,9 +434,14 @@ def _search_problems(study: "Study") -> list["Problem"]:
     names = list(space.params)
     problems: list[Problem] = []
     for i, point in enumerate(s.initial_points):
-        for name in sorted(set(point) - set(names)):
-            problems.append(Problem(f"search.initial_points.{i}.{name}",
-                                    f"not a parameter of the space; parameters: {', '.join(names)}"))
+        for name, value in point.items():
+            spec = space.params.get(name)
+            if spec is None:
+                problems.append(Problem(f"search.initial_points.{i}.{name}",
+                                        f"not a parameter of the space; parameters: {', '.join(names)}"))
+            elif not spec.allows(value):
+                problems.append(Problem(f"search.initial_points.{i}.{name}", f"not in the space: {spec.allowed()}",
+                                        value, True))
     if not s.stages:
         return problems
     if s.sampler == "grid":
@@ -689,13 +695,17 @@ def _serving_arg_problems(data: dict) -> list[Problem]:
             for key, table in where.items() if isinstance(table, dict) for name in table if name in SERVING_ARGS]
 
 
-def parse_study(data: Any, source: str = "<study>") -> Study:
-    """Validate a parsed YAML document; raise :class:`StudyFileError` with every problem."""
+def parse_study(data: Any, source: str = "<study>", source_path: Optional[str | Path] = None) -> Study:
+    """Validate a parsed YAML document; raise :class:`StudyFileError` with every problem.
+
+    ``source_path``: the study file; relative model, trace and dataset paths resolve from its folder.
+    """
     if not isinstance(data, dict):
         raise StudyFileError(source, [Problem("", "expected a mapping at the top level", data, True)])
     problems = _space_problems(data.get("space")) + _serving_arg_problems(data)
+    base_dir = Path(source_path).resolve().parent if source_path is not None else None
     try:
-        study = Study.model_validate(data)
+        study = Study.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as err:
         found = _problems_from_validation(err, data)
         # space problems were already reported entry by entry
@@ -703,7 +713,55 @@ def parse_study(data: Any, source: str = "<study>") -> Study:
         raise StudyFileError(source, problems) from None
     if problems:
         raise StudyFileError(source, problems)
+    if source_path is not None:
+        study = study.model_copy(update={"source_path": str(Path(source_path).resolve())})
     return study
+
+
+class _DuplicateKeys(yaml.YAMLError):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(map(str, problems)))
+
+
+class _StudyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, except that a key given twice in one mapping is an error (YAML keeps the last)."""
+
+    def construct_document(self, node):
+        problems: list[Problem] = []
+        self._check_keys(node, [], problems, set())
+        if problems:
+            raise _DuplicateKeys(problems)
+        return super().construct_document(node)
+
+    def _check_keys(self, node, path: list[str], problems: list[Problem], seen: set[int]) -> None:
+        if id(node) in seen:  # an alias of a node already walked (or a recursive anchor)
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_keys(item, path + [str(i)], problems, seen)
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # merged entries may be overridden
+                    self._check_keys(value_node, path, problems, seen)
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                try:
+                    key = self.construct_object(key_node)
+                    hash(key)
+                except Exception:  # noqa: BLE001 - an unusual key: compare its text
+                    key = (key_node.tag, key_node.value)
+                line = key_node.start_mark.line + 1
+                key_path = ".".join(path + [str(key)])
+                if key in first:
+                    problems.append(Problem(key_path, f"duplicate key on line {line} (first on line {first[key]}); "
+                                                      "YAML would keep only the last, so give each key once"))
+                else:
+                    first[key] = line
+                self._check_keys(value_node, path + [str(key)], problems, seen)
 
 
 def load_study(path: str | Path) -> Study:
@@ -712,15 +770,16 @@ def load_study(path: str | Path) -> Study:
     if not path.is_file():
         raise StudyFileError(source, [Problem("", "file not found")])
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_StudyLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKeys as e:
+        raise StudyFileError(source, e.problems) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise StudyFileError(source, [Problem("", f"{where}not valid YAML: {getattr(e, 'problem', e)}")]) from None
     except UnicodeDecodeError:
         raise StudyFileError(source, [Problem("", "not a text file")]) from None
-    study = parse_study(data, source)
-    study = study.model_copy(update={"source_path": str(path.resolve())})
+    study = parse_study(data, source, source_path=path)
     problems = workload_file_problems(study)
     if problems:
         raise StudyFileError(source, problems)

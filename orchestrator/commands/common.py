@@ -12,6 +12,19 @@ def err(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (``--trials 0`` is a usage error, not "the full budget")."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def load_study_or_report(path: str):
     """The study, or None after printing one line per problem to stderr."""
     from orchestrator.study import StudyFileError, load_study

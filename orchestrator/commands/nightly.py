@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, positive_int
 
 # Distinct from 1 (the command failed) and 2 (bad usage): the run worked and found a slowdown.
 EXIT_REGRESSION = 3
@@ -20,7 +20,7 @@ def cmd_nightly(args) -> int:
     updates = {}
     if args.output:
         updates["output"] = args.output
-    if args.trials:
+    if args.trials is not None:
         updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
     if updates:
         study = study.model_copy(update=updates)
@@ -75,6 +75,6 @@ def register(sub) -> None:
     n.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
                    help="Ray Serve HTTP port (default 8000)")
     n.add_argument("--output", help="override the study's output location")
-    n.add_argument("--trials", type=int, help="override the study's trial budget")
+    n.add_argument("--trials", type=positive_int, help="override the study's trial budget")
     n.add_argument("--quiet", action="store_true", help="no progress lines")
     n.set_defaults(func=cmd_nightly)

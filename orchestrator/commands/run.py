@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, print_front
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, positive_int, print_front
 
 
 def cmd_validate(args) -> int:
@@ -26,7 +26,7 @@ def cmd_run(args) -> int:
     updates = {}
     if args.output:
         updates["output"] = args.output
-    if args.trials:
+    if args.trials is not None:
         updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
     if updates:
         study = study.model_copy(update=updates)
@@ -59,9 +59,9 @@ def register(sub) -> None:
     r.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
                    help="Ray Serve HTTP port (default 8000)")
     r.add_argument("--output", help="override the study's output location")
-    r.add_argument("--trials", type=int, help="override the study's trial budget")
+    r.add_argument("--trials", type=positive_int, help="override the study's trial budget")
     r.add_argument("--new-run", action="store_true", help="start a new run even if an unfinished one exists")
-    r.add_argument("--max-trials", type=int,
+    r.add_argument("--max-trials", type=positive_int,
                    help="stop after this many trials in this invocation; the same command resumes the run")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)

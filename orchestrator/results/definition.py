@@ -23,7 +23,9 @@ def write_study_definition(study) -> str:
     fs, base = _fs_and_path(study.output)
     study_dir = f"{base.rstrip('/')}/{study.name}"
     fs.create_dir(study_dir, recursive=True)
-    body = json.dumps({"study": study.model_dump(mode="json"), "fingerprint": study.fingerprint()}, indent=2)
+    # source_path: where the study file was, so that a relative model path in it still resolves.
+    body = json.dumps({"study": study.model_dump(mode="json"), "fingerprint": study.fingerprint(),
+                       "source_path": study.source_path}, indent=2)
     final = f"{study_dir}/{DEFINITION_FILE}"
     tmp = f"{study_dir}/.{DEFINITION_FILE}.tmp"
     with fs.open_output_stream(tmp) as f:
@@ -45,7 +47,10 @@ def read_study_definition(path: str):
                 data = json.loads(f.read())
         except (FileNotFoundError, OSError):
             continue
-        return Study.model_validate(data["study"])
+        source_path = data.get("source_path")
+        base_dir = Path(source_path).parent if source_path else None
+        study = Study.model_validate(data["study"], context={"base_dir": base_dir})
+        return study.model_copy(update={"source_path": source_path}) if source_path else study
     return None
 
 

@@ -1,0 +1,190 @@
+"""Study files and command lines that used to validate but break (or silently bend) the run.
+
+Every case goes through the real command line (``python -m orchestrator ...``): one line per
+problem naming the key path, exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.study import load_study
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def validate(path: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    r = cli("validate", str(path), cwd=cwd)
+    assert "Traceback" not in r.stdout + r.stderr, r.stderr
+    return r
+
+
+def problem_lines(r: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------ duplicate keys
+def test_duplicate_yaml_keys_are_an_error_naming_key_path_and_line(tmp_path, study_doc):
+    text = yaml.safe_dump(study_doc, sort_keys=False)
+    # The same parameter twice in the space (the last one used to win silently) and the name twice.
+    text = text.replace("space:\n", "space:\n  max_num_seqs: 8\n", 1) + "name: other\n"
+    f = tmp_path / "dup.yaml"
+    f.write_text(text)
+    lines = text.splitlines()
+    seqs_line = [i + 1 for i, l in enumerate(lines) if l.strip().startswith("max_num_seqs:")][1]
+    name_line = len(lines)
+    r = validate(f)
+    assert r.returncode == 2, r.stdout
+    out = problem_lines(r)
+    assert len(out) == 2, out
+    assert any(l.startswith(f"{f}: space.max_num_seqs: duplicate key on line {seqs_line}") for l in out), out
+    assert any(l.startswith(f"{f}: name: duplicate key on line {name_line}") and "first on line 1" in l
+               for l in out), out
+
+
+def test_duplicate_keys_inside_lists_name_the_index(tmp_path, study_doc):
+    study_doc["search"] = {"initial_points": [{"max_num_seqs": 16}, {"max_num_seqs": 32}]}
+    text = yaml.safe_dump(study_doc, sort_keys=False, default_flow_style=False)
+    text = text.replace("  - max_num_seqs: 32\n", "  - max_num_seqs: 32\n    max_num_seqs: 64\n")
+    f = tmp_path / "dup.yaml"
+    f.write_text(text)
+    r = validate(f)
+    assert r.returncode == 2
+    (line,) = problem_lines(r)
+    assert line.startswith(f"{f}: search.initial_points.1.max_num_seqs: duplicate key on line"), line
+
+
+def test_yaml_anchors_and_merge_keys_still_load(tmp_path, study_doc):
+    """Only real duplicates are errors: a merge key's entries may be overridden, as YAML allows."""
+    del study_doc["space"]
+    text = yaml.safe_dump(study_doc, sort_keys=False)
+    text += ("space:\n"
+             "  max_num_seqs: &seqs {type: int, low: 8, high: 256}\n"
+             "  max_num_batched_tokens: {<<: *seqs, low: 1024, high: 8192}\n")
+    f = tmp_path / "ok.yaml"
+    f.write_text(text)
+    r = validate(f)
+    assert r.returncode == 0, r.stderr
+    p = load_study(f).space.params["max_num_batched_tokens"]
+    assert (p.low, p.high) == (1024, 8192)
+
+
+# ------------------------------------------------------------------ initial points
+@pytest.mark.parametrize("point, expected", [
+    ({"max_num_seqs": "lots"}, "search.initial_points.0.max_num_seqs: not in the space: an integer in [8, 256]"
+                               " (got 'lots')"),
+    ({"max_num_seqs": 100000}, "search.initial_points.0.max_num_seqs: not in the space: an integer in [8, 256]"
+                               " (got 100000)"),
+    ({"max_num_seqs": True}, "search.initial_points.0.max_num_seqs: not in the space: an integer in [8, 256]"
+                             " (got true)"),
+    ({"max_num_batched_tokens": 4096}, "search.initial_points.0.max_num_batched_tokens: not in the space: one of"
+                                       " [2048, 8192] (got 4096)"),
+    ({"gpu_memory_utilization": 0.83}, "search.initial_points.0.gpu_memory_utilization: not in the space: a number"
+                                       " in [0.8, 0.9] in steps of 0.05 from 0.8 (got 0.83)"),
+    ({"gpu_memory_utilization": 0.95}, "search.initial_points.0.gpu_memory_utilization: not in the space: a number"
+                                       " in [0.8, 0.9] in steps of 0.05 from 0.8 (got 0.95)"),
+    ({"enforce_eager": True}, "search.initial_points.0.enforce_eager: not in the space: the fixed value false"
+                              " (got true)"),
+    ({"max_num_seq": 16}, "search.initial_points.0.max_num_seq: not a parameter of the space"),
+])
+def test_initial_points_are_checked_against_the_space(tmp_path, study_doc, point, expected):
+    study_doc["space"]["gpu_memory_utilization"] = {"type": "float", "low": 0.8, "high": 0.9, "step": 0.05}
+    study_doc["space"]["enforce_eager"] = False
+    study_doc["search"] = {"initial_points": [point]}
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    r = validate(f)
+    assert r.returncode == 2
+    (line,) = problem_lines(r)
+    assert line.startswith(f"{f}: {expected}"), line
+
+
+def test_initial_points_inside_the_space_validate(tmp_path, study_doc):
+    """A point may leave parameters out; values on the space's grid and the fixed value are fine."""
+    study_doc["space"]["gpu_memory_utilization"] = {"type": "float", "low": 0.8, "high": 0.9, "step": 0.05}
+    study_doc["space"]["enforce_eager"] = False
+    study_doc["search"] = {"initial_points": [
+        {"max_num_seqs": 8}, {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+        {"gpu_memory_utilization": 0.85, "enforce_eager": False}, {"gpu_memory_utilization": 0.9}, {}]}
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    r = validate(f)
+    assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------------------ model path beside the study
+def _study_with_local_model(tmp_path: Path, study_doc: dict) -> Path:
+    folder = tmp_path / "studies"
+    (folder / "mymodel").mkdir(parents=True)
+    shutil.copy(REPO / "search_spaces" / "models" / "tiny-llama.json", folder / "mymodel" / "config.json")
+    study_doc["model"]["name"] = "mymodel/config.json"
+    study_doc["engine"] = {"kind": "sim", "mode": "virtual"}
+    study_doc["workload"]["num_requests"] = 8
+    study_doc["budget"] = {"trials": 1}
+    study_doc["output"] = str(tmp_path / "results")
+    f = folder / "study.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    return f
+
+
+def test_relative_model_path_resolves_from_the_study_folder(tmp_path, study_doc):
+    f = _study_with_local_model(tmp_path, study_doc)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for path, cwd in ((f, elsewhere), (Path("studies/study.yaml"), tmp_path), (Path("study.yaml"), f.parent)):
+        r = validate(path, cwd=cwd)
+        assert r.returncode == 0, (path, cwd, r.stderr)
+    # Next to a study, a model that is not there is still an error naming the key.
+    study_doc["model"]["name"] = "othermodel/config.json"
+    (f.parent / "bad.yaml").write_text(yaml.safe_dump(study_doc))
+    r = validate(f.parent / "bad.yaml", cwd=elsewhere)
+    assert r.returncode == 2 and "model: no model 'othermodel/config.json'" in r.stderr
+
+
+@pytest.mark.slow
+def test_relative_model_path_runs_and_reads_back_from_another_folder(tmp_path, study_doc):
+    """``run`` from another working directory, then ``show``/``pareto``/``report`` from a third."""
+    f = _study_with_local_model(tmp_path, study_doc)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = cli("run", str(f), "--quiet", cwd=elsewhere, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "1 trial(s)" in r.stdout
+    third = tmp_path / "third"
+    third.mkdir()
+    study_dir = tmp_path / "results" / "unit"
+    for args in (["show", str(study_dir)], ["pareto", str(study_dir)],
+                 ["report", str(study_dir), "--out", str(tmp_path / "rep")]):
+        r = cli(*args, cwd=third)
+        assert r.returncode == 0, (args, r.stderr[-3000:])
+        assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ command-line counts
+@pytest.mark.parametrize("args, option", [
+    (["--trials", "0"], "--trials"), (["--trials", "-3"], "--trials"), (["--max-trials", "0"], "--max-trials"),
+    (["--trials", "two"], "--trials"),
+])
+def test_trial_counts_must_be_positive(tmp_path, study_doc, args, option):
+    f = tmp_path / "s.yaml"
+    study_doc["engine"] = {"kind": "sim", "mode": "virtual"}
+    study_doc["output"] = str(tmp_path / "results")
+    f.write_text(yaml.safe_dump(study_doc))
+    for command in ("run", "nightly") if option == "--trials" else ("run",):
+        r = cli(command, str(f), *args, "--quiet")
+        assert r.returncode == 2, (command, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert f"argument {option}: expected a positive integer" in last, last
+        assert not (tmp_path / "results").exists()  # nothing was run or written
