@@ -165,10 +165,13 @@ def test_relative_model_path_runs_and_reads_back_from_another_folder(tmp_path, s
     third.mkdir()
     study_dir = tmp_path / "results" / "unit"
     for args in (["show", str(study_dir)], ["pareto", str(study_dir)],
-                 ["report", str(study_dir), "--out", str(tmp_path / "rep")]):
+                 ["report", str(study_dir), "--output", str(tmp_path / "rep")],
+                 ["report", str(study_dir), "--out", str(tmp_path / "rep2")]):
         r = cli(*args, cwd=third)
         assert r.returncode == 0, (args, r.stderr[-3000:])
         assert "Traceback" not in r.stderr
+    for rep in ("rep", "rep2"):  # report --output (and its alias --out) is where the page goes
+        assert (tmp_path / rep / "index.html").is_file()
 
 
 # ------------------------------------------------------------------ command-line counts

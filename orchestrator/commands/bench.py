@@ -134,7 +134,7 @@ def register(sub) -> None:
     e.add_argument("path", help="the study's result directory (<output>/<study>)")
     e.add_argument("--trial", required=True, help="trial id")
     e.add_argument("--level", type=int, help="capacity search: which load level (default: the trial row's)")
-    e.add_argument("-o", "--output", help="file to write (default: stdout)")
+    e.add_argument("-o", "--output", "--out", dest="output", help="file to write (default: stdout)")
     e.add_argument("--summary-only", action="store_true", help="leave out the per-request lists")
     e.set_defaults(func=cmd_export_bench)
 

@@ -74,7 +74,7 @@ def register(sub) -> None:
     n.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     n.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
                    help="Ray Serve HTTP port (default 8000)")
-    n.add_argument("--output", help="override the study's output location")
+    n.add_argument("--output", "--out", dest="output", help="override the study's output location")
     n.add_argument("--trials", type=positive_int, help="override the study's trial budget")
     n.add_argument("--quiet", action="store_true", help="no progress lines")
     n.set_defaults(func=cmd_nightly)

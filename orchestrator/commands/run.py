@@ -58,7 +58,7 @@ def register(sub) -> None:
     r.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     r.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
                    help="Ray Serve HTTP port (default 8000)")
-    r.add_argument("--output", help="override the study's output location")
+    r.add_argument("--output", "--out", dest="output", help="override the study's output location")
     r.add_argument("--trials", type=positive_int, help="override the study's trial budget")
     r.add_argument("--new-run", action="store_true", help="start a new run even if an unfinished one exists")
     r.add_argument("--max-trials", type=positive_int,
