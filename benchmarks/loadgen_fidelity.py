@@ -270,7 +270,8 @@ def dataset(path: Path, n: int, input_len: int, output_len: int, seed: int = 0) 
 def run_ours(url: str, data: Path, n: int, rate: float, timeout_s: float = 300) -> dict:
     spec = WorkloadSpec.model_validate({"dataset": {"format": "vllm-custom", "path": str(data), "shuffle": False},
                                         "arrival": {"kind": "constant", "rate": rate}, "num_requests": n,
-                                        "warmup_requests": 0, "timeout_s": timeout_s})
+                                        "warmup_requests": 0, "warmup": {"enabled": False},  # as vllm bench serve
+                                        "timeout_s": timeout_s})
     rs = build_requests(spec, 0, 4096)
     t0 = time.perf_counter()
     records = run_load_sync(Endpoint(url, MODEL), rs, timeout_s=timeout_s)

@@ -1,7 +1,13 @@
 """Capacity search: the highest request rate one deployment sustains within the SLOs.
 
 One engine start, several load levels. Each level replays the study's workload at
-one rate (same seed: same prompts and lengths, gaps scaled) and is judged:
+one rate and is judged. Level k is ``build_requests(..., level=k)``: the same
+arrival gaps (scaled to the rate), lengths and shared prefixes at every level, but
+prompts of its own (their unique parts), so that no level is answered from the
+prefix cache an earlier level filled (vLLM's prefix caching is on by default); see
+:mod:`orchestrator.workload.generate`. The engine is warmed up before the first
+level only, until steady (:mod:`orchestrator.warmup`); it stays warm for the others.
+A level is:
 
 * **saturated** when its backlog (requests sent but not finished) grows without
   bound (:class:`SaturationDetector`); in served mode the level is then stopped
@@ -228,6 +234,7 @@ class LevelResult:
     saturated_at_s: Optional[float] = None
     stopped_early: bool = False
     telemetry: dict = field(default_factory=dict)
+    warmup: dict = field(default_factory=dict)  # the warm-up before it: warmup_* columns (orchestrator.warmup)
 
     @property
     def point(self) -> LevelPoint:
@@ -240,7 +247,7 @@ class LevelResult:
                 "saturated": self.saturated_at_s is not None, "saturated_at_s": self.saturated_at_s,
                 "stopped_early": self.stopped_early, "slo_met": self.verdict.ok,
                 "slo_violation": v if math.isfinite(v) else None,
-                "slo_failures": "; ".join(self.verdict.reasons) or None, **self.metrics.as_dict()}
+                "slo_failures": "; ".join(self.verdict.reasons) or None, **self.metrics.as_dict(), **self.warmup}
 
 
 @dataclass

@@ -617,6 +617,8 @@ def _model_for_path(data: Any, loc: tuple[str, ...]):
                  "choice": wl.ChoiceLength}
         if loc[1] == "shared_prefix":
             return wl.SharedPrefix
+        if loc[1] == "warmup":
+            return wl.WarmupSpec
         if loc[1] in ("trace", "dataset"):
             return wl.TraceSpec if loc[1] == "trace" else wl.DatasetSpec
         return table.get(kind)

@@ -24,7 +24,7 @@ from orchestrator.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.engines.base import Engine, create_engine
 from orchestrator.failures import EngineStartError, FailureKind, TrialStatus, classify_runtime_error
 from orchestrator.metrics import LoadMetrics, measurement_window, summarise
-from orchestrator.records import RequestRecord
+from orchestrator.records import RequestErrorKind, RequestRecord
 from orchestrator.study import Study
 
 log = logging.getLogger(__name__)
@@ -83,21 +83,21 @@ def library_versions() -> dict[str, Optional[str]]:
 
 
 @lru_cache(maxsize=16)
-def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Optional[str] = None):
+def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Optional[str] = None, level: int = 0):
     from orchestrator.workload.generate import build_requests
     from orchestrator.workload.spec import WorkloadSpec
 
-    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size, base_dir)
+    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size, base_dir, level)
 
 
-def study_requests(study: Study, workload=None):
-    """The request set of the study's workload, or of ``workload`` (a capacity level's);
-    cached per process: every trial replays the same requests."""
+def study_requests(study: Study, workload=None, level: int = 0):
+    """The request set of the study's workload, or of ``workload`` (a capacity level's, with its
+    ``level``: prompts of its own); cached per process: every trial replays the same requests."""
     from orchestrator.sim.models import ModelShape
 
     vocab = ModelShape.load(study.model.name, study.base_dir).vocab_size
     base = str(study.base_dir) if study.base_dir is not None else None
-    return _requests_for((workload or study.workload).model_dump_json(), study.seed, vocab, base)
+    return _requests_for((workload or study.workload).model_dump_json(), study.seed, vocab, base, level)
 
 
 def _utc_now() -> datetime:
@@ -246,6 +246,7 @@ class LoadPhase:
     telemetry: dict
     requested_rate: Optional[float] = None
     capacity: Optional[Any] = None  # orchestrator.capacity.CapacityResult
+    warmup: dict = field(default_factory=dict)  # warmup_* columns of the (first level's) warm-up
 
     def level_rows(self) -> list[dict[str, Any]]:
         """Rows of the levels table: each level's client metrics, engine-side numbers and harness verdict."""
@@ -270,15 +271,24 @@ def _load(study: Study, deployment, requests) -> LoadPhase:
     nvml = try_nvml(ep.gpu_indices) if ep.sample_nvml else None
 
     def run_level(rs, monitor):
+        from orchestrator.warmup import WarmupOutcome
+
         window = sampler.window()  # the engine's histograms over this level's measured requests
+        warmup = WarmupOutcome()
+
+        def measure_start(warm):
+            if any(r.error_kind == RequestErrorKind.ABORTED for r in warm):
+                _wait_idle(ep)  # a warm-up that did not converge was aborted: let the engine drop it
+            window.begin(warm)
+
         records = run_load_sync(endpoint, rs, timeout_s=study.workload.timeout_s,
                                 max_concurrency=study.workload.max_concurrency,
                                 ignore_eos=study.workload.ignore_eos, monitor=monitor,
                                 check_interval_s=study.capacity.saturation.check_interval_s
-                                if study.capacity else 0.5, on_measure_start=window.begin)
+                                if study.capacity else 0.5, on_measure_start=measure_start, warmup_report=warmup)
         if monitor is not None and monitor.saturated_at is not None:
             _wait_idle(ep)  # the next level must not inherit this one's queue
-        return records, window.finish(records)
+        return records, {**window.finish(records), **warmup.columns()}
 
     with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, labels=ep.metric_labels, nvml=nvml) as sampler:
         phase = _measure(study, requests, run_level, served=True)
@@ -290,9 +300,14 @@ def _load(study: Study, deployment, requests) -> LoadPhase:
 def _measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
     """One load window, or a capacity search over levels (``run_level(request set, monitor)``
     returns ``(records, telemetry)``; ``served``: a monitor may stop a level early)."""
+    from orchestrator.metrics import WARMUP_METRIC_NAMES
+
+    def warmup_of(telemetry: dict) -> dict:  # the warm-up's columns, out of the telemetry
+        return {k: telemetry.pop(k, None) for k in WARMUP_METRIC_NAMES}
+
     if study.capacity is None:
         records, telemetry = run_level(requests, None)
-        return LoadPhase(records, telemetry, requests.requested_rate)
+        return LoadPhase(records, telemetry, requests.requested_rate, warmup=warmup_of(telemetry))
     from orchestrator.capacity import (LevelResult, SaturationDetector, detect_saturation, judge_level,
                                        level_workload, search_capacity)
 
@@ -302,9 +317,10 @@ def _measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
     records: list[RequestRecord] = []
 
     def measure(level: int, rate: float) -> LevelResult:
-        rs = study_requests(study, level_workload(study.workload, rate, spec, base_rate))
-        if level > 0:
-            rs = dataclasses.replace(rs, warmup=())  # the engine is warm after the first level
+        # Prompts of the level's own: no level is answered from the prefix cache an earlier one filled.
+        rs = study_requests(study, level_workload(study.workload, rate, spec, base_rate), level=level)
+        if level > 0:  # the engine is warm after the first level
+            rs = dataclasses.replace(rs, warmup=(), warmup_stream=None)
         monitor = SaturationDetector(spec.saturation) if served else None
         recs, telemetry = run_level(rs, monitor)
         for r in recs:
@@ -320,11 +336,11 @@ def _measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
                  else "; ".join(verdict.reasons))
         return LevelResult(level, rate, len(rs.measured), recs, m, verdict, saturated_at,
                            stopped_early=monitor is not None and monitor.saturated_at is not None,
-                           telemetry=telemetry)
+                           telemetry=telemetry, warmup=warmup_of(telemetry))
 
     result = search_capacity(measure, spec, spec.start_rate or base_rate or spec.min_rate)
     chosen = result.best or min(result.levels, key=lambda lv: lv.rate)
-    return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result)
+    return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result, warmup=result.levels[0].warmup)
 
 
 def _wait_idle(ep, timeout_s: float = 30.0) -> None:
@@ -381,6 +397,7 @@ def _add_load_metrics(study: Study, row: dict, phase: LoadPhase, args: EngineArg
                                        for lv in cap.levels]}
         row["extra_json"] = json.dumps(extra, default=str)
     row.update(m.as_dict())
+    row.update(phase.warmup)  # the warm-up before the window (the first level's, in a capacity search)
     from orchestrator.harness import harness_verdict
 
     row.update(harness_verdict(row).columns())

@@ -170,7 +170,12 @@ def test_capacity_trial_row_levels_and_records():
     extra = json.loads(row["extra_json"])["capacity"]
     assert extra["levels"] == len(levels) and extra["level_of_row"] == best["level"]
     assert {r.level for r in out.records} == set(range(len(levels)))
-    assert sum(r.warmup for r in out.records) == 1  # warm-up before the first level only
+    # Warm-up before the first level only (the burst of 1, then until steady), as its row says.
+    warm = [r for r in out.records if r.warmup]
+    assert {r.level for r in warm} == {0} and len(warm) == row["warmup_requests_used"] > 1
+    assert row["warmup_converged"] == 1 and row["warmup_s_used"] >= capacity_study().workload.warmup.min_s
+    assert [lv["warmup_requests_used"] for lv in levels] == [len(warm)] + [0] * (len(levels) - 1)
+    assert levels[0]["warmup_converged"] == 1 and all(lv["warmup_converged"] is None for lv in levels[1:])
     for lv in levels:
         assert sum(1 for r in out.records if r.level == lv["level"] and not r.warmup) == lv["num_requests"]
 

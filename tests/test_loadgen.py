@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ from aiohttp import web
 from orchestrator.loadgen import Endpoint, SSEParser, run_load_sync, send_request, wait_ready
 from orchestrator.metrics import summarise
 from orchestrator.records import RequestErrorKind
+from orchestrator.warmup import WarmupOutcome
 from orchestrator.workload.generate import build_requests, token_ids_to_text
 from orchestrator.workload.requests import Request, RequestSet
 from orchestrator.workload.spec import WorkloadSpec
@@ -378,14 +380,20 @@ def test_workload_end_to_end(fake):
                         shared_prefix={"groups": 2, "length": 3})
     rs = build_requests(spec, 0, 1000)
     progress = []
+    report = WarmupOutcome()
     recs = run_load_sync(endpoint(fake, fake_ttft_ms=5, fake_itl_ms=1), rs, timeout_s=5,
-                         on_progress=lambda done, total: progress.append((done, total)))
-    assert len(recs) == 22 and [r.index for r in recs] == list(range(-2, 20))
+                         on_progress=lambda done, total: progress.append((done, total)), warmup_report=report)
+    # The burst (-2, -1), then the steady warm-up (-3, -4, ... in the order sent), then the measured ones.
+    k = len(recs) - 22
+    assert k > 0 and [r.index for r in recs] == [-2, -1] + [-3 - j for j in range(k)] + list(range(20))
+    assert report.requests == k + 2 and report.converged and report.seconds >= spec.warmup.min_s
     assert progress == [(i, 20) for i in range(1, 21)]
-    for r, req in zip(recs, rs.warmup + rs.measured):
+    stream = tuple(itertools.islice(rs.warmup_stream, k))
+    for r, req in zip(recs, rs.warmup + stream + rs.measured):
         assert r.success and r.completion_tokens == req.output_len == len(r.token_times_s)
         assert r.prefix_group == req.prefix_group
         assert r.scheduled_s == req.arrival_s if not r.warmup else r.scheduled_s < 0
+    assert max(r.finished_s for r in recs if r.warmup) <= 0  # converged: drained before the window
     m = summarise(recs, requested_rate=100)
     assert m.num_requests == 20 and m.completed == 20
     assert m.total_output_tokens == sum(r.output_len for r in rs.measured)

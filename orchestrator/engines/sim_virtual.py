@@ -36,9 +36,11 @@ class VirtualSimEngine(Engine):
     def measure(self, args: EngineArgs, requests) -> tuple[list, dict[str, Any]]:
         from orchestrator.sim.core import SimEngineCore
         from orchestrator.sim.virtual import simulate
+        from orchestrator.warmup import WarmupOutcome
 
         core = SimEngineCore(self.model, self.gpu, args, self.study.engine.calibration, dtype=self.study.model.dtype)
-        records = simulate(core, requests)
+        warmup = WarmupOutcome()
+        records = simulate(core, requests, warmup_report=warmup)
         s = core.stats()
         queries = s.prefix_cache_queries_total
         telemetry = {
@@ -47,5 +49,6 @@ class VirtualSimEngine(Engine):
             "num_preemptions": float(s.num_preemptions_total),
             "prefix_cache_hit_rate": (s.prefix_cache_hits_total / queries) if queries else None,
             "startup_s": 0.0,
+            **warmup.columns(),
         }
         return records, telemetry

@@ -5,9 +5,11 @@ between ``/v1/completions`` and ``/v1/chat/completions`` (request body, which ch
 carries a token) live in the small :data:`APIS` registry, and the SSE parsing is
 :class:`~orchestrator.loadgen.sse.SSEParser`, written once.
 
-:func:`run_load` plays a :class:`RequestSet`: warm-up first (all at once, awaited),
-then the measured requests, open loop at their precomputed arrival times (or
-closed loop with N workers when the set says so), over one shared session.
+:func:`run_load` plays a :class:`RequestSet`: warm-up first (the burst all at once,
+awaited; then the steady warm-up at the trial's own load until the engine is steady,
+see :mod:`orchestrator.warmup`), then the measured requests, open loop at their
+precomputed arrival times (or closed loop with N workers when the set says so), over
+one shared session.
 
 Records (see :mod:`orchestrator.records`) are raw observations on one clock: seconds
 since the start of the load window (the moment the first measured request was due;
@@ -53,6 +55,7 @@ import aiohttp
 
 from orchestrator.loadgen.sse import SSEParser
 from orchestrator.records import RequestErrorKind, RequestRecord
+from orchestrator.warmup import SteadyJudge, WarmupOutcome
 from orchestrator.workload.generate import token_ids_to_text
 from orchestrator.workload.requests import Request, RequestSet
 
@@ -273,13 +276,16 @@ class _Flag:
 
 async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: Request, *, clock: Clock,
                        timeout_s: float, ignore_eos: bool = True,
-                       scheduled_s: Optional[float] = None, aborting: Optional[_Flag] = None) -> RequestRecord:
+                       scheduled_s: Optional[float] = None, aborting: Optional[_Flag] = None,
+                       on_record: Optional[Callable[[RequestRecord], None]] = None) -> RequestRecord:
     """Send one streaming request and record what happened; never raises for a failed request.
 
     ``clock()`` gives the record's time axis (seconds). ``scheduled_s`` defaults to
     ``req.arrival_s``. ``timeout_s`` bounds the whole request, connection included.
     A cancellation while ``aborting.on`` is our own abort: the request is recorded as
     ``ABORTED`` (what arrived until then is kept); any other cancellation propagates.
+    ``on_record(record)`` is called with the record as soon as it exists (before the send),
+    for a watcher that reads its tokens as they arrive (the steady warm-up's judge).
     """
     rec = RequestRecord(
         index=req.index,
@@ -289,6 +295,8 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: 
         warmup=req.warmup,
         prefix_group=req.prefix_group,
     )
+    if on_record is not None:
+        on_record(rec)
     fmt = APIS[endpoint.api]
     parser = SSEParser()
     try:
@@ -373,11 +381,18 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
                    max_concurrency: Optional[int] = None, ignore_eos: bool = True,
                    on_progress: Optional[ProgressFn] = None, monitor: Optional[LoadMonitor] = None,
                    check_interval_s: float = 0.5,
-                   on_measure_start: Optional[Callable[[list[RequestRecord]], None]] = None) -> list[RequestRecord]:
-    """Play ``requests`` against ``endpoint``; one record per request, warm-up first, by index.
+                   on_measure_start: Optional[Callable[[list[RequestRecord]], None]] = None,
+                   warmup_report: Optional[WarmupOutcome] = None) -> list[RequestRecord]:
+    """Play ``requests`` against ``endpoint``; one record per request, warm-up first (in the
+    order sent), then the measured ones by index.
 
-    Warm-up requests are sent all at once and awaited (records flagged ``warmup``; their
-    times are negative on the measured clock). Then a fresh t0 starts the load window:
+    The warm-up burst (``requests.warmup``) is sent all at once and awaited; then, if the
+    set has a ``warmup_stream``, the steady warm-up plays it at its own arrival times (or
+    closed loop) until :class:`~orchestrator.warmup.SteadyJudge` ends it; once converged its
+    requests in flight are awaited, otherwise aborted (:mod:`orchestrator.warmup`).
+    Warm-up records are flagged ``warmup``; their times are negative on the measured clock.
+    ``warmup_report`` (optional) receives how long the warm-up took, how many requests it
+    sent and whether it converged. Then a fresh t0 starts the load window:
 
     * open loop: each request is started at ``t0 + arrival_s`` whatever happened to the
       earlier ones (sleep-until on ``time.perf_counter``, so lag never accumulates);
@@ -407,7 +422,11 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
     in_flight = closed or n
     if max_concurrency:
         in_flight = min(in_flight, max_concurrency)
-    _raise_fd_limit(max(in_flight, len(requests.warmup)) + 256)
+    wanted = max(in_flight, len(requests.warmup))
+    stream = requests.warmup_stream
+    if stream is not None:  # the steady warm-up's requests in flight: at most what max_s sends
+        wanted = max(wanted, stream.concurrency or int((stream.rate or 0) * stream.settings.max_s * 1.5))
+    _raise_fd_limit(wanted + 256)
 
     now = time.perf_counter
     records: list[Optional[RequestRecord]] = [None] * n
@@ -424,6 +443,17 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
                 send_request(session, endpoint, r, clock=lambda: now() - tw, timeout_s=timeout_s,
                              ignore_eos=ignore_eos, scheduled_s=0.0)
                 for r in requests.warmup)))
+            warm.sort(key=lambda r: r.index)
+        reason = None
+        if requests.warmup_stream is not None:
+            steady, reason = await _warm_until_steady(session, endpoint, requests.warmup_stream,
+                                                      clock=lambda: now() - tw, timeout_s=timeout_s,
+                                                      ignore_eos=ignore_eos, max_concurrency=max_concurrency)
+            warm += steady
+        if warmup_report is not None:
+            warmup_report.seconds, warmup_report.requests = (now() - tw) if warm else 0.0, len(warm)
+            warmup_report.converged = None if reason is None else reason == "converged"
+            warmup_report.reason = reason
         if on_measure_start is not None:
             on_measure_start(warm)
         # Objects that exist now are not garbage of this window: keep full collections from
@@ -529,11 +559,87 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
             for task in tasks:  # only unfinished if we were cancelled
                 task.cancel()
 
-    warm.sort(key=lambda r: r.index)
     done = [r for r in records if r is not None]
     assert len(done) == n or aborting.on, "a measured request has no record"
     done.sort(key=lambda r: r.index)
     return warm + done
+
+
+async def _warm_until_steady(session: aiohttp.ClientSession, endpoint: Endpoint, stream, *, clock: Clock,
+                             timeout_s: float, ignore_eos: bool,
+                             max_concurrency: Optional[int]) -> tuple[list[RequestRecord], str]:
+    """Play the steady warm-up until its judge ends it; its records (in the order sent) and why it ended.
+
+    Open loop: request i is sent at ``start + arrival_s`` (sleeping in short steps, so the
+    end is seen at once); closed loop: ``stream.concurrency`` workers. Converged: the
+    requests in flight are awaited; otherwise they are aborted (records of kind ``ABORTED``).
+    """
+    start = clock()
+    judge = SteadyJudge(stream.settings, start)
+    sent: list[RequestRecord] = []
+    tasks: list[asyncio.Task] = []
+    aborting = _Flag()
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    def on_record(rec: RequestRecord) -> None:
+        sent.append(rec)
+        judge.on_send(clock(), rec)
+
+    async def one(req: Request, scheduled_s: float) -> None:
+        kw = dict(clock=clock, timeout_s=timeout_s, ignore_eos=ignore_eos, scheduled_s=scheduled_s,
+                  aborting=aborting, on_record=on_record)
+        if sem is None:
+            rec = await send_request(session, endpoint, req, **kw)
+        else:
+            async with sem:
+                rec = await send_request(session, endpoint, req, **kw)
+        judge.on_finish(rec.finished_s if rec.finished_s is not None else clock(), rec)
+
+    async def watch() -> str:
+        while True:
+            await asyncio.sleep(judge.check_interval_s)
+            reason = judge.check(clock())
+            if reason is not None:
+                return reason
+
+    watcher = asyncio.create_task(watch())
+    requests = iter(stream)
+    try:
+        if stream.concurrency is not None:
+            async def worker() -> None:
+                while not watcher.done():
+                    await one(next(requests), clock())
+
+            n = stream.concurrency if not max_concurrency else min(stream.concurrency, max_concurrency)
+            tasks = [asyncio.create_task(worker()) for _ in range(n)]
+            await asyncio.wait([watcher, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        else:
+            for req in requests:
+                due = start + req.arrival_s
+                slept = False
+                while (delay := due - clock()) > 0 and not watcher.done():
+                    await asyncio.sleep(min(delay, judge.check_interval_s))
+                    slept = True
+                if watcher.done():
+                    break
+                tasks.append(asyncio.create_task(one(req, due)))
+                if not slept:  # overdue: still let the watcher (and the sends) run
+                    await asyncio.sleep(0)
+        reason = await watcher
+        if reason != "converged":
+            aborting.on = True
+            for task in tasks:
+                task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
+                raise res
+    finally:
+        watcher.cancel()
+        for task in tasks:  # only unfinished if we were cancelled
+            task.cancel()
+    log.info("steady warm-up: %s after %.2f s, %d requests", reason, clock() - start, len(sent))
+    return sent, reason
 
 
 def _shift(rec: RequestRecord, dt: float) -> None:

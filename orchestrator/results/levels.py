@@ -16,7 +16,11 @@ columns), so every file of every study concatenates:
   :data:`orchestrator.metrics.ENGINE_WINDOW_METRIC_NAMES`, float64, null where the
   engine exports none) and the level's ``harness_bound`` / ``harness_bound_reason``
   (:mod:`orchestrator.harness`). Files written before these columns existed read
-  them as null.
+  them as null;
+* the warm-up before the level (``warmup_s_used``, ``warmup_requests_used``,
+  ``warmup_converged``, float64, :mod:`orchestrator.warmup`): level 0's, the only one
+  warmed up (the engine stays warm); 0, 0 and null on later levels; null in files
+  written before these columns existed.
 
 Sort by ``rate`` for the curve: ``load_levels(path).sort_values("rate")``.
 """
@@ -31,7 +35,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES
+from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES, WARMUP_METRIC_NAMES
 from orchestrator.results.schema import META_SCHEMA_VERSION, META_TABLE, SCHEMA_VERSION
 
 __all__ = ["LEVELS_SCHEMA", "levels_to_table", "load_levels"]
@@ -61,12 +65,12 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("level", pa.int64(), nullable=False),
     ]
     + [pa.field(n, t) for n, t in _SEARCH_COLUMNS]
-    + [pa.field(m, pa.float64()) for m in LOAD_METRIC_NAMES + ENGINE_WINDOW_METRIC_NAMES]
+    + [pa.field(m, pa.float64()) for m in LOAD_METRIC_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES]
     + [pa.field(n, t) for n, t in _JUDGEMENT_COLUMNS],
     metadata={META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "levels"},
 )
 _ROW_KEYS = ({n for n, _ in _SEARCH_COLUMNS} | set(LOAD_METRIC_NAMES) | set(ENGINE_WINDOW_METRIC_NAMES)
-             | {n for n, _ in _JUDGEMENT_COLUMNS} | {"level"})
+             | set(WARMUP_METRIC_NAMES) | {n for n, _ in _JUDGEMENT_COLUMNS} | {"level"})
 
 
 def levels_to_table(rows: Sequence[Mapping[str, Any]], *, study: str, run_id: str, trial_id: str) -> pa.Table:

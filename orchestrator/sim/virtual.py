@@ -5,8 +5,9 @@ arrive meanwhile join at the step's end, as they reach vLLM's busy engine core)
 or idle until the next arrival. Records are what an ideal client would see: a
 request reaches the engine ``frontend_latency_s`` after it is sent (HTTP,
 tokenization, IPC) and a token arrives when the step producing it ends. Times are
-seconds from the start of the load window; warm-up requests run one at a time
-before it (negative times).
+seconds from the start of the load window; warm-up requests run before it
+(negative times): the burst one at a time, then the steady warm-up in virtual time,
+judged by the same :class:`~orchestrator.warmup.SteadyJudge` as a served trial's.
 """
 
 from __future__ import annotations
@@ -98,11 +99,68 @@ def _shift(rec: RequestRecord, dt: float) -> None:
     rec.token_times_s = [x + dt for x in rec.token_times_s]
 
 
-def simulate(core: SimEngineCore, requests: RequestSet) -> list[RequestRecord]:
+def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
+    """The steady warm-up in virtual time: its records (in the order sent) and why it ended.
+
+    The stream is played from ``drv.t`` (open loop at its arrival times, or closed loop)
+    and judged every ``check_interval_s`` of virtual time, as the load generator judges
+    it in real time. Unlike there, the requests in flight at the end are always run to
+    completion (virtual time costs nothing; no request is cut), so ``warmup_s_used``
+    includes that drain.
+    """
+    from orchestrator.warmup import SteadyJudge
+
+    start = drv.t
+    judge = SteadyJudge(stream.settings, start)
+    sent: list[RequestRecord] = []
+    requests = iter(stream)
+    closed = stream.concurrency
+    stopped = False
+
+    def send(req: Request, at: float) -> None:
+        rec = drv.send(req, at)
+        sent.append(rec)
+        judge.on_send(at, rec)
+
+    def advance() -> None:
+        for rec in drv.advance():
+            judge.on_finish(drv.t, rec)
+            if closed and not stopped:
+                send(next(requests), drv.t)
+
+    nxt = None
+    if closed:
+        for _ in range(closed):
+            send(next(requests), start)
+    else:
+        nxt = next(requests)
+    check = start + judge.check_interval_s
+    while True:
+        horizon = max(check, drv.t)
+        while nxt is not None and start + nxt.arrival_s <= horizon:
+            send(nxt, start + nxt.arrival_s)
+            nxt = next(requests)
+        while drv.t < check and drv.busy():
+            advance()
+        drv.t = max(drv.t, check)
+        reason = judge.check(drv.t)
+        if reason is not None:
+            break
+        check = drv.t + judge.check_interval_s
+    stopped = True
+    while drv.busy():
+        advance()
+    return sent, reason
+
+
+def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> list[RequestRecord]:
     """Run the workload to completion in virtual time; records of warm-ups first, then measured by index.
 
-    Warm-ups are sent one after another, each when the previous ended, and shifted
-    so the last ends at t=0. Open loop: each measured request is sent at its
+    The burst's warm-ups are sent one after another, each when the previous ended; then
+    the steady warm-up (``requests.warmup_stream``) runs until its judge ends it and its
+    requests have finished (:func:`_warm_until_steady`); every warm-up record is shifted
+    so the warm-up ends at t=0. ``warmup_report`` (an :class:`orchestrator.warmup.WarmupOutcome`)
+    receives its length, requests and verdict. Open loop: each measured request is sent at its
     ``arrival_s``. Closed loop (``closed_loop_concurrency`` = C): C requests at t=0,
     then the next one whenever one ends. A request the engine rejects (too long
     for max_model_len) gets an error record, as an HTTP 400 would.
@@ -113,6 +171,14 @@ def simulate(core: SimEngineCore, requests: RequestSet) -> list[RequestRecord]:
         warm.append(drv.send(req, drv.t))
         while drv.busy():
             drv.advance()
+    reason = None
+    if requests.warmup_stream is not None:
+        steady, reason = _warm_until_steady(drv, requests.warmup_stream)
+        warm += steady
+    if warmup_report is not None:
+        warmup_report.seconds, warmup_report.requests = drv.t, len(warm)
+        warmup_report.converged = None if reason is None else reason == "converged"
+        warmup_report.reason = reason
     for rec in warm:
         _shift(rec, -drv.t)
     drv.t = 0.0

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from orchestrator.workload.generate import WarmupStream
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,15 @@ class Request:
 
 @dataclass(frozen=True)
 class RequestSet:
-    """The deterministic requests of one (workload, seed): warm-up first, then the measured ones."""
+    """The deterministic requests of one (workload, seed, level): warm-up first, then the measured ones.
+
+    ``warmup`` is the burst (``workload.warmup_requests``, sent at once and awaited);
+    ``warmup_stream``, when set, the steady warm-up that follows it: requests made on
+    demand at the trial's own load until the engine is steady (:mod:`orchestrator.warmup`).
+    """
 
     warmup: tuple[Request, ...]
     measured: tuple[Request, ...]
     closed_loop_concurrency: Optional[int] = None  # set for `arrival: concurrency`
     requested_rate: Optional[float] = None  # the nominal rate (a trace's: its own, after scaling)
+    warmup_stream: Optional["WarmupStream"] = None

@@ -1,7 +1,7 @@
 """Typed workload description: when requests arrive and how long they are.
 
 A study names one workload; :func:`orchestrator.workload.generate.build_requests`
-turns (spec, seed) into the same request list for every trial.
+turns (spec, seed, load level) into the same request list for every trial.
 """
 
 from __future__ import annotations
@@ -200,11 +200,41 @@ class SharedPrefix(_Strict):
     fraction: float = Field(default=1.0, ge=0, le=1, description="share of requests that use a prefix")
 
 
+class WarmupSpec(_Strict):
+    """Warm up until the engine is steady (after the ``warmup_requests`` burst), then measure.
+
+    The trial's own load (its arrival process at its rate, or a capacity search's first
+    level's; its length distributions; prompts of its own) runs for at least ``min_s``
+    seconds and until two successive windows of ``window_s`` agree (TTFT p50 and output
+    throughput within ``tolerance``, or within their sampling noise, and a backlog that
+    does not grow), at most ``max_s`` seconds. See :mod:`orchestrator.warmup`.
+    """
+
+    enabled: bool = Field(default=True, description="false: only the warmup_requests burst (a fixed warm-up)")
+    min_s: float = Field(default=2.0, ge=0, description="the floor: never shorter than this")
+    max_s: float = Field(default=10.0, gt=0, description="the cap: stop there, not converged")
+    window_s: float = Field(default=1.0, gt=0,
+                            description="length of the windows compared (longer at low rates: >= 4 requests each)")
+    tolerance: float = Field(default=0.2, gt=0, le=1,
+                             description="relative difference of TTFT p50 and output throughput allowed "
+                                         "between two successive windows")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min_s > self.max_s:
+            raise ValueError(f"min_s ({self.min_s:g}) must be <= max_s ({self.max_s:g})")
+        if 2 * self.window_s > self.max_s:
+            raise ValueError(f"two windows ({2 * self.window_s:g} s) must fit in max_s ({self.max_s:g})")
+        return self
+
+
 class WorkloadSpec(_Strict):
     api: Literal["completions", "chat"] = "completions"
     arrival: ArrivalSpec = PoissonArrival(rate=4.0)
     num_requests: int = Field(default=200, ge=1, le=1_000_000)
-    warmup_requests: int = Field(default=2, ge=0, le=10_000)
+    warmup_requests: int = Field(default=2, ge=0, le=10_000,
+                                 description="sent all at once and awaited first (before the steady warm-up)")
+    warmup: WarmupSpec = Field(default=WarmupSpec(), description="then warm up until steady")
     input_len: LengthSpec = FixedLength(value=512)
     output_len: LengthSpec = FixedLength(value=128)
     shared_prefix: Optional[SharedPrefix] = None
