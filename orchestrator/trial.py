@@ -115,6 +115,7 @@ def base_row(study: Study, *, trial_id: str, trial_number: int, run_id: str, par
         "started_at": started_at,
         "engine": study.engine.kind,
         "engine_mode": getattr(study.engine, "mode", None) or getattr(study.engine, "platform", None),
+        "ingress": getattr(study.engine, "ingress", None),
         "model": study.model.name,
         "gpu": study.hardware.gpu,
         "gpus": args.gpus if args is not None else None,

@@ -1,7 +1,8 @@
 """Real vLLM (the CPU build) in a Ray Serve replica (ingress `engine`), through Tune, Serve and the load generator.
 
 One study of four trials on a tiny random model, each a capacity search (one engine
-start, load levels of rising rate):
+start, a warm-up until steady, then load levels of rising rate, each with prompts of its
+own: the prefix cache hits only what the workload's shared prefixes explain):
 * two configurations that start, with different max_num_seqs / max_num_batched_tokens /
   prefix caching: the engine metrics must show the settings took effect, and the levels,
   sorted by rate, form a monotone latency-throughput curve up to the capacity;
@@ -19,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 
@@ -108,7 +110,8 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
         "hardware": {"gpu": "CPU"},
         "workload": {"arrival": {"kind": "poisson", "rate": 3}, "num_requests": 24, "warmup_requests": 2,
                      # CPU KV blocks hold 128 tokens and only full blocks are cached: prefixes of 2 blocks.
-                     "input_len": {"kind": "uniform", "min": 280, "max": 400}, "output_len": 16,
+                     # Prompts of 3-4 blocks: replaying one would hit blocks beyond the shared prefix.
+                     "input_len": {"kind": "uniform", "min": 400, "max": 560}, "output_len": 16,
                      "shared_prefix": {"groups": 2, "length": 256}, "timeout_s": 60},
         "space": {"max_num_seqs": [2, 4, 8], "max_num_batched_tokens": [256, 1024],
                   "enable_prefix_caching": [True, False], "max_model_len": [1024, 8192], "enforce_eager": True},
@@ -125,8 +128,9 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
              _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
                                                                   "HF_HOME")}})
-    # 2 warm-up + 3 measured requests finished: 21 measured requests (~7 s) still to come.
-    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", after_rows=3, after_requests=5)
+    # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
+    # lands in the measured window of the first level.
+    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", after_rows=3, after_requests=20)
     killer.start()
     try:
         run = run_study(study, quiet=True, serve_port=8131)
@@ -157,8 +161,10 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
         assert cfg["max_num_seqs"] == params["max_num_seqs"]
         assert cfg["enable_prefix_caching"] == params["enable_prefix_caching"]
         _assert_monotone_curve(r, levels[levels["trial_id"] == r["trial_id"]].sort_values("rate"))
+        _assert_engine_side_numbers(r, levels[levels["trial_id"] == r["trial_id"]])
     # Prefix caching on (ok_a) with shared prefixes: the engine reports hits.
     assert row(ok_a)["prefix_cache_hit_rate"] > 0
+    assert pd.isna(row(ok_b)["prefix_cache_hit_rate"]) or row(ok_b)["prefix_cache_hit_rate"] == 0
 
     bad = row(too_long)
     assert bad["status"] == "infeasible" and bad["failure_kind"] == "kv_cache_too_small"
@@ -175,7 +181,29 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
         per_level = mine[~mine["warmup"]].groupby("level").size().to_dict()
         planned = levels[levels["trial_id"] == trial_id]
         assert per_level == dict(zip(planned["level"], planned["num_requests"].astype(int)))
-        assert mine["warmup"].sum() == 2
+        r = trials[trials["trial_id"] == trial_id].iloc[0]
+        _assert_warmup_outside_the_window(r, mine, planned)
+    # Every level and the warm-up used prompts of their own: the engine's prefix-cache hits are what
+    # the workload's shared prefixes explain (whole 128-token blocks of the 256-token prefix), no more.
+    a = row(ok_a)
+    mine = requests[requests["trial_id"] == a["trial_id"]]
+    ok = mine["success"]
+    explained = ((((mine["prompt_tokens"] - 1).clip(upper=256) // 128) * 128 * (mine["prefix_group"].notna() & ok)).sum()
+                 / mine.loc[ok, "prompt_tokens"].sum())
+    assert 0.5 * explained < a["prefix_cache_hit_rate"] <= explained + 0.01, (a["prefix_cache_hit_rate"], explained)
+
+
+def _assert_warmup_outside_the_window(row, mine, levels) -> None:
+    """The engine warmed up until steady, before the first level; no measured request overlaps it."""
+    warm, measured = mine[mine["warmup"]], mine[~mine["warmup"]]
+    assert row["warmup_converged"] == 1 and row["warmup_s_used"] >= 2.0, (row["warmup_converged"], row["warmup_s_used"])
+    assert len(warm) == row["warmup_requests_used"] > 2
+    assert set(warm["level"]) == {0}
+    assert warm["end_s"].max() <= 0 <= measured["sent_s"].min()
+    assert warm["sent_s"].min() == pytest.approx(-row["warmup_s_used"], abs=0.05)
+    first, later = levels[levels["level"] == 0].iloc[0], levels[levels["level"] > 0]
+    assert first["warmup_requests_used"] == row["warmup_requests_used"]
+    assert (later["warmup_requests_used"] == 0).all() and later["warmup_converged"].isna().all()
 
 
 def _assert_monotone_curve(row, levels) -> None:
@@ -192,3 +220,19 @@ def _assert_monotone_curve(row, levels) -> None:
     assert lat[-1] >= lat[0], shown
     failing = levels[~levels["slo_met"]]
     assert failing.empty or failing["rate"].min() > row["capacity_rps"], shown
+
+
+def _assert_engine_side_numbers(row, levels) -> None:
+    """vLLM's own histograms over the measured window sit next to the client's numbers, and
+    agree with them: behind the ``engine`` ingress nothing but HTTP separates the two."""
+    assert row["ingress"] == "engine"
+    for family in ("ttft", "itl", "tpot", "e2el", "queue", "prefill", "decode"):
+        for stat in ("mean", "p50"):
+            assert row[f"engine_{family}_{stat}_ms"] is not None, f"engine_{family}_{stat}_ms"
+    # Same requests, exact means: the engine saw each first token and each end before the client did.
+    assert row["engine_ttft_mean_ms"] <= row["ttft_mean_ms"]
+    assert row["engine_e2el_mean_ms"] <= row["e2el_mean_ms"]
+    assert row["engine_ttft_p50_ms"] <= row["engine_ttft_p50_upper_ms"]
+    assert row["output_throughput"] >= 0.9 * row["engine_output_throughput"]
+    assert not row["harness_bound"], row["harness_bound_reason"]
+    assert levels["engine_ttft_p50_ms"].notna().all() and levels["engine_output_throughput"].notna().all()

@@ -4,6 +4,10 @@ One trial whose serving-layer settings are searched parameters: they must reach
 ``ray.serve.llm`` (its ``experimental_configs``), the trial must serve through Serve's
 proxy, record vLLM's metrics as Ray exports them, and leave no application and no
 engine process behind. The recommended deployment carries the serving settings.
+
+The ingress is throttled on purpose: a 400 ms stream-batching window holds every first
+token back, so the client's TTFT is far above the engine's own and the trial must be
+flagged ``harness_bound``, naming TTFT as the limiting side.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
         "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 16, "warmup_requests": 2,
                      "input_len": {"kind": "uniform", "min": 64, "max": 200}, "output_len": 16, "timeout_s": 60},
         "space": {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True,
-                  "stream_batching_interval_ms": [20.0], "num_ingress_replicas": [1]},
+                  "stream_batching_interval_ms": [400.0], "num_ingress_replicas": [1]},
         "objectives": ["maximize output_throughput", "minimize ttft_p99_ms"],
         "constraints": ["ttft_p99_ms <= 5000"],
         "search": {"sampler": "random", "preflight": False},
@@ -78,13 +82,19 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
     facts = json.loads(row["extra_json"])["engine_facts"]
     # The searched serving settings reached ray.serve.llm, and the trial went through Serve's proxy.
     assert facts["ingress"] == "serve_llm"
-    assert facts["llm_config"]["experimental_configs"] == {"stream_batching_interval_ms": 20.0,
+    assert facts["llm_config"]["experimental_configs"] == {"stream_batching_interval_ms": 400.0,
                                                            "num_ingress_replicas": 1}
-    assert json.loads(row["engine_args_json"])["stream_batching_interval_ms"] == 20.0
+    assert json.loads(row["engine_args_json"])["stream_batching_interval_ms"] == 400.0
     assert "stream_batching_interval_ms" not in facts["llm_config"]["engine_kwargs"]
     assert "--stream-batching-interval-ms" not in row["vllm_command"]  # not a vLLM argument
     assert json.loads(row["extra_json"])["endpoint"].endswith("/tune-" + row["trial_id"])
 
+    # vLLM's own histograms, as Ray exports them: the engine saw the first tokens long before the client.
+    assert row["engine_ttft_p50_ms"] is not None and row["engine_output_throughput"] > 0
+    assert row["engine_ttft_p50_ms"] <= row["ttft_p50_ms"]
+    assert bool(row["harness_bound"]), row["harness_bound_reason"]
+    assert row["harness_bound_reason"].startswith("client TTFT p50"), row["harness_bound_reason"]
+
     rec = recommend(load_trials(run.study_dir), study)
-    assert rec.llm_config()["experimental_configs"] == {"stream_batching_interval_ms": 20.0,
+    assert rec.llm_config()["experimental_configs"] == {"stream_batching_interval_ms": 400.0,
                                                         "num_ingress_replicas": 1}

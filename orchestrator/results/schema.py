@@ -70,6 +70,7 @@ _HEAD: tuple[tuple[str, pa.DataType], ...] = (
     ("wall_time_s", pa.float64()),
     ("engine", pa.string()),
     ("engine_mode", pa.string()),
+    ("ingress", pa.string()),  # vllm engine: engine (vLLM's own server) or serve_llm (ray.serve.llm's app)
     ("model", pa.string()),
     ("gpu", pa.string()),
     ("gpus", pa.int64()),
