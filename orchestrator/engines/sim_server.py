@@ -27,6 +27,7 @@ import time
 from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
+from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines.sim_metrics import SimRequestMetrics
@@ -44,7 +45,30 @@ def words_to_ids(text: str, vocab_size: int) -> list[int]:
 
 
 class BadRequest(ValueError):
-    pass
+    """A request vLLM's server refuses, with its status, error type and parameter (vLLM's ``ErrorInfo``)."""
+
+    def __init__(self, message: str, *, param: Optional[str] = None, status: int = 400,
+                 err_type: str = "BadRequestError"):
+        super().__init__(message)
+        self.param, self.status, self.err_type = param, status, err_type
+
+    def body(self) -> dict:
+        return error_body(self.status, str(self), self.err_type, self.param)
+
+
+_OPTIONAL_INT = TypeAdapter(Optional[int])
+
+
+def _int_field(body: dict, name: str) -> Optional[int]:
+    """``body[name]`` as vLLM's request model reads an ``int | None`` field (pydantic, lax), or the
+    400 its request validation answers (type ``Bad Request``, param ``body.<name>``)."""
+    try:
+        return _OPTIONAL_INT.validate_python(body.get(name))
+    except ValidationError as e:
+        errors = [{**err, "loc": ("body", name, *err["loc"])} for err in e.errors(include_url=False)]
+        label = "error" if len(errors) == 1 else "errors"
+        message = f"{len(errors)} validation {label}:\n" + "".join(f"  {err}\n" for err in errors)
+        raise BadRequest(message.rstrip(), param=f"body.{name}", err_type="Bad Request") from None
 
 
 class _Mailbox:
@@ -230,18 +254,26 @@ class OpenAIFrontend:
         raise BadRequest("'prompt' must be a non-empty string or list of token ids")
 
     async def start(self, body: Any, chat: bool):
-        """Validate and submit; returns (rid, mailbox) or raises BadRequest."""
+        """Validate and submit; returns (rid, mailbox) or raises BadRequest (vLLM's status and error body)."""
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        # In vLLM's order: the request model's types, the model name, then SamplingParams' values.
+        fields = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens", "max_completion_tokens")
+        limits = [_int_field(body, f) for f in fields]
+        n = _int_field(body, "n")
         if body.get("model") not in (None, self.name):
-            raise BadRequest(f"The model `{body.get('model')}` does not exist.")
+            raise BadRequest(f"The model `{body.get('model')}` does not exist.", param="model", status=404,
+                             err_type="NotFoundError")
         ids = self._prompt_ids(body, chat)
-        try:
-            max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        except (TypeError, ValueError):
-            raise BadRequest("max_tokens must be an integer") from None
+        max_tokens = next((v for v in limits if v is not None), 16)  # 16: vLLM's default
+        if n is not None and n < 1:
+            raise BadRequest(f"n must be at least 1, got {n}.")
+        if n is not None and n > 1:  # vLLM samples n sequences; the simulator makes one: refuse, never ignore
+            raise BadRequest(f"n > 1 is not supported by the simulated engine (one sequence per request), "
+                             f"got {n}.", param="n")
         if max_tokens < 1:
-            raise BadRequest("max_tokens must be at least 1")
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}. "
+                             f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
         rid, box, accepted = self.rt.submit(ids, max_tokens)
         await accepted
         return rid, box
@@ -356,9 +388,28 @@ class OpenAIFrontend:
                 "weights_gib": m.weight_bytes_per_gpu / 2**30}
 
 
-def error_body(status: int, message: str) -> dict:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    return {"error": {"message": message, "type": kind, "code": status}}
+def error_body(status: int, message: str, kind: Optional[str] = None, param: Optional[str] = None) -> dict:
+    """vLLM's ``ErrorResponse``: ``{"error": {message, type, param, code}}``."""
+    kind = kind or ("BadRequestError" if status < 500 else "InternalServerError")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def _not_found_json():
+    """aiohttp middleware: an unknown route or method answers FastAPI's JSON (what vLLM's server
+    answers: 404 ``{"detail": "Not Found"}``, 405 ``{"detail": "Method Not Allowed"}`` with ``Allow``)."""
+    from aiohttp import web
+
+    @web.middleware
+    async def middleware(request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPMethodNotAllowed as e:
+            allow = ", ".join(sorted(m for m in e.allowed_methods if m != "HEAD"))
+            return web.json_response({"detail": "Method Not Allowed"}, status=405, headers={"Allow": allow})
+        except web.HTTPNotFound:
+            return web.json_response({"detail": "Not Found"}, status=404)
+
+    return middleware
 
 
 async def start_direct_server(front: OpenAIFrontend, host: str = "127.0.0.1") -> int:
@@ -373,7 +424,7 @@ async def start_direct_server(front: OpenAIFrontend, host: str = "127.0.0.1") ->
         try:
             rid, box = await front.start(body, chat)
         except BadRequest as e:
-            return web.json_response(error_body(400, str(e)), status=400)
+            return web.json_response(e.body(), status=e.status)
         except RuntimeError as e:
             return web.json_response(error_body(500, str(e)), status=500)
         if not body.get("stream"):
@@ -394,7 +445,7 @@ async def start_direct_server(front: OpenAIFrontend, host: str = "127.0.0.1") ->
             return web.json_response(error_body(500, f"engine dead: {front.rt.error!r}"), status=500)
         return web.Response(status=200)
 
-    app = web.Application(client_max_size=64 * 2**20)
+    app = web.Application(client_max_size=64 * 2**20, middlewares=[_not_found_json()])
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", lambda _: _json(front.models_body()))
     app.router.add_post("/v1/completions", lambda r: completions(r, False))
@@ -488,7 +539,7 @@ def build_ingress_class():
             try:
                 rid, box = await self.front.start(body, chat)
             except BadRequest as e:
-                return JSONResponse(error_body(400, str(e)), status_code=400)
+                return JSONResponse(e.body(), status_code=e.status)
             except RuntimeError as e:
                 return JSONResponse(error_body(500, str(e)), status_code=500)
             if body.get("stream"):

@@ -1,0 +1,157 @@
+"""The served simulator answers bad requests as vLLM's OpenAI server does, on both of its doors.
+
+The expected answers were recorded from vLLM 0.29.0 (the CPU build in this venv, ``python -m
+vllm.entrypoints.openai.api_server`` on a generated tiny model): a field it validates in
+``SamplingParams`` gives 400 with ``{"error": {message, type, param, code}}``; a value of the
+wrong type gives pydantic's request validation (type ``Bad Request``, param ``body.<field>``);
+an unknown model 404 ``NotFoundError``; an unknown route or a wrong method is FastAPI's own
+JSON, ``{"detail": "Not Found"}`` (404) and ``{"detail": "Method Not Allowed"}`` (405, with
+``Allow``). vLLM samples ``n > 1`` sequences; the simulator generates one per request, so it
+refuses ``n > 1`` with a 400 naming ``n`` instead of answering one choice where n were asked.
+
+The simulator is deployed once as the sim engine deploys it in a trial (a Ray Serve
+application with its direct aiohttp server), and every case goes over real HTTP to the
+direct server and to the Serve (FastAPI) route.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any, Optional
+
+import pytest
+
+pytestmark = pytest.mark.slow  # starts Ray and Serve (once for the module)
+
+SERVE_PORT = 8217
+MODEL = "sim-api"
+
+
+@pytest.fixture(scope="module")
+def doors(tmp_path_factory):
+    import ray
+
+    from orchestrator.engine_args import engine_args_from_params
+    from orchestrator.engines import serve_app
+    from orchestrator.engines.serve_app import SERVE_PORT_ENV
+    from orchestrator.engines.sim_serve import ServedSimEngine
+    from orchestrator.runtime import start_serve
+    from orchestrator.study import parse_study
+
+    saved = os.environ.get(SERVE_PORT_ENV)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, namespace="orchestrator")
+    try:
+        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
+        study = parse_study({
+            "name": "api", "engine": {"kind": "sim"}, "model": {"name": "tiny-llama", "served_name": MODEL},
+            "hardware": {"gpu": "H100-80GB"}, "space": {"max_num_seqs": 8},
+            "objectives": ["maximize output_throughput"], "output": str(tmp_path_factory.mktemp("out")),
+        })
+        engine = ServedSimEngine(study)
+        with engine.deploy("t1", engine.resolve(engine_args_from_params({"max_num_seqs": 8}))) as dep:
+            direct = dep.endpoint.facts["direct_url"]
+            assert direct and dep.endpoint.base_url == direct
+            yield {"direct": direct, "serve": serve_app.serve_base_url("/" + serve_app.app_name_for("t1"))}
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop(SERVE_PORT_ENV, None)
+        else:
+            os.environ[SERVE_PORT_ENV] = saved
+
+
+def call(base: str, path: str, method: str = "GET", body: Any = None, raw: Optional[bytes] = None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data is not None else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, headers, text = r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, headers, text = e.code, e.headers, e.read().decode()
+    assert headers.get("Content-Type", "").startswith(("application/json", "text/event-stream")), (path, text)
+    return status, headers, (json.loads(text) if headers["Content-Type"].startswith("application/json") else text)
+
+
+def completion(**fields) -> dict:
+    return {"model": MODEL, "prompt": "t5 t6 t7", **fields}
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "t5 t6"}], **fields}
+
+
+def vllm_error(message: str, param: Optional[str], code: int = 400, kind: str = "BadRequestError") -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+MAX_TOKENS_0 = vllm_error("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens")
+
+CASES = [  # (path, body, status, vLLM 0.29.0's body)
+    ("/v1/completions", completion(max_tokens=0), 400, MAX_TOKENS_0),
+    ("/v1/completions", completion(max_tokens=0, stream=True), 400, MAX_TOKENS_0),
+    ("/v1/chat/completions", chat(max_tokens=0), 400, MAX_TOKENS_0),
+    ("/v1/chat/completions", chat(max_completion_tokens=0), 400, MAX_TOKENS_0),
+    ("/v1/completions", completion(max_tokens=-1), 400,
+     vllm_error("max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)", "max_tokens")),
+    ("/v1/completions", completion(max_tokens=4, n=0), 400, vllm_error("n must be at least 1, got 0.", None)),
+    ("/v1/completions", completion(model="other", max_tokens=4), 404,
+     vllm_error("The model `other` does not exist.", "model", 404, "NotFoundError")),
+]
+
+
+@pytest.mark.parametrize("door", ["direct", "serve"])
+@pytest.mark.parametrize("path, body, status, expected", CASES,
+                         ids=["max_tokens0", "max_tokens0-stream", "chat-max_tokens0", "chat-max_completion0",
+                              "max_tokens-1", "n0", "unknown-model"])
+def test_bad_values_answer_like_vllm(doors, door, path, body, status, expected):
+    got_status, _, got = call(doors[door], path, "POST", body)
+    assert (got_status, got) == (status, expected)
+
+
+@pytest.mark.parametrize("door", ["direct", "serve"])
+@pytest.mark.parametrize("field, value", [("max_tokens", "x"), ("max_tokens", 2.5), ("n", "two")])
+def test_wrong_types_are_request_validation_errors(doors, door, field, value):
+    status, _, got = call(doors[door], "/v1/completions", "POST", completion(**{field: value}))
+    assert status == 400
+    assert set(got) == {"error"} and got["error"]["type"] == "Bad Request" and got["error"]["code"] == 400
+    assert got["error"]["param"] == f"body.{field}" and repr(value) in got["error"]["message"]
+
+
+@pytest.mark.parametrize("door", ["direct", "serve"])
+@pytest.mark.parametrize("api, body", [("/v1/completions", completion(max_tokens=4, n=3)),
+                                       ("/v1/chat/completions", chat(max_tokens=4, n=2, stream=True))])
+def test_n_above_one_is_refused_not_ignored(doors, door, api, body):
+    status, _, got = call(doors[door], api, "POST", body)
+    assert status == 400 and got["error"]["param"] == "n" and got["error"]["type"] == "BadRequestError"
+    assert f"got {body['n']}" in got["error"]["message"]
+
+
+@pytest.mark.parametrize("door", ["direct", "serve"])
+@pytest.mark.parametrize("method, path, status, expected, allow", [
+    ("GET", "/nope", 404, {"detail": "Not Found"}, None),
+    ("POST", "/v1/nope", 404, {"detail": "Not Found"}, None),
+    ("GET", "/v1/completions", 405, {"detail": "Method Not Allowed"}, "POST"),
+    ("DELETE", "/v1/models", 405, {"detail": "Method Not Allowed"}, "GET"),
+    ("POST", "/health", 405, {"detail": "Method Not Allowed"}, "GET"),
+])
+def test_unknown_routes_and_methods_answer_json(doors, door, method, path, status, expected, allow):
+    got_status, headers, got = call(doors[door], path, method, {} if method == "POST" else None)
+    assert (got_status, got) == (status, expected)
+    if allow:
+        assert headers["Allow"] == allow
+
+
+@pytest.mark.parametrize("door", ["direct", "serve"])
+def test_good_requests_still_work(doors, door):
+    """n: 1 and an absent max_tokens (vLLM's completions default: 16) are fine."""
+    status, _, got = call(doors[door], "/v1/completions", "POST", completion(max_tokens=3, n=1))
+    assert status == 200 and got["usage"]["completion_tokens"] == 3 and len(got["choices"]) == 1
+    status, _, got = call(doors[door], "/v1/completions", "POST", completion(max_tokens=None))
+    assert status == 200 and got["usage"]["completion_tokens"] == 16
+    status, _, got = call(doors[door], "/v1/chat/completions", "POST", chat(max_completion_tokens=2, stream=True,
+                                                                            stream_options={"include_usage": True}))
+    assert status == 200 and '"completion_tokens": 2' in got and got.rstrip().endswith("data: [DONE]")
