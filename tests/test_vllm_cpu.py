@@ -21,24 +21,16 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
+from vllm_processes import vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 KV_BYTES = 8 * 2**20  # 4,096 tokens of tiny-llama in float32 (2 KiB per token)
 
 
-def _engine_core_pids() -> list[int]:
-    pids = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        try:
-            text = (p.info["name"] or "") + " ".join(p.info["cmdline"] or [])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if "EngineCore" in text:
-            pids.append(p.pid)
-    return pids
+def _engine_core_pids(cache_root: Path) -> list[int]:
+    return [p.pid for p in vllm_processes(cache_root, kinds=("EngineCore",))]
 
 
 class EngineKiller(threading.Thread):
@@ -46,8 +38,10 @@ class EngineKiller(threading.Thread):
     its engine has finished ``after_requests`` requests (readiness probe and warm-up included), so
     the kill lands in the measured load window however slow the start and warm-up are."""
 
-    def __init__(self, trials_dir: Path, after_rows: int, after_requests: int, timeout_s: float = 900):
+    def __init__(self, trials_dir: Path, cache_root: Path, after_rows: int, after_requests: int,
+                 timeout_s: float = 900):
         super().__init__(daemon=True)
+        self.cache_root = cache_root
         self.trials_dir, self.after_rows, self.after_requests = trials_dir, after_rows, after_requests
         self.timeout_s = timeout_s
         self.killed_pid = None
@@ -58,22 +52,21 @@ class EngineKiller(threading.Thread):
         while not self.stop.is_set() and time.monotonic() < deadline:
             rows = len(list(self.trials_dir.rglob("*.parquet"))) if self.trials_dir.exists() else 0
             if rows >= self.after_rows and self._finished_requests() >= self.after_requests:
-                pids = _engine_core_pids()
+                pids = _engine_core_pids(self.cache_root)
                 if pids:
                     os.kill(pids[0], 9)
                     self.killed_pid = pids[0]
                     return
             time.sleep(0.25)
 
-    @staticmethod
-    def _finished_requests() -> float:
+    def _finished_requests(self) -> float:
         """Requests the running trial's engine has finished: vLLM's own counter, read from the
         server the trial started (ingress ``engine``: its port is on the server's command line)."""
         from orchestrator.telemetry import _http_get, parse_prometheus
 
-        for p in psutil.process_iter(["cmdline"]):
-            argv = p.info["cmdline"] or []
-            if "vllm.entrypoints.openai.api_server" in argv and "--port" in argv:
+        for p in vllm_processes(self.cache_root, kinds=("vllm.entrypoints.openai.api_server",)):
+            argv = p.cmdline()
+            if "--port" in argv:
                 port = argv[argv.index("--port") + 1]
                 try:
                     metrics = parse_prometheus(_http_get(f"http://127.0.0.1:{port}/metrics"))
@@ -130,7 +123,8 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
                                                                   "HF_HOME")}})
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
     # lands in the measured window of the first level.
-    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", after_rows=3, after_requests=20)
+    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", tmp_path / "cache", after_rows=3,
+                          after_requests=20)
     killer.start()
     try:
         run = run_study(study, quiet=True, serve_port=8131)
@@ -140,7 +134,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
         ray.shutdown()
     assert leftover == [], leftover
     time.sleep(2)
-    assert _engine_core_pids() == [], "a vLLM engine process outlived its trial"
+    assert _engine_core_pids(tmp_path / "cache") == [], "a vLLM engine process outlived its trial"
 
     trials = load_trials(run.study_dir).set_index("trial_number").sort_index()
     assert len(trials) == 4, trials[["status", "failure_kind"]]

@@ -16,22 +16,10 @@ import json
 import os
 import time
 
-import psutil
 import pytest
+from vllm_processes import vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-
-def _vllm_pids() -> list[int]:
-    out = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        try:
-            text = (p.info["name"] or "") + " ".join(p.info["cmdline"] or [])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if "EngineCore" in text or "vllm.entrypoints" in text:
-            out.append(p.pid)
-    return out
 
 
 def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch):
@@ -74,7 +62,7 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
         ray.shutdown()
     assert leftover == []
     time.sleep(2)
-    assert _vllm_pids() == [], "a vLLM process outlived its trial"
+    assert vllm_processes(tmp_path / "cache") == [], "a vLLM process outlived its trial"
 
     (row,) = [r for _, r in load_trials(run.study_dir).iterrows()]
     assert row["status"] == "completed", (row["failure_kind"], row["failure_message"])

@@ -59,17 +59,24 @@ def _failure_text(app_status) -> str:
     return "\n".join(p for p in parts if p)
 
 
-_EXC_LINE = re.compile(r"(?:^|\n)(?:[\w.]+\.)?(EngineStartError|ValueError|RuntimeError|OutOfMemoryError|"
-                       r"torch\.OutOfMemoryError|AssertionError|TypeError|Exception)[:(](.*)")
+# vLLM's log prefixes: "(APIServer pid=12) " / "(EngineCore pid=3) " and "ERROR 12-03 09:40:01 [core.py:1374] ".
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)")
 
 
 def engine_message(text: str) -> str:
-    """The engine's own error line from a Serve failure message (last exception line wins)."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        m = re.match(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)", ln)
-        if m and "ray.exceptions" not in ln and "RayActorError" not in ln:
-            return m.group(2).strip()[:2000]
+    """The engine's own error from a failure text (Serve's message, a server log): the last line
+    that starts with an exception, log prefixes removed. A pydantic ``ValidationError`` (how vLLM
+    rejects engine arguments) is followed by the reason on the next line, which is kept."""
+    lines = [_LOG_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    for i in range(len(lines) - 1, -1, -1):
+        m = _EXCEPTION.match(lines[i])
+        if m and "ray.exceptions" not in lines[i] and "RayActorError" not in lines[i]:
+            message = m.group(2).strip()
+            if m.group(1) == "ValidationError" and i + 1 < len(lines):
+                message += ": " + lines[i + 1].removeprefix("Value error, ")
+            return message[:2000]
     return (lines[-1] if lines else "deployment failed")[:2000]
 
 

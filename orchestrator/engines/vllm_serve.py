@@ -528,11 +528,12 @@ class VllmServeEngine(Engine):
 
 def _best_message(text: str, kind: FailureKind) -> str:
     """The line of ``text`` that says why, as the engine wrote it."""
+    # Invalid arguments have no marker of their own: the last exception line says why (a marker
+    # such as "error" would pick warnings like "failed to increase ulimit with error [Errno 24]").
     markers = {
         FailureKind.KV_CACHE_TOO_SMALL: "max seq len",
         FailureKind.NO_KV_MEMORY: "No available memory for the cache blocks",
         FailureKind.WEIGHTS_OOM: "out of memory",
-        FailureKind.INVALID_ARGS: "Error",
     }
     key = markers.get(kind)
     if key:

@@ -1,0 +1,25 @@
+"""vLLM processes of one test: the CPU vLLM test modules run at the same time on two workers,
+so each finds its own engines by the cache folder it gave them (``VLLM_CACHE_ROOT`` is set in
+the test's Ray runtime environment and inherited by every engine process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+
+def vllm_processes(cache_root: Path, *, kinds: tuple[str, ...] = ("EngineCore", "vllm.entrypoints")) -> list:
+    """Live processes whose name or command line has one of ``kinds`` and whose environment
+    points ``VLLM_CACHE_ROOT`` under ``cache_root``."""
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            text = (p.info["name"] or "") + " " + " ".join(p.info["cmdline"] or [])
+            if not any(k in text for k in kinds) or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get("VLLM_CACHE_ROOT", "").startswith(str(cache_root)):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
