@@ -216,6 +216,27 @@ class EngineArgs:
         return shlex.join(["vllm", "serve", model, *self.to_cli_args()])
 
 
+def vllm_refusal(args: EngineArgs) -> str | None:
+    """Why vLLM refuses to start with these (resolved) arguments, in its own words, or None.
+
+    vLLM's ``SchedulerConfig.verify_max_model_len`` (0.26 and 0.29): checked before anything is
+    loaded, so the pre-flight and the simulator refuse exactly what vLLM refuses.
+    """
+    mnbt, seqs, max_len = args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len
+    if mnbt is None or seqs is None or max_len is None:
+        return None
+    if mnbt < max_len and args.enable_chunked_prefill is False:
+        return (f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({max_len}). This effectively "
+                "limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
+                "sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+    if mnbt < seqs:
+        return f"max_num_batched_tokens ({mnbt}) must be greater than or equal to max_num_seqs ({seqs})."
+    if args.long_prefill_token_threshold > max_len:
+        return (f"long_prefill_token_threshold ({args.long_prefill_token_threshold}) cannot be greater than "
+                f"the max_model_len ({max_len}).")
+    return None
+
+
 def validate_engine_arg(name: str, value: Any) -> str | None:
     """Why ``value`` is not a valid value of engine argument ``name``, or None."""
     rule = ENGINE_ARG_RULES.get(name)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.engine_args import EngineArgs, ceil_div, engine_args_from_params
+from orchestrator.engine_args import EngineArgs, ceil_div, engine_args_from_params, vllm_refusal
 from orchestrator.failures import EngineStartError, FailureKind
 
 # Real engines use a little memory the model cannot see; only reject configurations
@@ -86,6 +86,9 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
     from orchestrator.sim.models import ModelShape
 
     model = ModelShape.load(study.model.name, study.base_dir)
+    refusal = vllm_refusal(args)
+    if refusal is not None:
+        return Verdict(False, FailureKind.INVALID_ARGS, refusal)
     need = args.gpus
     if cluster_units is not None and need > cluster_units:
         return Verdict(False, FailureKind.PREFLIGHT,

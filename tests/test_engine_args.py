@@ -83,3 +83,49 @@ def test_grid_applies_conditions():
     assert all(("long_prefill_token_threshold" in g) == g["enable_chunked_prefill"] for g in grid)
     assert space.column_types() == {"enable_chunked_prefill": "bool", "long_prefill_token_threshold": "int",
                                     "max_num_seqs": "int"}
+
+
+def test_vllm_refusal_is_what_vllms_own_scheduler_config_refuses():
+    """The pre-flight and the simulator refuse exactly the argument sets vLLM's SchedulerConfig
+    refuses (and in its words): checked against the installed vLLM over a grid of budgets."""
+    import itertools
+
+    from vllm.config import SchedulerConfig
+
+    from orchestrator.engine_args import EngineArgs, vllm_refusal
+
+    for mnbt, seqs, max_len, chunked, threshold in itertools.product(
+            (256, 2048, 8192), (16, 512), (1024, 4096), (True, False), (0, 2048)):
+        args = EngineArgs(max_num_batched_tokens=mnbt, max_num_seqs=seqs, max_model_len=max_len,
+                          enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold)
+        try:
+            SchedulerConfig(max_num_batched_tokens=mnbt, max_num_seqs=seqs, max_model_len=max_len,
+                            enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
+                            is_encoder_decoder=False)
+            theirs = None
+        except Exception as e:  # noqa: BLE001 - pydantic's ValidationError wraps vLLM's ValueError
+            theirs = str(e)
+        ours = vllm_refusal(args)
+        assert (ours is None) == (theirs is None), (args, ours, theirs)
+        if ours is not None:
+            assert ours.split(".")[0] in theirs
+
+
+def test_preflight_and_simulator_refuse_a_budget_vllm_refuses(study_doc):
+    from orchestrator.engine_args import EngineArgs
+    from orchestrator.failures import EngineStartError, FailureKind
+    from orchestrator.feasibility import check
+    from orchestrator.sim.core import SimEngineCore
+    from orchestrator.sim.hardware import get_gpu
+    from orchestrator.sim.models import ModelShape
+    from orchestrator.study import parse_study
+
+    study = parse_study(study_doc)
+    gpu = get_gpu(study.hardware.gpu)
+    args = EngineArgs(max_num_seqs=64, max_num_batched_tokens=2048, enable_chunked_prefill=False,
+                      max_model_len=4096).resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name)
+    verdict = check(study, args)
+    assert not verdict.ok and verdict.kind == FailureKind.INVALID_ARGS and "smaller than max_model_len" in verdict.reason
+    with pytest.raises(EngineStartError) as err:
+        SimEngineCore(ModelShape.load(study.model.name), gpu, args)
+    assert err.value.kind == FailureKind.INVALID_ARGS

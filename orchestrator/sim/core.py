@@ -12,7 +12,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from orchestrator.engine_args import EngineArgs, ceil_div
+from orchestrator.engine_args import EngineArgs, ceil_div, vllm_refusal
+from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.sim.cost import StepCostModel
 from orchestrator.sim.hardware import GpuSpec
 from orchestrator.sim.memory import MemoryPlan, plan_memory
@@ -75,6 +76,9 @@ class SimEngineCore:
         if args.max_num_seqs is None or args.max_model_len is None:
             args = args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name,
                                  model_max_len=model.max_position_embeddings)
+        refusal = vllm_refusal(args)
+        if refusal is not None:  # vLLM refuses these arguments before loading anything
+            raise EngineStartError(FailureKind.INVALID_ARGS, refusal)
         self.model, self.gpu, self.args = model, gpu, args
         self.memory: MemoryPlan = plan_memory(model, gpu, args, dtype)
         num_blocks = self.memory.num_blocks
