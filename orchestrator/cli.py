@@ -39,8 +39,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from orchestrator.results.definition import StudyDefinitionError
+
     try:
         return args.func(args)
+    except StudyDefinitionError as e:  # any command that reads or writes a study.json it cannot read
+        print(e, file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130

@@ -359,7 +359,10 @@ class Study(_Strict):
     def _model_exists(cls, v: ModelSpec, info) -> ModelSpec:
         from orchestrator.sim.models import find_model_config
 
-        base_dir = (info.context or {}).get("base_dir")  # the study file's folder (see parse_study)
+        context = info.context or {}
+        if context.get("stored"):  # study.json beside results: the model was found when it ran
+            return v
+        base_dir = context.get("base_dir")  # the study file's folder (see parse_study)
         try:
             find_model_config(v.name, Path(base_dir) if base_dir is not None else None)
         except FileNotFoundError as e:

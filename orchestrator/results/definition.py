@@ -10,6 +10,16 @@ from typing import Optional
 DEFINITION_FILE = "study.json"
 
 
+class StudyDefinitionError(Exception):
+    """A ``study.json`` that exists but cannot be read (truncated, garbled, not a study); ``path`` names it."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = " ".join(reason.split())  # one line
+        super().__init__(f"{path}: unreadable study definition ({self.reason}); restore it from a copy or move "
+                         "it away (the next run writes a new one); nothing was changed")
+
+
 def _fs_and_path(uri: str):
     import pyarrow.fs as pafs
 
@@ -19,9 +29,14 @@ def _fs_and_path(uri: str):
 
 
 def write_study_definition(study) -> str:
-    """Write (atomically) the study as JSON into its result directory; returns the path."""
+    """Write (atomically) the study as JSON into its result directory; returns the path.
+
+    Raises :class:`StudyDefinitionError`, and writes nothing, where a ``study.json`` is there
+    that cannot be read: a file this call did not write is never overwritten blindly.
+    """
     fs, base = _fs_and_path(study.output)
     study_dir = f"{base.rstrip('/')}/{study.name}"
+    read_study_definition(study_dir, parent=False)  # raises on an unreadable one
     fs.create_dir(study_dir, recursive=True)
     # source_path: where the study file was, so that a relative model path in it still resolves.
     body = json.dumps({"study": study.model_dump(mode="json"), "fingerprint": study.fingerprint(),
@@ -34,23 +49,41 @@ def write_study_definition(study) -> str:
     return final
 
 
-def read_study_definition(path: str):
-    """The Study stored at ``path`` (a study result dir, or its trials dir), or None."""
+def read_study_definition(path: str, *, parent: bool = True):
+    """The Study stored at ``path`` (a study result dir, or its trials dir), or None where there is none.
+
+    Raises :class:`StudyDefinitionError` where the file is there but cannot be read.
+    ``parent=False``: look in ``path`` only.
+    """
+    from pydantic import ValidationError
+
     from orchestrator.study import Study
 
     fs, base = _fs_and_path(path)
     base = base.rstrip("/")
-    for candidate in (base, base.rsplit("/", 1)[0]):
+    for candidate in (base, base.rsplit("/", 1)[0]) if parent else (base,):
         target = f"{candidate}/{DEFINITION_FILE}"
         try:
             with fs.open_input_stream(target) as f:
-                data = json.loads(f.read())
+                raw = f.read()
         except (FileNotFoundError, OSError):
             continue
-        source_path = data.get("source_path")
-        base_dir = Path(source_path).parent if source_path else None
-        study = Study.model_validate(data["study"], context={"base_dir": base_dir})
-        return study.model_copy(update={"source_path": source_path}) if source_path else study
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or not isinstance(data.get("study"), dict):
+                raise StudyDefinitionError(target, "no 'study' object in it")
+            source_path = data.get("source_path")
+            base_dir = Path(source_path).parent if isinstance(source_path, str) else None
+            # stored: the model was found when the study was run; it need not be there to read results
+            study = Study.model_validate(data["study"], context={"base_dir": base_dir, "stored": True})
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and ValidationError are ValueErrors
+            if isinstance(e, ValidationError):
+                first = e.errors(include_url=False)[0]
+                reason = f"{'.'.join(map(str, first['loc'])) or 'study'}: {first['msg']}"
+            else:
+                reason = f"not JSON: {e}"
+            raise StudyDefinitionError(target, reason) from None
+        return study.model_copy(update={"source_path": source_path}) if isinstance(source_path, str) else study
     return None
 
 

@@ -11,6 +11,7 @@ trial. ``path`` may be a local path or a pyarrow filesystem URI (``s3://``,
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -23,9 +24,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from orchestrator.results.pareto import ConstraintLike, _candidates, normalize_objectives, to_losses
 from orchestrator.results.schema import REQUESTS_SCHEMA, TIMESTAMP, trials_schema
+
+log = logging.getLogger(__name__)
 
 TABLES = ("trials", "requests")
 PARTITIONING = ds.partitioning(pa.schema([("date", pa.string()), ("run", pa.string())]), flavor="hive")
@@ -104,22 +108,53 @@ def _table_dirs(fs: pafs.FileSystem, base: str, table: str, study: Optional[str]
                   and _is_dir(fs, f"{c.path}/{table}"))
 
 
+_warned: set[str] = set()
+
+
+def _skip_unreadable(path: str, error: BaseException) -> None:
+    """One warning line per unreadable file and process (a truncated copy, an emptied file)."""
+    if path not in _warned:
+        _warned.add(path)
+        reason = " ".join(str(error).split()) or type(error).__name__
+        log.warning("skipped %s: not a readable Parquet file (%s)", path, reason)
+
+
 def _read_files(fs: pafs.FileSystem, table_dir: str, files: list[DataFile],
                 filter_expr: Optional[ds.Expression]) -> Optional[pa.Table]:
-    if not files:
+    """The files as one table; a file that cannot be read is skipped with a warning naming it
+    (never changed: it may be the only copy of a measurement)."""
+    paths, schemas = [], set()
+    for f in files:
+        try:
+            with fs.open_input_file(f.path) as fh:
+                schemas.add(pq.read_schema(fh))
+        except (OSError, pa.ArrowException) as e:  # ArrowInvalid: truncated, empty, not Parquet
+            _skip_unreadable(f.path, e)
+            continue
+        paths.append(f.path)
+    if not paths:
         return None
-    paths = [f.path for f in files]
-    dataset = ds.dataset(paths, filesystem=fs, format="parquet", partitioning=PARTITIONING,
-                         partition_base_dir=table_dir)
     # Files of one study share a schema by construction; unify anyway, so that a
     # changed search space or a newer schema version never drops a column silently.
-    schemas = {frag.physical_schema for frag in dataset.get_fragments()}
+    unified = None
     if len(schemas) > 1:
         unified = pa.unify_schemas(list(schemas), promote_options="permissive")
         unified = unified.append(pa.field("date", pa.string())).append(pa.field("run", pa.string()))
-        dataset = ds.dataset(paths, schema=unified, filesystem=fs, format="parquet",
-                             partitioning=PARTITIONING, partition_base_dir=table_dir)
-    return dataset.to_table(filter=filter_expr)
+
+    def read(selected: list[str]) -> pa.Table:
+        return ds.dataset(selected, schema=unified, filesystem=fs, format="parquet", partitioning=PARTITIONING,
+                          partition_base_dir=table_dir).to_table(filter=filter_expr)
+
+    try:
+        return read(paths)
+    except (OSError, pa.ArrowException):  # a footer that reads but a damaged page: find the file(s)
+        tables = []
+        for path in paths:
+            try:
+                tables.append(read([path]))
+            except (OSError, pa.ArrowException) as e:
+                _skip_unreadable(path, e)
+        return _concat(tables)
 
 
 def _as_list(value: Union[str, Enum, Iterable, None]) -> Optional[list[str]]:
@@ -163,7 +198,8 @@ def load_trials(path: Union[str, os.PathLike], study: Optional[str] = None, sinc
     ``<output>/<study>`` or the ``trials`` directory. ``since``: a date, datetime or
     ISO string (naive means UTC); keeps trials started at or after it. ``status``
     and ``run``: one value or a list. ``date`` and ``run`` come back as plain
-    string columns. A trial present twice (a crashed rewrite) appears once.
+    string columns. A trial present twice (a crashed rewrite) appears once. A file that is
+    not readable Parquet (truncated, empty) is skipped with a logged warning naming it.
     """
     fs, base = resolve_location(path, filesystem)
     expr: Optional[ds.Expression] = None

@@ -170,13 +170,16 @@ class ResultsStore:
             return self._checked_schema
         try:
             existing = list_data_files(self.filesystem, self.trials_dir)
-            if existing:
-                with self.filesystem.open_input_file(existing[-1].path) as f:
-                    theirs = pq.read_schema(f)
-            else:
-                theirs = schema
         except (OSError, pa.ArrowException):
-            existing, theirs = [], schema  # unreadable listing or file: nothing to compare with
+            existing = []  # unreadable listing: nothing to compare with
+        theirs = schema
+        for data_file in reversed(existing):  # the newest file that reads (a damaged one is skipped)
+            try:
+                with self.filesystem.open_input_file(data_file.path) as f:
+                    theirs = pq.read_schema(f)
+                break
+            except (OSError, pa.ArrowException):
+                continue
         if theirs.equals(schema):
             self._checked_schema = schema
             return schema
@@ -194,9 +197,16 @@ class ResultsStore:
         return union
 
     def _migrate(self, path: str, schema: pa.Schema) -> None:
-        """Rewrite one trials file to ``schema`` (new columns null), atomically."""
-        with self.filesystem.open_input_file(path) as f:
-            table = pq.read_table(f)
+        """Rewrite one trials file to ``schema`` (new columns null), atomically. A file that cannot
+        be read is left as it is (readers skip it with a warning): never rewritten, never removed."""
+        try:
+            with self.filesystem.open_input_file(path) as f:
+                table = pq.read_table(f)
+        except (OSError, pa.ArrowException) as e:
+            from orchestrator.results.query import _skip_unreadable
+
+            _skip_unreadable(path, e)
+            return
         if table.schema.equals(schema):
             return
         columns = [table.column(fld.name) if fld.name in table.schema.names
