@@ -6,6 +6,7 @@ problem naming the key path, exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -20,8 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)  # this checkout's package, from any working directory
 
 
 def validate(path: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
