@@ -63,7 +63,7 @@ def model_directory(study) -> str:
 
     target = local_state_dir(study) / "models" / Path(study.model.name).stem
     if not (target / "tokenizer.json").is_file():
-        make_model_dir(study.model.name, target, weights="none")
+        make_model_dir(study.model.name, target, weights="none", base_dir=study.base_dir)
     return str(target)
 
 
