@@ -134,3 +134,17 @@ def test_calibration_multipliers():
 def test_sync_scheduling_exposes_cpu_overhead():
     sync = cost_model(extra={"async_scheduling": False})
     assert sync.decode_step_time(64, 500) > cost_model().decode_step_time(64, 500)
+
+
+def test_launches_above_the_capture_sizes_hide_behind_gpu_work():
+    c = cost_model(max_num_seqs=16)  # graphs capture at most 32 tokens
+    small, big = mixed(16, 500, 40), mixed(16, 500, 4096)
+    assert c.graph_mode(small) == c.graph_mode(big) == "none"
+    launch = c.nograph_s
+    # A small step is launch-bound: it costs the Python launches, not its GPU work...
+    b = c.breakdown(small)
+    assert b.linear_s + b.attention_s < launch
+    assert b.total_s == pytest.approx(launch + c.piecewise_s + c.step_overhead_s + c.per_seq_overhead_s * 17)
+    # ...a big one is GPU-bound: the launches run ahead of the GPU and cost nothing extra.
+    b = c.breakdown(big)
+    assert b.overhead_s == pytest.approx(c.piecewise_s + c.step_overhead_s + c.per_seq_overhead_s * 17)
