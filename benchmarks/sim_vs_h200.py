@@ -101,8 +101,9 @@ def study(path: str) -> None:
     from orchestrator.trial import study_requests
 
     real_study = read_study_definition(path)
-    sim_study = real_study.model_copy(update={"engine": {"kind": "sim", "mode": "virtual"}})
-    sim_study = type(real_study).model_validate(json.loads(sim_study.model_dump_json()))
+    from orchestrator.study import SimEngineSpec
+
+    sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
     engine = VirtualSimEngine(sim_study)
     trials = load_trials(path, status="completed")
     levels = load_levels(path)
@@ -119,8 +120,8 @@ def study(path: str) -> None:
             sim = _summary(records)
             real = {"req_s": lv["request_throughput"], "ttft_p50_ms": lv["ttft_p50_ms"],
                     "tpot_p50_ms": lv["tpot_p50_ms"]}
-            label = (f"S={t['max_num_seqs']} B={t['max_num_batched_tokens']} kv={t['kv_cache_dtype']} "
-                     f"eager={t['enforce_eager']}, {lv['rate']:.0f} req/s")
+            label = (f"S={args.max_num_seqs} B={args.max_num_batched_tokens} kv={args.kv_cache_dtype} "
+                     f"eager={args.enforce_eager}, {lv['rate']:.1f} req/s")
             print(_row(label, real, sim))
 
 
