@@ -55,7 +55,7 @@ def baseline(study, trials: int) -> list[dict]:
     from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines.base import create_engine
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.trial import study_requests
+    from orchestrator.load_phase import study_requests
 
     engine = create_engine(study)
     requests = study_requests(study)

@@ -119,12 +119,14 @@ class Point:
 
 
 def measure(name: str, params: dict[str, Any]) -> Point:
-    from orchestrator.trial import TrialContext, execute_trial, optuna_values
+    from orchestrator.trial import TrialContext, execute_trial, judge_result
 
     study = landscape_study(name)
-    row = execute_trial(study, params, trial_id="bench", trial_number=0, ctx=TrialContext(run_id="bench")).row
-    values, constraints = optuna_values(study, row)
-    return Point(tuple(values), constraints, row["status"], float(row.get("goodput") or 0.0))
+    result = execute_trial(study, params, trial_id="bench", trial_number=0, ctx=TrialContext(run_id="bench"))
+    verdict = judge_result(study, result)
+    goodput = result.metrics.goodput if result.metrics is not None else 0.0
+    return Point(tuple(verdict.optuna_values()), verdict.optuna_constraints(), result.status.value,
+                 float(goodput or 0.0))
 
 
 def _measure_many(args) -> list[tuple[tuple, Point]]:
@@ -160,7 +162,8 @@ def trials_to_target(name: str, sampler: str, seed: int, points: dict[tuple, Poi
     """Measured trials until a point meets the SLOs with goodput >= goal; ``cap + 1`` if never."""
     import optuna
 
-    from orchestrator.sampling import ask_distinct, make_sampler, tell
+    from orchestrator.search.optuna_search import ask_distinct, tell
+    from orchestrator.search.samplers import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = landscape_study(name, sampler=sampler, seed=seed)

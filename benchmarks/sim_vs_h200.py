@@ -98,7 +98,7 @@ def study(path: str) -> None:
     from orchestrator.results import load_trials
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.levels import load_levels
-    from orchestrator.trial import study_requests
+    from orchestrator.load_phase import study_requests
 
     real_study = read_study_definition(path)
     from orchestrator.study import SimEngineSpec

@@ -39,6 +39,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from orchestrator import judge
 from orchestrator.metrics import LoadMetrics
 from orchestrator.records import RequestRecord
 
@@ -147,15 +148,10 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     reasons = []
     if metrics.num_requests == 0:
         return Verdict(False, math.inf, ("no measured request",))
-    violation = -math.inf
-    values = metrics.as_dict()
-    ok = True
-    for c in slo:
-        v = values.get(c.metric)
-        violation = max(violation, c.violation(v))
-        if not c.met(v):
-            ok = False
-            reasons.append(f"{c} (got {'none' if v is None else f'{v:.4g}'})")
+    checks = judge.check_all(slo, metrics.as_dict())
+    violation = max((c.violation for c in checks), default=-math.inf)
+    ok = all(c.met for c in checks)
+    reasons += [c.describe() for c in checks if not c.met]
     error_rate = metrics.failed / metrics.num_requests
     if error_rate > max_error_rate:  # only a failing error rate enters the margin
         violation = max(violation, (error_rate - max_error_rate) / max(max_error_rate, 0.01))

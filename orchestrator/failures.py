@@ -1,12 +1,19 @@
-"""How a trial can fail, and how an engine's error text maps to a kind.
+"""How a trial can fail, and how what was seen maps to a kind and a status: the one classifier.
 
 A failed configuration is a measurement ("this does not fit"), not a crash of the
-study: the trial is recorded with its kind and the engine's own message.
+study: the trial is recorded with its kind and the engine's own message. Every
+classification lives here: an engine's start-up error text (:func:`classify_start_error`),
+a failure under load (:func:`classify_load`), a failure kind's trial status
+(:func:`status_of`), and the environment problems that stop a study instead
+(:func:`storage_problem`).
 """
 
 from __future__ import annotations
 
+import errno
+from dataclasses import dataclass
 from enum import Enum
+from typing import Iterable, Optional
 
 
 class TrialStatus(str, Enum):
@@ -78,3 +85,95 @@ def classify_runtime_error(text: str) -> FailureKind:
     if "out of memory" in text.lower() or "OutOfMemoryError" in text:
         return FailureKind.RUNTIME_OOM
     return FailureKind.ENGINE_DIED
+
+
+# Start-up failures caused by the configuration itself (vs. the engine misbehaving): infeasible.
+CONFIG_FAILURES = frozenset({FailureKind.WEIGHTS_OOM, FailureKind.NO_KV_MEMORY, FailureKind.KV_CACHE_TOO_SMALL,
+                             FailureKind.INVALID_ARGS})
+# Request errors that mean the engine behind a live server died.
+ENGINE_DEATH_MARKERS = ("EngineCore", "EngineDeadError", "engine dead", "engine died", "Engine loop has died")
+MESSAGE_LIMIT = 4000  # characters of an engine's message kept in a row
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a trial did not complete (or, for a completed one, what went wrong after it)."""
+
+    kind: FailureKind
+    message: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "message", self.message[-MESSAGE_LIMIT:])
+
+    def columns(self) -> dict[str, str]:
+        return {"failure_kind": self.kind.value, "failure_message": self.message}
+
+
+def status_of(kind: FailureKind) -> TrialStatus:
+    """The trial status a failure of this kind gives."""
+    if kind in CONFIG_FAILURES:
+        return TrialStatus.INFEASIBLE
+    if kind is FailureKind.PREFLIGHT:
+        return TrialStatus.PRUNED
+    if kind is FailureKind.INTERNAL:
+        return TrialStatus.ERROR
+    if kind is FailureKind.TEARDOWN_LEAK:  # measured; the leak is a warning on a completed trial
+        return TrialStatus.COMPLETED
+    return TrialStatus.FAILED
+
+
+def start_failure(e: EngineStartError) -> Failure:
+    return Failure(e.kind, e.message)
+
+
+def classify_load(*, health: Optional[str], errors: Iterable[Optional[str]], succeeded: int,
+                  measured: int) -> Optional[Failure]:
+    """A failure under load, from the engine's health after the load and the measured requests'
+    errors; None when the load ran (some requests may still have failed: the metrics count them).
+
+    An engine that died under load fails the trial even when Serve has since restarted the
+    replica and later requests succeeded: the configuration is unstable under this load.
+    """
+    if health is not None:
+        kind = FailureKind.RUNTIME_OOM if "out of memory" in health.lower() else FailureKind.ENGINE_DIED
+        return Failure(kind, health)
+    errors = [e for e in errors if e]
+    death = next((e for e in errors if any(k in e for k in ENGINE_DEATH_MARKERS)), None)
+    if death is not None:
+        return Failure(classify_runtime_error(death), death)
+    if measured and succeeded == 0:
+        return Failure(FailureKind.UNRESPONSIVE, errors[0] if errors else "no request completed")
+    return None
+
+
+def teardown_warning(problems: list[str]) -> Optional[Failure]:
+    return Failure(FailureKind.TEARDOWN_LEAK, "; ".join(problems)) if problems else None
+
+
+def storage_problem(e: BaseException) -> Optional[str]:
+    """A full or read-only disk somewhere in ``e``'s chain (journal, Tune state, results), or None."""
+    seen = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+            return f"{x.strerror or x}" + (f": {x.filename}" if x.filename else "")
+        stack += [x.__cause__, x.__context__, getattr(x, "cause", None)]
+    text = str(e)
+    for marker in ("No space left on device", "Disk quota exceeded", "Read-only file system", "File too large"):
+        if marker in text:
+            return marker
+    return None
+
+
+def root_message(e: BaseException) -> str:
+    """The innermost error line of an exception that may have crossed Ray processes."""
+    text = str(getattr(e, "cause", None) or e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln:
+            return ln[-500:]
+    return (lines[-1] if lines else type(e).__name__)[-500:]

@@ -244,8 +244,8 @@ def reconcile(study, storage, ostudy_name: str, rows) -> Reconciled:
     import optuna
     from optuna.trial import TrialState
 
-    from orchestrator.sampling import tell
-    from orchestrator.trial import optuna_values
+    from orchestrator.judge import judge_row
+    from orchestrator.search.optuna_search import SamplerReport, tell_report
 
     try:
         ostudy = optuna.load_study(study_name=ostudy_name, storage=storage)
@@ -262,15 +262,7 @@ def reconcile(study, storage, ostudy_name: str, rows) -> Reconciled:
         row = by_number.get(t.number)
         if row is not None:
             trial = optuna.trial.Trial(ostudy, t._trial_id)  # noqa: SLF001 - tell needs the live trial
-            values, constraints = optuna_values(study, row)
-            have = t.constraints
-            for k, v in constraints.items():
-                if k not in have:
-                    trial.set_constraint(k, v)
-            if row.get("status") == "error":
-                tell(ostudy, trial, state=TrialState.FAIL)
-            else:
-                tell(ostudy, trial, values)
+            tell_report(ostudy, trial, SamplerReport.of(judge_row(study, row), row.get("status")))
             told.append(t.number)
             continue
         storage.set_trial_system_attr(t._trial_id, INTERRUPTED_ATTR, time.time())  # noqa: SLF001

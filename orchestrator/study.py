@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from orchestrator import judge
 from orchestrator.metrics import HIGHER_IS_BETTER, RequestSLO, known_metric_names
 from orchestrator.space import Scalar, SearchSpace
 from orchestrator.workload.spec import WorkloadSpec
@@ -225,19 +226,11 @@ class Constraint(_Strict):
         return f"{self.metric} {self.op} {self.value:g}"
 
     def violation(self, value: Optional[float]) -> float:
-        """Optuna constraint value: <= 0 when met, else the relative excess."""
-        if value is None:
-            return 1.0
-        scale = max(abs(self.value), 1e-9)
-        if self.op in ("<=", "<"):
-            return (value - self.value) / scale
-        return (self.value - value) / scale
+        """Optuna constraint value: <= 0 when met, else the relative excess (:func:`orchestrator.judge.violation`)."""
+        return judge.violation(self.op, self.value, value)
 
     def met(self, value: Optional[float]) -> bool:
-        if value is None:
-            return False
-        return {"<=": value <= self.value, "<": value < self.value,
-                ">=": value >= self.value, ">": value > self.value}[self.op]
+        return judge.met(self.op, self.value, value)
 
 
 class SearchStage(_Strict):

@@ -19,7 +19,8 @@ import pytest
 from orchestrator.results import load_requests
 from orchestrator.results.levels import load_levels
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +76,7 @@ def test_served_sim_capacity_search(tmp_path, ray_serve):
     from orchestrator.results.schema import requests_to_table
 
     study = parse_study(study_doc(tmp_path, "served"))
-    out = execute_trial(study, {"max_num_seqs": 4}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    out = run_trial(study, {"max_num_seqs": 4}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
     row = out.row
     assert row["status"] == "completed", row.get("failure_message")
     kw = dict(study=study.name, run_id="r1", trial_id="t1")
@@ -105,6 +106,6 @@ def test_served_sim_capacity_search(tmp_path, ray_serve):
     # wake-ups), so the served capacity is at most the virtual one (+ the search's tolerance), and
     # on an idle machine close to it.
     virtual = parse_study(study_doc(tmp_path, "virtual"))
-    v = execute_trial(virtual, {"max_num_seqs": 4}, trial_id="v", trial_number=0, ctx=TrialContext("v"))
+    v = run_trial(virtual, {"max_num_seqs": 4}, trial_id="v", trial_number=0, ctx=TrialContext("v"))
     assert 0.4 * v.row["capacity_rps"] <= row["capacity_rps"] <= 1.25 * v.row["capacity_rps"], \
         (row["capacity_rps"], v.row["capacity_rps"], levels[["rate", "slo_met", "ttft_p99_ms"]])

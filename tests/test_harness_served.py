@@ -22,7 +22,8 @@ import pytest
 
 from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def study_doc(tmp_path, faults=(), capacity=None) -> dict:
 
 
 def run(study, trial_id: str):
-    out = execute_trial(study, PARAMS, trial_id=trial_id, trial_number=int(trial_id[1:]), ctx=TrialContext("r1"))
+    out = run_trial(study, PARAMS, trial_id=trial_id, trial_number=int(trial_id[1:]), ctx=TrialContext("r1"))
     assert out.row["status"] == "completed", out.row.get("failure_message")
     return out
 

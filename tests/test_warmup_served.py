@@ -20,7 +20,8 @@ from orchestrator.results import ResultsStore, load_requests, load_trials
 from orchestrator.results.levels import levels_to_table, load_levels
 from orchestrator.results.schema import requests_to_table
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,7 @@ def run(tmp_path, name, workload, max_num_seqs=32, **extra):
         "hardware": {"gpu": "H100-80GB"}, "workload": {"timeout_s": 30, **workload},
         "space": {"max_num_seqs": max_num_seqs}, "objectives": ["maximize output_throughput"],
         "output": str(tmp_path / "out"), **extra})
-    out = execute_trial(study, {"max_num_seqs": max_num_seqs}, trial_id=name, trial_number=0,
+    out = run_trial(study, {"max_num_seqs": max_num_seqs}, trial_id=name, trial_number=0,
                         ctx=TrialContext("r1"))
     assert out.row["status"] == "completed", out.row.get("failure_message")
     kw = dict(study=study.name, run_id="r1", trial_id=name)

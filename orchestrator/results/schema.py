@@ -36,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from orchestrator.failures import TrialStatus
+from orchestrator.judge import judge_against
 from orchestrator.metrics import known_metric_names
 from orchestrator.records import RequestRecord
 
@@ -244,20 +245,14 @@ def trial_row_to_table(row: Mapping[str, Any], schema: pa.Schema) -> pa.Table:
 
 def constraint_summary(status: Any, metrics: Mapping[str, Any],
                        constraints: Sequence[Any]) -> tuple[Optional[bool], Optional[float]]:
-    """``(feasible, constraint_violation)`` for a trials row.
+    """``(feasible, constraint_violation)`` for a trials row, as :mod:`orchestrator.judge` decides.
 
-    ``feasible``: the trial completed and every constraint is met. The violation is
-    the largest :meth:`Constraint.violation` (<= 0 when all are met); None when the
-    trial did not complete or the study has no constraints.
+    ``feasible``: the trial completed and every constraint is met. The violation is the
+    largest constraint margin (<= 0 when all are met, 0 without constraints); None when
+    the trial did not complete.
     """
-    status = status.value if isinstance(status, Enum) else status
-    if status != TrialStatus.COMPLETED.value:
-        return False, None
-    values = {c.metric: (None if _is_missing(metrics.get(c.metric)) else float(metrics[c.metric]))
-              for c in constraints}
-    feasible = all(c.met(values[c.metric]) for c in constraints)
-    violation = max((c.violation(values[c.metric]) for c in constraints), default=None)
-    return feasible, violation
+    verdict = judge_against((), constraints, metrics, status)
+    return verdict.feasible, verdict.constraint_violation
 
 
 # ------------------------------------------------------------------ requests

@@ -7,7 +7,7 @@ killed mid-run continues where it stopped (see :mod:`orchestrator.resume`: rows 
 the record, the journal is brought in line with them, interrupted trials run again,
 left-over Ray processes and Serve apps are removed). Constraint values reach the
 sampler through ``Trial.set_constraint`` before the trial is told
-(:mod:`orchestrator.sampling`), so it learns where the infeasible region is.
+(:mod:`orchestrator.search.optuna_search`), so it learns where the infeasible region is.
 
 Faults end a study cleanly: a trial whose process is lost (a node died) is run again
 up to ``budget.trial_retries`` times, then recorded as an ``error`` row; a result that
@@ -17,21 +17,23 @@ recorded so far for the next start.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.resume import RunState  # noqa: F401 - re-exported (older imports)
-from orchestrator.sampling import (CONSTRAINT_PREFIX, ROW_KEY, TRIAL_NUMBER_KEY,  # noqa: F401 - re-exported
-                                   WRITE_FAILED_KEY, make_sampler)
+from orchestrator.failures import root_message, storage_problem
+from orchestrator.resume import RunState
+from orchestrator.search.optuna_search import searcher_class
+from orchestrator.search.samplers import make_sampler
+from orchestrator.search.stages import StagedSearch
+from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
+from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
 from orchestrator.study import Study
-from orchestrator.trial import TrialContext, execute_trial, optuna_values
+from orchestrator.trial import TrialContext
 
 log = logging.getLogger(__name__)
 
@@ -44,212 +46,6 @@ class StudyStopped(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_STOPPED):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-# ------------------------------------------------------------------ state locations
-# Consonants only: a random suffix never spells a word, and never reads as a number.
-_RUN_ID_LETTERS = "bcdfghjklmnpqrstvwxz"
-
-
-def new_run_id(study: Study) -> str:
-    """``r<YYYYMMDD>-<HHMMSS>-<4 letters>``, UTC start time: ids sort by time.
-
-    The run id is a hive partition value (``run=<run_id>``), which readers type by guessing:
-    the old ``20261203T071410-2711`` (a hex suffix, sometimes all digits) read as a datetime
-    in Polars. A leading letter and a letters-only suffix leave nothing to guess.
-    """
-    suffix = "".join(secrets.choice(_RUN_ID_LETTERS) for _ in range(4))
-    return datetime.now(timezone.utc).strftime("r%Y%m%d-%H%M%S-") + suffix
-
-
-def local_state_dir(study: Study) -> Path:
-    """Where the Optuna journal and Tune's experiment live (a local path, even for s3:// output)."""
-    if "://" in study.output and not study.output.startswith("file://"):
-        base = Path(os.environ.get("ORCHESTRATOR_STATE_DIR", Path.home() / ".cache" / "orchestrator"))
-    else:
-        base = Path(study.output.removeprefix("file://"))
-    return (base / study.name).resolve()
-
-
-def optuna_storage(state_dir: Path):
-    """The study's Optuna journal: repaired if a killed writer tore its last record, locked with
-    ``flock`` (released by the kernel when a driver dies, where Optuna's own lock files would make
-    the next start wait out a 30 s grace period)."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    from orchestrator.resume import JournalFlock, repair_journal
-
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / "optuna.journal"
-    repair_journal(path)
-    return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFlock(str(path) + ".flock")))
-
-
-def optuna_study_name(study: Study) -> str:
-    return f"{study.name}-{study.fingerprint()}"
-
-
-# ------------------------------------------------------------------ the trainable
-def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
-    """Runs inside a Tune trial actor: execute, write the rows, report to Tune/Optuna."""
-    import ray
-    from ray import tune
-
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.scheduling import LEDGER_ENV, NAMESPACE_ENV
-
-    os.environ[SERVE_PORT_ENV] = str(ctx.serve_port)  # this trial actor's Serve proxy port
-    if ctx.ledger_name:
-        os.environ[LEDGER_ENV] = ctx.ledger_name  # engines pin their replica to the leased node
-        os.environ[NAMESPACE_ENV] = ctx.namespace
-    number = int(config[TRIAL_NUMBER_KEY])
-    params = {k: v for k, v in config.items() if k != TRIAL_NUMBER_KEY}
-    trial_id = f"{ctx.run_id}-{number:04d}"
-    outcome = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx)
-    metrics = tune_metrics(study, outcome.row)
-    if ctx.sink_name:
-        from orchestrator.results.schema import requests_to_table
-
-        try:
-            sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
-            table = requests_to_table(outcome.records, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
-            levels = None
-            if getattr(outcome, "levels", None):  # capacity search: one row per load level
-                from orchestrator.results.levels import levels_to_table
-
-                levels = levels_to_table(outcome.levels, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
-            ray.get(sink.write.remote(outcome.row, table, levels))
-        except Exception as e:  # noqa: BLE001 - reported, and the driver stops the study
-            metrics = {"status": "not recorded", "tid": trial_id, WRITE_FAILED_KEY: _root_message(e)}
-    tune.report(metrics)
-
-
-def tune_metrics(study: Study, row: dict) -> dict[str, Any]:
-    values, constraints = optuna_values(study, row)
-    out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, values)}
-    out.update({CONSTRAINT_PREFIX + k: v for k, v in constraints.items()})
-    out["status"] = row["status"]
-    out[ROW_KEY] = row["trial_id"]  # Tune owns the key "trial_id"
-    out["feasible"] = bool(row.get("feasible"))
-    out["failure_kind"] = row.get("failure_kind") or ""
-    out["harness_bound"] = bool(row.get("harness_bound"))  # for the progress line
-    for c in study.constraints:
-        v = row.get(c.metric)
-        out["m__" + c.metric] = float(v) if v is not None else float("nan")
-    return out
-
-
-def _root_message(e: BaseException) -> str:
-    """The innermost error line of an exception that may have crossed Ray processes."""
-    text = str(getattr(e, "cause", None) or e)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if "Error" in ln or "error" in ln:
-            return ln[-500:]
-    return (lines[-1] if lines else type(e).__name__)[-500:]
-
-
-class ResultsSinkActor:
-    """The single writer of a run's Parquet files, on the driver's node."""
-
-    def __init__(self, output: str, study_name: str, param_types: dict[str, str]):
-        from orchestrator.results.store import ResultsStore
-
-        self.store = ResultsStore(output, study_name)
-        self.param_types = param_types
-
-    def write(self, row: dict, requests_table, levels_table=None) -> None:
-        extra = {"levels": levels_table} if levels_table is not None else {}
-        self.store.write_trial(row, requests_table, param_types=self.param_types, **extra)
-
-
-# ------------------------------------------------------------------ Tune hooks
-def _write_failure_stopper():
-    from ray.tune import Stopper
-
-    class WriteFailureStopper(Stopper):
-        """Stops the whole run at the first result that could not be written (disk full):
-        every later trial would be measured for nothing."""
-
-        def __init__(self):
-            self.message: Optional[str] = None
-
-        def __call__(self, trial_id: str, result: dict) -> bool:
-            if result.get(WRITE_FAILED_KEY) and self.message is None:
-                self.message = str(result[WRITE_FAILED_KEY])
-            return self.message is not None
-
-        def stop_all(self) -> bool:
-            return self.message is not None
-
-    return WriteFailureStopper()
-
-
-def _lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: str):
-    from ray.tune import Callback
-
-    class LostTrialRecorder(Callback):
-        """A trial whose process died for good (its node was lost, after ``budget.trial_retries``
-        reruns) becomes an ``error`` row, so every trial of the run is classified."""
-
-        def __init__(self):
-            self.lost = 0
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            import ray
-
-            from orchestrator.failures import FailureKind, TrialStatus
-            from orchestrator.trial import base_row, finish_row
-
-            config = dict(trial.config or {})
-            if TRIAL_NUMBER_KEY not in config:
-                return
-            number = int(config.pop(TRIAL_NUMBER_KEY))
-            row = base_row(study, trial_id=f"{run_id}-{number:04d}", trial_number=number, run_id=run_id,
-                           params=config, args=None, started_at=datetime.now(timezone.utc))
-            row.update(status=TrialStatus.ERROR.value, failure_kind=FailureKind.INTERNAL.value,
-                       failure_message=("trial process lost: " + _error_text(trial))[-4000:],
-                       finished_at=datetime.now(timezone.utc))
-            finish_row(study, row)
-            self.lost += 1
-            try:
-                sink = ray.get_actor(sink_name, namespace=namespace)
-                ray.get(sink.write.remote(row, None), timeout=60)
-            except Exception as e:  # noqa: BLE001 - without a row it is retried on the next start
-                log.warning("could not record lost trial %s: %s", row["trial_id"], e)
-
-    return LostTrialRecorder()
-
-
-def _error_text(trial) -> str:
-    try:
-        path = trial.error_file
-        if path and os.path.isfile(path):
-            lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
-            return " | ".join(lines[-3:])
-    except Exception:  # noqa: BLE001
-        pass
-    return "the trial's actor died"
-
-
-def _storage_problem(e: BaseException) -> Optional[str]:
-    """A full or read-only disk somewhere in ``e``'s chain (journal, Tune state, results), or None."""
-    seen = set()
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if x is None or id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
-            return f"{x.strerror or x}" + (f": {x.filename}" if x.filename else "")
-        stack += [x.__cause__, x.__context__, getattr(x, "cause", None)]
-    text = str(e)
-    for marker in ("No space left on device", "Disk quota exceeded", "Read-only file system", "File too large"):
-        if marker in text:
-            return marker
-    return None
 
 
 # ------------------------------------------------------------------ the driver
@@ -331,7 +127,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     try:
         started_here = ensure_ray(study, address=address)
     except Exception as e:  # noqa: BLE001 - an environment problem, not a bug: say so in one line
-        raise StudyStopped(f"study {study.name} stopped: could not start or reach Ray ({_root_message(e)}).\n"
+        raise StudyStopped(f"study {study.name} stopped: could not start or reach Ray ({root_message(e)}).\n"
                            "  Nothing was lost; run the same command again to resume.") from None
     if started_here:
         mine = local_ray()
@@ -373,7 +169,6 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from orchestrator.runtime import NAMESPACE, cluster_info, start_serve
-    from orchestrator.sampling import StagedSearch, searcher_class
     from orchestrator.scheduling import GpuLedgerActor
 
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
@@ -413,8 +208,8 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     _enqueue_initial_points(study, searcher, resumed=resumed)
     _enqueue_warm_start(study, searcher)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
-    stopper = _write_failure_stopper()
-    recorder = _lost_trial_recorder(study, run.run_id, sink_name, NAMESPACE)
+    stopper = write_failure_stopper()
+    recorder = lost_trial_recorder(study, run.run_id, sink_name, NAMESPACE)
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})
     tuner = tune.Tuner(
         trainable,
@@ -432,7 +227,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     try:
         tuner.fit()
     except Exception as e:  # noqa: BLE001 - a full disk ends the study with a message, anything else is a bug
-        problem = _storage_problem(e)
+        problem = storage_problem(e)
         if problem is None:
             raise
         out.stop_message = _stopped_text(study, store, run, f"cannot write the study's state ({problem})")
