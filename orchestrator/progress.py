@@ -53,6 +53,23 @@ class ProgressPrinter:
         self.heartbeat_s = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL_S", 60))
         self._last_print = self.t0
 
+    def recorded(self, trials) -> None:
+        """Count a resumed run's recorded trials (its ``trials`` rows): their failures and best value."""
+        if trials is None or len(trials) == 0:
+            return
+        import pandas as pd
+
+        from orchestrator.judge import feasible_mask
+
+        ok = feasible_mask(trials, self.study.constraints)
+        self.failed += int((trials["status"] != "completed").sum())
+        self.feasible += int(ok.sum())
+        first = self.study.objectives[0]
+        if ok.any() and first.metric in trials.columns:
+            values = pd.to_numeric(trials.loc[ok, first.metric], errors="coerce").dropna()
+            if len(values):
+                self.best = float(values.max() if first.resolved_direction == "maximize" else values.min())
+
     def _print(self, text: str) -> None:
         self._last_print = time.monotonic()
         if not self.quiet:

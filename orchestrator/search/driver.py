@@ -116,6 +116,8 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     if max_trials is not None:
         remaining = min(remaining, max_trials)
     printer = ProgressPrinter(study, total=run.budget_trials, already_done=len(done_ids), quiet=quiet)
+    if done_ids:
+        printer.recorded(store.read_trials(run_id=run.run_id))
     printer.header(run.run_id, resumed=resumed, stale=len(fixed.retried), state_dir=str(state_dir),
                    recovered=len(fixed.told_from_rows))
     if remaining <= 0:
