@@ -262,7 +262,7 @@ class SaturationSettings(_Strict):
     """When a capacity level counts as saturated (queue growing without bound) and stops early."""
 
     window_s: float = Field(default=5.0, gt=0, description="trailing window the backlog growth is measured over "
-                                                           "(at least twice the median latency)")
+                                                           "(at least twice the service time)")
     check_interval_s: float = Field(default=0.5, gt=0, le=60)
     min_growth: int = Field(default=8, ge=1, description="the backlog must grow by at least this many requests")
     growth_fraction: float = Field(default=0.25, gt=0, le=1,

@@ -48,6 +48,16 @@ def test_an_overloaded_queue_is_flagged_within_a_few_windows(rate):
     assert at is not None and at < 30
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_an_overloaded_short_level_is_flagged_before_its_sends_end(seed):
+    # 3 s of 40 req/s into 4 slots of 0.6 s (capacity 6.7/s). Of the first ten requests to finish,
+    # six had queued: their median latency (~1 s) made the window too long to ever fit in the level.
+    recs = queue_records(40, 0.6, 4, 120, seed)
+    at = detect_saturation(recs, SaturationSettings(window_s=0.5, check_interval_s=0.1, min_growth=4))
+    last_send = max(r.sent_s for r in recs)
+    assert at is not None and at <= last_send + 0.2, (at, last_send)
+
+
 def test_detector_judges_nothing_before_a_request_finished():
     det = SaturationDetector(S)
     for i in range(200):

@@ -65,7 +65,10 @@ def study_doc(tmp_path, mode: str) -> dict:
         "objectives": ["maximize capacity_rps"],
         "constraints": ["ttft_p99_ms <= 400"],
         "capacity": {"start_rate": 40, "tolerance": 0.2, "max_levels": 6, "level_duration_s": 3, "min_requests": 12,
-                     "saturation": {"window_s": 0.5, "check_interval_s": 0.1, "min_growth": 4}},
+                     "saturation": {"window_s": 0.5, "check_interval_s": 0.1, "min_growth": 4,
+                                                    # one window of growth: a 3 s level on a busy machine
+                                                    # has room for one window of twice the service time
+                                                    "confirm": 1}},
         "output": str(tmp_path / "out"),
     }
 
