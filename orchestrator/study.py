@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from orchestrator.metrics import HIGHER_IS_BETTER, RequestSLO, known_metric_names
+from orchestrator.metrics import DIRECTIONS, RequestSLO, default_direction, known_metric_names
 from orchestrator.space import Scalar, SearchSpace
 from orchestrator.workload.spec import WorkloadSpec
 
@@ -170,6 +170,16 @@ class HardwareSpec(_Strict):
         return self.gpus_per_node * self.nodes
 
 
+def parse_objective(text: str) -> tuple[str, Optional[str]]:
+    """``"maximize NAME"`` -> ``(NAME, "maximize")``; a bare ``"NAME"`` -> ``(NAME, None)`` (default direction)."""
+    parts = text.split()
+    if len(parts) == 2 and parts[0] in DIRECTIONS:
+        return parts[1], parts[0]
+    if len(parts) == 1:
+        return parts[0], None
+    raise ValueError(f"cannot read objective {text!r}; expected 'COLUMN' or 'maximize|minimize COLUMN'")
+
+
 class Objective(_Strict):
     metric: str
     direction: Optional[Literal["maximize", "minimize"]] = None
@@ -178,10 +188,11 @@ class Objective(_Strict):
     @classmethod
     def _shorthand(cls, data):
         if isinstance(data, str):  # "maximize output_throughput"
-            parts = data.split()
-            if len(parts) == 2 and parts[0] in ("maximize", "minimize"):
-                return {"metric": parts[1], "direction": parts[0]}
-            return {"metric": data}
+            try:
+                metric, direction = parse_objective(data)
+            except ValueError:  # reported by the metric check, with the closest known metric
+                return {"metric": data}
+            return {"metric": metric} | ({"direction": direction} if direction else {})
         return data
 
     @field_validator("metric")
@@ -191,9 +202,7 @@ class Objective(_Strict):
 
     @property
     def resolved_direction(self) -> str:
-        if self.direction:
-            return self.direction
-        return "maximize" if self.metric in HIGHER_IS_BETTER else "minimize"
+        return self.direction or default_direction(self.metric)
 
 
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
