@@ -21,16 +21,15 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.metrics import DIRECTIONS, LOAD_METRIC_NAMES, RequestSLO, default_direction, known_metric_names
 from orchestrator.sim.hardware import GPUS, get_gpu
 from orchestrator.sim.models import find_model_config
-from orchestrator.space import SearchSpace
+from orchestrator.space import SearchSpace, space_problems
 from orchestrator.study_engine import (ENGINE_SPECS, EngineSpec, ExternalEngineSpec, SimCalibration, SimEngineSpec,
                                        SimFault, VllmEngineSpec, serving_arg_problems)
-from orchestrator.study_errors import (LocatedError, Problem, StudyFileError, allowed_keys, models_by_tag,
-                                       problems_from_validation)
+from orchestrator.study_errors import LocatedError, Problem, StudyFileError, models_by_tag, problems_from_validation
 from orchestrator.study_file import read_study_document
 from orchestrator.study_search import SearchSettings, SearchStage, search_problems
 from orchestrator.workload.arrivals import is_rate_driven
@@ -347,61 +346,6 @@ def _model_at(data: Any, loc: tuple[str, ...]) -> Optional[type[BaseModel]]:
 _WORKLOAD_KINDS = {**models_by_tag(ArrivalSpec, "kind"), **models_by_tag(LengthSpec, "kind")}
 
 
-def _space_problems(raw: Any) -> list[Problem]:
-    """Validate ``space`` entry by entry so each problem names its parameter."""
-    from orchestrator.engine_args import ENGINE_ARG_RULES, TUNABLE_ENGINE_ARGS, validate_engine_arg
-    from orchestrator.space import ParamSpec, _bounds_to_check, _shorthand
-
-    if raw is None:
-        return [Problem("space", "required key is missing")]
-    if not isinstance(raw, dict) or not raw:
-        return [Problem("space", "expected a non-empty mapping of engine argument -> parameter", raw, True)]
-    problems: list[Problem] = []
-    adapter = TypeAdapter(ParamSpec)
-    param_types = models_by_tag(ParamSpec, "type")
-    parsed = {}
-    for name, value in raw.items():
-        if name not in ENGINE_ARG_RULES:
-            close = difflib.get_close_matches(str(name), TUNABLE_ENGINE_ARGS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append(Problem(f"space.{name}", f"unknown engine argument{hint}; allowed: "
-                                    + ", ".join(TUNABLE_ENGINE_ARGS)))
-            continue
-        try:
-            p = adapter.validate_python(_shorthand(value))
-        except ValidationError as err:
-            for pr in problems_from_validation(err, _shorthand(value), lambda data, loc: None):
-                sub = pr.path
-                path = f"space.{name}" + (f".{sub}" if sub else "")
-                if sub and pr.message.startswith("unknown key"):
-                    entry = _shorthand(value)
-                    model = param_types.get(entry.get("type")) if isinstance(entry, dict) else None
-                    allowed = allowed_keys(model) if model else []
-                    pr = Problem(path, "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else ""))
-                    problems.append(pr)
-                else:
-                    problems.append(Problem(path, pr.message, pr.value, pr.has_value))
-            continue
-        parsed[name] = p
-        for v in _bounds_to_check(p):
-            why = validate_engine_arg(name, v)
-            if why:
-                problems.append(Problem(f"space.{name}", f"value not allowed for {name}: {why}", v, True))
-                break
-    for name, p in parsed.items():
-        for other in (p.when or {}):
-            if other not in raw:
-                problems.append(Problem(f"space.{name}.when.{other}", "condition on an unknown parameter; parameters: "
-                                        + ", ".join(map(str, raw))))
-    if not problems:
-        try:
-            SearchSpace.model_validate(raw)
-        except ValidationError as err:
-            for e in err.errors(include_url=False):
-                problems.append(Problem("space", e["msg"].removeprefix("Value error, ")))
-    return problems
-
-
 def parse_study(data: Any, source: str = "<study>", source_path: Optional[str | Path] = None) -> Study:
     """Validate a parsed YAML document; raise :class:`StudyFileError` with every problem.
 
@@ -409,7 +353,14 @@ def parse_study(data: Any, source: str = "<study>", source_path: Optional[str | 
     """
     if not isinstance(data, dict):
         raise StudyFileError(source, [Problem("", "expected a mapping at the top level", data, True)])
-    problems = _space_problems(data.get("space")) + serving_arg_problems(data)
+    space = data.get("space")
+    if space is None:
+        problems = [Problem("space", "required key is missing")]
+    elif not isinstance(space, dict) or not space:
+        problems = [Problem("space", "expected a non-empty mapping of engine argument -> parameter", space, True)]
+    else:
+        problems = space_problems(space)
+    problems += serving_arg_problems(data)
     base_dir = Path(source_path).resolve().parent if source_path is not None else None
     try:
         study = Study.model_validate(data, context={"base_dir": base_dir})

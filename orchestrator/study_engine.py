@@ -6,13 +6,12 @@ that key; :data:`ENGINE_SPECS` maps each kind to its model.
 
 from __future__ import annotations
 
-import difflib
 from typing import Annotated, Any, Literal, Optional, Union
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from orchestrator.engine_args import ENGINE_ARG_RULES, SERVING_ARGS, TUNABLE_ENGINE_ARGS
+from orchestrator.engine_args import SERVING_ARGS, unknown_engine_arg
 from orchestrator.space import Scalar
 from orchestrator.study_errors import Problem, models_by_tag
 
@@ -58,11 +57,9 @@ class SimFault(_Strict):
     @classmethod
     def _engine_args_only(cls, v):
         for name in v or {}:
-            if name not in ENGINE_ARG_RULES:
-                close = difflib.get_close_matches(str(name), TUNABLE_ENGINE_ARGS, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(f"unknown engine argument {name!r}{hint}; allowed: "
-                                 + ", ".join(TUNABLE_ENGINE_ARGS))
+            why = unknown_engine_arg(name)
+            if why:
+                raise ValueError(why)
         return v
 
 
