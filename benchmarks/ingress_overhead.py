@@ -112,9 +112,9 @@ def run(args) -> None:
         os.environ["PYTHONPATH"] = f"{REPO}:{os.environ.get('PYTHONPATH', '')}"  # replicas import the package
         import ray
 
+        from orchestrator.cluster import start_serve
         from orchestrator.engine_args import engine_args_from_params
         from orchestrator.engines.vllm_serve import VllmServeEngine
-        from orchestrator.runtime import start_serve
 
         ray.init(include_dashboard=False, namespace="orchestrator")
         start_serve(8000)

@@ -84,8 +84,8 @@ def main() -> None:
 
     import ray
 
+    from orchestrator.cluster import start_serve
     from orchestrator.results import load_trials
-    from orchestrator.runtime import start_serve
     from orchestrator.search import run_study
 
     out = tempfile.mkdtemp(prefix="overhead-")

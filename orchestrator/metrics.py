@@ -136,6 +136,12 @@ HIGHER_IS_BETTER = frozenset({
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
     "engine_output_throughput", "engine_request_throughput",
 })
+DIRECTIONS = ("minimize", "maximize")
+
+
+def default_direction(metric: str) -> str:
+    """How ``metric`` is optimised when nobody says: maximised if in :data:`HIGHER_IS_BETTER`, else minimised."""
+    return "maximize" if metric in HIGHER_IS_BETTER else "minimize"
 
 
 def percentile_summary(values_s: Sequence[float], family: str) -> dict[str, Optional[float]]:

@@ -32,8 +32,8 @@ def ray_serve(tmp_path_factory):
     """A Ray cluster of our own (never one another job on the machine started) with Serve."""
     import ray
 
+    from orchestrator.cluster import start_serve
     from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.runtime import start_serve
 
     cache = tmp_path_factory.mktemp("cache")
     env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),

@@ -37,8 +37,8 @@ def ray_serve():
     """A Ray cluster of our own (never one another job on the machine started) with Serve."""
     import ray
 
+    from orchestrator.cluster import start_serve
     from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.runtime import start_serve
 
     saved = os.environ.get(SERVE_PORT_ENV)
     ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator")

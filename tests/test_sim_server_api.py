@@ -34,11 +34,11 @@ MODEL = "sim-api"
 def doors(tmp_path_factory):
     import ray
 
+    from orchestrator.cluster import start_serve
     from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines import serve_app
     from orchestrator.engines.serve_app import SERVE_PORT_ENV
     from orchestrator.engines.sim_serve import ServedSimEngine
-    from orchestrator.runtime import start_serve
     from orchestrator.study import parse_study
 
     saved = os.environ.get(SERVE_PORT_ENV)

@@ -19,7 +19,7 @@ from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
 from orchestrator.engines.sim_faults import faults_for_trial
 from orchestrator.failures import EngineStartError, FailureKind
-from orchestrator.scheduling import leased_node
+from orchestrator.gpu_ledger import leased_node
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape, find_model_config
 

@@ -32,7 +32,7 @@ RAY_METRIC_PREFIX = "ray_vllm_"  # vLLM's "vllm:x" metrics as Ray exports them
 
 
 def _has_cuda() -> bool:
-    from orchestrator.runtime import _local_gpu_count
+    from orchestrator.cluster import _local_gpu_count
 
     return _local_gpu_count() > 0
 
@@ -426,7 +426,7 @@ class VllmServeEngine(Engine):
 
         from orchestrator.engines.sim_serve import _serve_knows_label_selector
         from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
-        from orchestrator.scheduling import leased_node
+        from orchestrator.gpu_ledger import leased_node
 
         spec = self.study.engine
         name = serve_app.app_name_for(trial_id)

@@ -23,19 +23,19 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import judge
-from orchestrator.metrics import HIGHER_IS_BETTER
-from orchestrator.study import Constraint, Objective
+from orchestrator.metrics import DIRECTIONS, default_direction
+from orchestrator.study import Constraint, Objective, parse_objective
 
 ObjectiveLike = Union[Objective, tuple[str, str], str]
 ConstraintLike = Union[Constraint, str]
-DIRECTIONS = ("minimize", "maximize")
 
 
 def normalize_objectives(objectives: Sequence[ObjectiveLike]) -> list[tuple[str, str]]:
     """``(column, direction)`` pairs from Objectives, ``(column, direction)`` tuples or strings.
 
-    A string is ``"maximize col"``/``"minimize col"`` or a bare column, whose
-    direction comes from :data:`orchestrator.metrics.HIGHER_IS_BETTER`. Columns of
+    A string is ``"maximize col"``/``"minimize col"`` or a bare column, read as a
+    study's objective is (:func:`orchestrator.study.parse_objective`); a bare column's
+    direction comes from :func:`orchestrator.metrics.default_direction`. Columns of
     tuples and strings need not be known metrics (any numeric column works).
     """
     if isinstance(objectives, (str, Objective)) or (
@@ -46,14 +46,8 @@ def normalize_objectives(objectives: Sequence[ObjectiveLike]) -> list[tuple[str,
         if isinstance(o, Objective):
             name, direction = o.metric, o.resolved_direction
         elif isinstance(o, str):
-            parts = o.split()
-            if len(parts) == 2 and parts[0] in DIRECTIONS:
-                direction, name = parts
-            elif len(parts) == 1:
-                name = parts[0]
-                direction = "maximize" if name in HIGHER_IS_BETTER else "minimize"
-            else:
-                raise ValueError(f"cannot read objective {o!r}; expected 'COLUMN' or 'maximize|minimize COLUMN'")
+            name, direction = parse_objective(o)
+            direction = direction or default_direction(name)
         else:
             name, direction = o
         if direction not in DIRECTIONS:

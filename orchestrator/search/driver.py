@@ -102,7 +102,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     from orchestrator.progress import ProgressPrinter
     from orchestrator.resume import drop_orphan_requests, process_identity, reconcile
     from orchestrator.results.store import ResultsStore
-    from orchestrator.runtime import ensure_ray, local_ray
+    from orchestrator.cluster import ensure_ray, local_ray
 
     store = ResultsStore(study.output, study.name)
     run.driver_pid = os.getpid()
@@ -170,8 +170,8 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchestrator.runtime import NAMESPACE, cluster_info, start_serve
-    from orchestrator.scheduling import GpuLedgerActor
+    from orchestrator.cluster import NAMESPACE, cluster_info, start_serve
+    from orchestrator.gpu_ledger import GpuLedgerActor
 
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
     if engine.serves_http:

@@ -35,7 +35,7 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     from ray import tune
 
     from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.scheduling import LEDGER_ENV, NAMESPACE_ENV
+    from orchestrator.gpu_ledger import LEDGER_ENV, NAMESPACE_ENV
 
     os.environ[SERVE_PORT_ENV] = str(ctx.serve_port)  # this trial actor's Serve proxy port
     if ctx.ledger_name:

@@ -110,7 +110,7 @@ def _alive_nodes() -> list[dict]:
 
 
 def cluster_info(study: Study, *, started_locally: bool, serve_port: int) -> ClusterInfo:
-    from orchestrator.scheduling import units_per_node
+    from orchestrator.gpu_ledger import units_per_node
 
     resource = engine_resource(study)
     return ClusterInfo(started_locally, resource, units_per_node(resource), serve_port)
