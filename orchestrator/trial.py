@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from orchestrator import feasibility
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
-from orchestrator.engines.base import Engine, create_engine
+from orchestrator.engines import Engine, create_engine
 from orchestrator.failures import EngineStartError, FailureKind, TrialStatus, classify_runtime_error
 from orchestrator.metrics import LoadMetrics, measurement_window, summarise
 from orchestrator.records import RequestErrorKind, RequestRecord

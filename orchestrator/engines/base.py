@@ -86,24 +86,3 @@ class Engine(abc.ABC):
         """Direct measurement without HTTP (virtual engines): records and telemetry."""
         raise NotImplementedError
 
-
-def create_engine(study: "Study") -> Engine:
-    """The engine the study names (imports lazily: vLLM is optional)."""
-    kind = study.engine.kind
-    if kind == "sim":
-        if study.engine.mode == "virtual":
-            from orchestrator.engines.sim_virtual import VirtualSimEngine
-
-            return VirtualSimEngine(study)
-        from orchestrator.engines.sim_serve import ServedSimEngine
-
-        return ServedSimEngine(study)
-    if kind == "vllm":
-        from orchestrator.engines.vllm_serve import VllmServeEngine
-
-        return VllmServeEngine(study)
-    if kind == "external":
-        from orchestrator.engines.external import ExternalEngine
-
-        return ExternalEngine(study)
-    raise ValueError(f"unknown engine kind {kind!r}; allowed: sim, vllm, external")
