@@ -14,21 +14,18 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from orchestrator.accelerator import with_study_defaults
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
 from orchestrator.engines.sim_faults import faults_for_trial
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.scheduling import leased_node
-from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape, find_model_config
 
 
 def sim_resolve(study, args: EngineArgs) -> EngineArgs:
-    gpu = get_gpu(study.hardware.gpu)
-    model = ModelShape.load(study.model.name, study.base_dir)
-    return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
-                         model_max_len=model.max_position_embeddings)
+    return with_study_defaults(study, args, cpu=False)  # the simulator models GPUs only
 
 
 class _SimDeployment(Deployment):
