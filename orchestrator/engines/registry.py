@@ -30,7 +30,7 @@ class EngineEntry:
 
 
 ENGINES: tuple[EngineEntry, ...] = (
-    EngineEntry("sim", "served", "orchestrator.engines.sim_serve:ServedSimEngine",
+    EngineEntry("sim", "served", "orchestrator.engines.sim_served:ServedSimEngine",
                 "simulated vLLM replica, one Ray Serve application per trial, real time"),
     EngineEntry("sim", "virtual", "orchestrator.engines.sim_virtual:VirtualSimEngine",
                 "simulated vLLM in virtual time: no HTTP, no sleeping"),

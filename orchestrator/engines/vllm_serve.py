@@ -412,7 +412,6 @@ class VllmServeEngine(Engine):
         """Ingress ``engine``: a Serve replica runs ``vllm serve``; the load goes to it directly."""
         from ray import serve
 
-        from orchestrator.engines.sim_serve import _serve_knows_label_selector
         from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
         from orchestrator.scheduling import leased_node
 
@@ -425,7 +424,7 @@ class VllmServeEngine(Engine):
         options: dict[str, Any] = ({"num_cpus": units} if self.platform == "cpu"
                                    else {"num_gpus": units, "num_cpus": 1})
         node = leased_node(trial_id)
-        if node is not None and _serve_knows_label_selector():
+        if node is not None and serve_app.knows_label_selector():
             options["label_selector"] = {"ray.io/node-id": node}
         log_name = f"vllm_server-{name}"
         app = serve.deployment(
