@@ -53,7 +53,7 @@ def study_doc(out: str, trials: int, concurrency: int, requests: int) -> dict:
 def baseline(study, trials: int) -> list[dict]:
     """Deploy, load and delete in one process: what a hand-written script would cost."""
     from orchestrator.engine_args import engine_args_from_params
-    from orchestrator.engines.base import create_engine
+    from orchestrator.engines import create_engine
     from orchestrator.loadgen import Endpoint, run_load_sync
     from orchestrator.load_phase import study_requests
 

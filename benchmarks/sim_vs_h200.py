@@ -93,7 +93,7 @@ def study(path: str) -> None:
     import dataclasses
 
     from orchestrator.capacity import level_workload
-    from orchestrator.engines.sim_virtual import VirtualSimEngine
+    from orchestrator.engines import create_engine
     from orchestrator.recommend import engine_args_of
     from orchestrator.results import load_trials
     from orchestrator.results.definition import read_study_definition
@@ -104,7 +104,7 @@ def study(path: str) -> None:
     from orchestrator.study import SimEngineSpec
 
     sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
-    engine = VirtualSimEngine(sim_study)
+    engine = create_engine(sim_study)
     trials = load_trials(path, status="completed")
     levels = load_levels(path)
     base_rate = study_requests(sim_study).requested_rate

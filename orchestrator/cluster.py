@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from orchestrator.accelerator import is_cpu_study
 from orchestrator.study import Study
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class ClusterInfo:
 
 
 def engine_resource(study: Study) -> str:
-    if study.engine.kind == "vllm" and (study.engine.platform == "cpu" or study.hardware.gpu == "CPU"):
+    if study.engine.kind == "vllm" and is_cpu_study(study):  # only vLLM has a CPU build
         return "CPU"
     return "GPU"
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.accelerator import is_cpu_study, with_study_defaults
 from orchestrator.engine_args import EngineArgs, ceil_div, engine_args_from_params, vllm_refusal
 from orchestrator.failures import EngineStartError, FailureKind
 
@@ -59,23 +60,9 @@ def survey_applies(study) -> bool:
     return study.engine.kind in ("sim", "vllm") and study.search.preflight is not False
 
 
-def _platform(study) -> str:
-    if study.hardware.gpu == "CPU" or getattr(study.engine, "platform", None) == "cpu":
-        return "cpu"
-    return "cuda"
-
-
 def resolve_args(study, args: EngineArgs) -> EngineArgs:
     """Fill vLLM's hardware-dependent defaults for the study's hardware (no engine needed)."""
-    from orchestrator.sim.hardware import get_gpu
-    from orchestrator.sim.models import ModelShape
-
-    model = ModelShape.load(study.model.name, study.base_dir)
-    if _platform(study) == "cpu":
-        return args.resolved(device_memory_gib=0, platform="cpu", model_max_len=model.max_position_embeddings)
-    gpu = get_gpu(study.hardware.gpu)
-    return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
-                         model_max_len=model.max_position_embeddings)
+    return with_study_defaults(study, args)
 
 
 def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
@@ -109,7 +96,7 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
         return Verdict(False, FailureKind.INVALID_ARGS,
                        f"max_model_len {args.max_model_len} is larger than the model's maximum "
                        f"({model.max_position_embeddings})")
-    if _platform(study) == "cpu":
+    if is_cpu_study(study):
         return _check_cpu(study, model, args)
     gpu = get_gpu(study.hardware.gpu)
     try:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from orchestrator import feasibility
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
-from orchestrator.engines.base import Engine, create_engine
+from orchestrator.engines import Engine, create_engine
 from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load,
                                    start_failure, status_of, teardown_warning)
 from orchestrator.harness import harness_verdict

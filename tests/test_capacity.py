@@ -144,7 +144,7 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
     (The sweep starts at 8 req/s to keep the test short; from 6 req/s, 38 levels, it finds the
     same boundary.)"""
     from orchestrator.engine_args import engine_args_from_params
-    from orchestrator.engines.base import create_engine
+    from orchestrator.engines import create_engine
     from orchestrator.load_phase import study_requests, summarise_records as _summarise
     from orchestrator.trial import TrialContext
     from recorded_trial import run_trial

@@ -123,3 +123,22 @@ def delete_app(name: str, *, timeout_s: float = 120) -> Optional[str]:
             return f"serve.status failed during teardown: {e}"
         time.sleep(0.1)
     return f"application {name} still present {timeout_s:.0f} s after delete"
+
+
+def app_messages(name: str) -> str:
+    """Serve's status messages for an application (why its replica died or was replaced), or ""."""
+    try:
+        st = _app_status(name)
+        return _failure_text(st)[-2000:] if st is not None else ""
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def knows_label_selector() -> bool:
+    """Ray >= 2.49 places replicas by node label; older Serve rejects the option."""
+    try:
+        from ray.serve.schema import RayActorOptionsSchema
+
+        return "label_selector" in RayActorOptionsSchema.model_fields
+    except Exception:  # noqa: BLE001
+        return False

@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines.base import Engine, ResourceRequest
-from orchestrator.engines.sim_serve import sim_resolve
+from orchestrator.engines.sim_served import sim_resolve
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape, find_model_config
 

@@ -12,6 +12,7 @@ the replica's log, the replica's log lines.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.accelerator import is_cpu_study, with_study_defaults
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
@@ -38,11 +40,12 @@ def _has_cuda() -> bool:
 
 
 def resolve_platform(study) -> str:
-    spec = study.engine
-    if spec.platform != "auto":
-        return spec.platform
-    if study.hardware.gpu == "CPU":
+    """``cpu`` for a CPU study (:func:`~orchestrator.accelerator.is_cpu_study`); else ``cuda`` when
+    ``engine.platform`` says so, or (``auto``) when this node has a GPU or the cluster is remote."""
+    if is_cpu_study(study):
         return "cpu"
+    if study.engine.platform == "cuda":
+        return "cuda"
     return "cuda" if _has_cuda() or os.environ.get("RAY_ADDRESS") else "cpu"
 
 
@@ -311,28 +314,13 @@ class VllmServeEngine(Engine):
 
     # ---- configuration
     def resolve(self, args: EngineArgs) -> EngineArgs:
-        from orchestrator.sim.models import ModelShape
-
-        model = ModelShape.load(self.study.model.name, self.study.base_dir)
-        if self.platform == "cpu":
-            import dataclasses
-
-            ram_gib = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30
-            # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
-            dtype = args.dtype if args.dtype != "auto" else (
-                self.study.model.dtype if self.study.model.dtype != "auto" else "float32")
-            args = dataclasses.replace(args, dtype=dtype)
-            return args.resolved(device_memory_gib=ram_gib, platform="cpu",
-                                 model_max_len=model.max_position_embeddings)
-        from orchestrator.sim.hardware import get_gpu
-
-        gpu = get_gpu(self.study.hardware.gpu)
-        if self.study.model.dtype != "auto" and args.dtype == "auto":
-            import dataclasses
-
+        cpu = self.platform == "cpu"
+        if args.dtype == "auto" and self.study.model.dtype != "auto":
             args = dataclasses.replace(args, dtype=self.study.model.dtype)
-        return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
-                             model_max_len=model.max_position_embeddings)
+        elif args.dtype == "auto" and cpu:
+            # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
+            args = dataclasses.replace(args, dtype="float32")
+        return with_study_defaults(self.study, args, cpu=cpu)
 
     def resources(self, args: EngineArgs) -> ResourceRequest:
         if self.platform == "cpu":
@@ -424,7 +412,6 @@ class VllmServeEngine(Engine):
         """Ingress ``engine``: a Serve replica runs ``vllm serve``; the load goes to it directly."""
         from ray import serve
 
-        from orchestrator.engines.sim_serve import _serve_knows_label_selector
         from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
         from orchestrator.gpu_ledger import leased_node
 
@@ -437,7 +424,7 @@ class VllmServeEngine(Engine):
         options: dict[str, Any] = ({"num_cpus": units} if self.platform == "cpu"
                                    else {"num_gpus": units, "num_cpus": 1})
         node = leased_node(trial_id)
-        if node is not None and _serve_knows_label_selector():
+        if node is not None and serve_app.knows_label_selector():
             options["label_selector"] = {"ray.io/node-id": node}
         log_name = f"vllm_server-{name}"
         app = serve.deployment(

@@ -98,7 +98,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
            serve_port: int, quiet: bool, max_trials: Optional[int], t_start: float) -> StudyRun:
     import ray
 
-    from orchestrator.engines.base import create_engine
+    from orchestrator.engines import create_engine
     from orchestrator.progress import ProgressPrinter
     from orchestrator.resume import drop_orphan_requests, process_identity, reconcile
     from orchestrator.results.store import ResultsStore

@@ -1,5 +1,8 @@
 """The ``sim`` engine in served mode: one Ray Serve application per trial.
 
+Its replica is :mod:`~orchestrator.engines.sim_http`'s OpenAI server over
+:mod:`~orchestrator.engines.sim_loop`'s engine loop.
+
 The replica asks Ray for the GPUs a real vLLM replica would hold (TP x PP on one
 node), so a CPU-only cluster started with fake ``num_gpus`` packs trials exactly
 as a GPU cluster would.
@@ -14,6 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from orchestrator.accelerator import with_study_defaults
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
@@ -25,10 +29,7 @@ from orchestrator.sim.models import ModelShape, find_model_config
 
 
 def sim_resolve(study, args: EngineArgs) -> EngineArgs:
-    gpu = get_gpu(study.hardware.gpu)
-    model = ModelShape.load(study.model.name, study.base_dir)
-    return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
-                         model_max_len=model.max_position_embeddings)
+    return with_study_defaults(study, args, cpu=False)  # the simulator models GPUs only
 
 
 class _SimDeployment(Deployment):
@@ -45,7 +46,7 @@ class _SimDeployment(Deployment):
         except urllib.error.HTTPError as e:  # the engine's own account of its death is in the body
             return f"/health answered {e.code}: {e.read()[:2000].decode(errors='replace')}"
         except Exception as e:  # noqa: BLE001 - the replica is gone: Serve may know why
-            why = _serve_messages(self.name)
+            why = serve_app.app_messages(self.name)
             return f"/health failed: {e}" + (f"; Serve: {why}" if why else "")
 
     def teardown_problems(self) -> list[str]:
@@ -72,7 +73,7 @@ class ServedSimEngine(Engine):
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
         from ray import serve
 
-        from orchestrator.engines.sim_server import build_ingress_class
+        from orchestrator.engines.sim_http import build_ingress_class
 
         study = self.study
         served = study.model.served_name or study.model.name
@@ -81,7 +82,7 @@ class ServedSimEngine(Engine):
         cls = build_ingress_class()
         actor_options: dict = {"num_cpus": 0, "num_gpus": args.gpus}
         node = leased_node(trial_id)
-        if node is not None and _serve_knows_label_selector():
+        if node is not None and serve_app.knows_label_selector():
             # Exactly where the run's GPU ledger counted this replica (no fragmentation surprises).
             actor_options["label_selector"] = {"ray.io/node-id": node}
         dep = serve.deployment(
@@ -122,25 +123,6 @@ class ServedSimEngine(Engine):
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=base + "/metrics",
                                   startup_s=time.monotonic() - t0, facts=facts, node_ip=facts.get("node_ip"))
         return _SimDeployment(name, endpoint, teardown_timeout_s=60)
-
-
-def _serve_messages(app_name: str) -> str:
-    """Serve's status messages for an application (why its replica died or was replaced)."""
-    try:
-        st = serve_app._app_status(app_name)  # noqa: SLF001 - same package
-        return serve_app._failure_text(st)[-2000:] if st is not None else ""  # noqa: SLF001
-    except Exception:  # noqa: BLE001
-        return ""
-
-
-def _serve_knows_label_selector() -> bool:
-    """Ray >= 2.49 places replicas by node label; older Serve rejects the option."""
-    try:
-        from ray.serve.schema import RayActorOptionsSchema
-
-        return "label_selector" in RayActorOptionsSchema.model_fields
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _node_ip() -> str:

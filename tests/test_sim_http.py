@@ -38,7 +38,8 @@ def doors(tmp_path_factory):
     from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines import serve_app
     from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.engines.sim_serve import ServedSimEngine
+    from orchestrator.engines.sim_served import ServedSimEngine
+    from orchestrator.cluster import start_serve
     from orchestrator.study import parse_study
 
     saved = os.environ.get(SERVE_PORT_ENV)
