@@ -3,12 +3,16 @@
 Function-level imports hide dependencies from a reader and from import-time checks; a cycle
 through them still ties two concepts together. The graph here is every ``import`` /
 ``from ... import`` statement anywhere in a module, between modules of ``orchestrator``.
-Imports under ``if TYPE_CHECKING:`` are annotations only and are left out.
+Imports under ``if TYPE_CHECKING:`` are annotations only and are left out. Two edges Python
+adds without an ``import`` line of the module's own are counted too: importing a submodule
+runs its package's ``__init__`` first, and a ``"orchestrator.x:Name"`` string (the engine
+registry's lazy targets) is an import when it is used.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
@@ -36,6 +40,9 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
+_TARGET = re.compile(r"^(orchestrator(?:\.\w+)+):\w+$")
+
+
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     """The orchestrator module an imported name lives in (a package's submodule or the package)."""
     while name:
@@ -56,7 +63,9 @@ def import_graph() -> dict[str, set[str]]:
             if id(node) in skip:
                 continue
             targets: list[str] = []
-            if isinstance(node, ast.Import):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _TARGET.match(node.value):
+                targets = [_TARGET.match(node.value).group(1)]
+            elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
@@ -67,11 +76,10 @@ def import_graph() -> dict[str, set[str]]:
             for t in targets:
                 if t.startswith("orchestrator"):
                     dep = _resolve(t, modules)
-                    if dep is not None and dep != mod:
-                        graph[mod].add(dep)
-    # A package's __init__ importing its own submodules is how packages re-export: not a cycle.
-    for mod in graph:
-        graph[mod] = {d for d in graph[mod] if not (mod.startswith(d + ".") and _modules()[d].name == "__init__.py")}
+                    while dep is not None and dep != "orchestrator":  # the module and the packages above it
+                        if dep != mod and not mod.startswith(dep + "."):
+                            graph[mod].add(dep)
+                        dep = dep.rpartition(".")[0] or None
     return graph
 
 

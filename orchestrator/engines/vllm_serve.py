@@ -62,7 +62,7 @@ def model_directory(study) -> str:
         raise EngineStartError(FailureKind.INVALID_ARGS,
                                "engine.model_source is required unless engine.load_format is 'dummy'")
     from orchestrator.modelgen import make_model_dir
-    from orchestrator.search import local_state_dir
+    from orchestrator.state_dir import local_state_dir
 
     target = local_state_dir(study) / "models" / Path(study.model.name).stem
     if not (target / "tokenizer.json").is_file():

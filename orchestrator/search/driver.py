@@ -100,7 +100,8 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
 
     from orchestrator.engines import create_engine
     from orchestrator.progress import ProgressPrinter
-    from orchestrator.resume import drop_orphan_requests, process_identity, reconcile
+    from orchestrator.resume import drop_orphan_requests, process_identity
+    from orchestrator.search.reconcile import reconcile
     from orchestrator.results.store import ResultsStore
     from orchestrator.cluster import ensure_ray, local_ray
 

@@ -1,16 +1,15 @@
 """Where a study's state lives: run ids, the local state folder, the Optuna journal.
 
-Engines that need the state folder (a server's log directory) get it through the trial
-context, not by importing the driver.
+The state folder itself is :func:`orchestrator.state_dir.local_state_dir` (engines use it too).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orchestrator.state_dir import local_state_dir  # noqa: F401 - part of the state API
 from orchestrator.study import Study
 
 # Consonants only: a random suffix never spells a word, and never reads as a number.
@@ -26,15 +25,6 @@ def new_run_id(study: Study) -> str:
     """
     suffix = "".join(secrets.choice(_RUN_ID_LETTERS) for _ in range(4))
     return datetime.now(timezone.utc).strftime("r%Y%m%d-%H%M%S-") + suffix
-
-
-def local_state_dir(study: Study) -> Path:
-    """Where the Optuna journal and Tune's experiment live (a local path, even for s3:// output)."""
-    if "://" in study.output and not study.output.startswith("file://"):
-        base = Path(os.environ.get("ORCHESTRATOR_STATE_DIR", Path.home() / ".cache" / "orchestrator"))
-    else:
-        base = Path(study.output.removeprefix("file://"))
-    return (base / study.name).resolve()
 
 
 def optuna_storage(state_dir: Path):
