@@ -11,6 +11,7 @@ a failure under load (:func:`classify_load`), a failure kind's trial status
 from __future__ import annotations
 
 import errno
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Optional
@@ -177,3 +178,50 @@ def root_message(e: BaseException) -> str:
         if "Error" in ln or "error" in ln:
             return ln[-500:]
     return (lines[-1] if lines else type(e).__name__)[-500:]
+
+
+# vLLM's log prefixes: "(APIServer pid=12) " / "(EngineCore pid=3) " and "ERROR 12-03 09:40:01 [core.py:1374] ".
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)")
+# The line that says why, for the kinds that have a marker of their own. Invalid arguments have
+# none: the last exception line says why (a marker such as "error" would pick warnings like
+# "failed to increase ulimit with error [Errno 24]").
+_MESSAGE_MARKERS = {
+    FailureKind.KV_CACHE_TOO_SMALL: "max seq len",
+    FailureKind.NO_KV_MEMORY: "No available memory for the cache blocks",
+    FailureKind.WEIGHTS_OOM: "out of memory",
+}
+
+
+def engine_message(text: str) -> str:
+    """The engine's own error from a failure text (Serve's message, a server log): the last line
+    that starts with an exception, log prefixes removed. A pydantic ``ValidationError`` (how vLLM
+    rejects engine arguments) is followed by the reason on the next line, which is kept."""
+    lines = [_LOG_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    for i in range(len(lines) - 1, -1, -1):
+        m = _EXCEPTION.match(lines[i])
+        if m and "ray.exceptions" not in lines[i] and "RayActorError" not in lines[i]:
+            message = m.group(2).strip()
+            if m.group(1) == "ValidationError" and i + 1 < len(lines):
+                message += ": " + lines[i + 1].removeprefix("Value error, ")
+            return message[:2000]
+    return (lines[-1] if lines else "deployment failed")[:2000]
+
+
+def best_message(text: str, kind: FailureKind) -> str:
+    """The line of ``text`` that says why an engine of this failure kind did not start, as it wrote it."""
+    key = _MESSAGE_MARKERS.get(kind)
+    if key:
+        for line in text.splitlines():
+            if key.lower() in line.lower():
+                # "(EngineCore pid=1) ERROR 12-02 16:40:43 [core.py:1374] ValueError: To serve..." -> the message
+                m = re.search(r"(?:\w+(?:Error|Exception)): (.*)$", line)
+                return (m.group(1) if m else line).strip()[:MESSAGE_LIMIT]
+    return engine_message(text)
+
+
+def start_failure_from_text(text: str, *, timed_out: bool = False) -> EngineStartError:
+    """An engine that did not start, classified from everything it left (Serve's status, its log)."""
+    kind = FailureKind.START_TIMEOUT if timed_out else classify_start_error(text)
+    return EngineStartError(kind, best_message(text, kind))

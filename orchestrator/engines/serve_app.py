@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from typing import Callable, Optional
 
-from orchestrator.failures import EngineStartError, FailureKind, classify_start_error
+from orchestrator.failures import EngineStartError, FailureKind, classify_start_error, engine_message
 
 log = logging.getLogger(__name__)
 
@@ -59,30 +58,8 @@ def _failure_text(app_status) -> str:
     return "\n".join(p for p in parts if p)
 
 
-# vLLM's log prefixes: "(APIServer pid=12) " / "(EngineCore pid=3) " and "ERROR 12-03 09:40:01 [core.py:1374] ".
-_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
-_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)")
-
-
-def engine_message(text: str) -> str:
-    """The engine's own error from a failure text (Serve's message, a server log): the last line
-    that starts with an exception, log prefixes removed. A pydantic ``ValidationError`` (how vLLM
-    rejects engine arguments) is followed by the reason on the next line, which is kept."""
-    lines = [_LOG_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln]
-    for i in range(len(lines) - 1, -1, -1):
-        m = _EXCEPTION.match(lines[i])
-        if m and "ray.exceptions" not in lines[i] and "RayActorError" not in lines[i]:
-            message = m.group(2).strip()
-            if m.group(1) == "ValidationError" and i + 1 < len(lines):
-                message += ": " + lines[i + 1].removeprefix("Value error, ")
-            return message[:2000]
-    return (lines[-1] if lines else "deployment failed")[:2000]
-
-
 def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
-                       on_wait: Optional[Callable[[float], None]] = None,
-                       classify: Callable[[str], FailureKind] = classify_start_error) -> float:
+                       on_wait: Optional[Callable[[float], None]] = None) -> float:
     """Wait for the app to be RUNNING; return seconds waited. Raise EngineStartError otherwise."""
     t0 = time.monotonic()
     last = None
@@ -96,7 +73,7 @@ def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
                 return elapsed
             if status in ("DEPLOY_FAILED", "UNHEALTHY"):
                 text = _failure_text(st)
-                raise EngineStartError(classify(text), engine_message(text))
+                raise EngineStartError(classify_start_error(text), engine_message(text))
         if elapsed > timeout_s:
             detail = _failure_text(last) if last is not None else "application never appeared"
             raise EngineStartError(FailureKind.START_TIMEOUT,

@@ -26,7 +26,7 @@ from orchestrator.accelerator import is_cpu_study, with_study_defaults
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
-from orchestrator.failures import EngineStartError, FailureKind, classify_runtime_error, classify_start_error
+from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
 
 log = logging.getLogger(__name__)
 
@@ -439,17 +439,15 @@ class VllmServeEngine(Engine):
         t0 = time.monotonic()
         serve_app.submit_app(app, name=name, route_prefix=None)
         try:
-            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=1.0,
-                                         classify=lambda text: classify_start_error(text))
+            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=1.0)
             handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=name)
             info = handle.info.remote().result(timeout_s=60)
         except EngineStartError as e:
             # The replica's node may be this one: its server log says why, line by line.
             text = e.message + "\n" + tail(local_log, 200)
-            kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
             release.wait(timeout_s=spec.teardown_timeout_s)
-            raise EngineStartError(kind, _best_message(text, kind)) from None
+            raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
         same_node = info["node_ip"] == _this_node_ip()
         base = f"http://{'127.0.0.1' if same_node else info['node_ip']}:{info['port']}"
         _wait_models(base, timeout_s=120)
@@ -491,16 +489,14 @@ class VllmServeEngine(Engine):
         t0 = time.monotonic()
         serve_app.submit_app(app, name=name, route_prefix=route)
         try:
-            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0,
-                                         classify=lambda text: classify_start_error(text))
+            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0)
         except EngineStartError as e:
             logs = replica_log_tail(name, marker=served, since=t_wall)
             text = e.message + ("\n" + logs if logs else "")
-            kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
             # The next trial must not start while this engine's memory is still held.
             release.wait(timeout_s=spec.teardown_timeout_s)
-            raise EngineStartError(kind, _best_message(text, kind)) from None
+            raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
         base = serve_app.serve_base_url(route)
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
@@ -511,25 +507,6 @@ class VllmServeEngine(Engine):
                                   metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
                                   metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
         return _VllmDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release)
-
-
-def _best_message(text: str, kind: FailureKind) -> str:
-    """The line of ``text`` that says why, as the engine wrote it."""
-    # Invalid arguments have no marker of their own: the last exception line says why (a marker
-    # such as "error" would pick warnings like "failed to increase ulimit with error [Errno 24]").
-    markers = {
-        FailureKind.KV_CACHE_TOO_SMALL: "max seq len",
-        FailureKind.NO_KV_MEMORY: "No available memory for the cache blocks",
-        FailureKind.WEIGHTS_OOM: "out of memory",
-    }
-    key = markers.get(kind)
-    if key:
-        for line in text.splitlines():
-            if key.lower() in line.lower():
-                # "(EngineCore pid=1) ERROR 12-02 16:40:43 [core.py:1374] ValueError: To serve..." -> the message
-                m = re.search(r"(?:\w+(?:Error|Exception)): (.*)$", line)
-                return (m.group(1) if m else line).strip()[:4000]
-    return serve_app.engine_message(text)
 
 
 def _wait_models(base: str, timeout_s: float) -> None:
@@ -544,7 +521,3 @@ def _wait_models(base: str, timeout_s: float) -> None:
             last = e
         time.sleep(1.0)
     raise EngineStartError(FailureKind.START_TIMEOUT, f"{base}/v1/models did not answer: {last}")
-
-
-def runtime_failure_kind(text: str) -> FailureKind:
-    return classify_runtime_error(text)
