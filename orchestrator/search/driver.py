@@ -226,6 +226,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
                                   callbacks=[printer.tune_callback(), recorder]),
     )
     printer.start(concurrency=concurrency, cluster=info)
+    _one_line_tune_state_errors()
     out = _TuneOutcome()
     try:
         tuner.fit()
@@ -252,6 +253,23 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     if stopper.message and out.stop_message is None:
         out.stop_message = _stopped_text(study, store, run, f"results could not be written ({stopper.message})")
     return out
+
+
+class _OneLine(logging.Filter):
+    """Tune's experiment-state writer logs a failed save with its traceback (a full disk); the
+    study stops with its own message, so the log keeps the error's last line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()} {record.exc_info[1]}".strip()
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+def _one_line_tune_state_errors() -> None:
+    logger = logging.getLogger("ray.tune.execution.experiment_state")
+    if not any(isinstance(f, _OneLine) for f in logger.filters):
+        logger.addFilter(_OneLine())
 
 
 def _stopped_text(study: Study, store, run: RunState, why: str) -> str:
