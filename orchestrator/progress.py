@@ -48,6 +48,7 @@ class ProgressPrinter:
         self.stream = stream  # None: sys.stdout at print time (a stored stream may not pickle)
         self.t0 = time.monotonic()
         self.finished_here = 0
+        self.screened_count = 0  # proposals the pre-flight turned away (no trial)
         self.concurrency = 1
         # A status line after this long without output, so that long trials still show in job logs.
         self.heartbeat_s = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL_S", 60))
@@ -113,6 +114,16 @@ class ProgressPrinter:
 
     def trial_started(self) -> None:
         self.running += 1
+
+    def note(self, text: str) -> None:
+        self._print(f"  {text}")
+
+    def screened(self, row: dict, params: dict) -> None:
+        """A proposal the pre-flight turned away: recorded as pruned, no trial, no budget."""
+        self.screened_count += 1
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not k.startswith("__"))
+        reason = (row.get("failure_message") or "")[:160]
+        self._print(f"  [pruned before start] {row.get('trial_id', '')} {shown}: {reason}")
 
     def trial_finished(self, result: dict, params: dict) -> None:
         self.running = max(0, self.running - 1)

@@ -125,9 +125,7 @@ def judge_result(study: Study, result: TrialResult) -> Judgement:
 
 def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
     args = b.args
-    # Default on for vLLM only: the sim's start is the same arithmetic, an external endpoint already runs.
-    preflight = study.search.preflight if study.search.preflight is not None else study.engine.kind == "vllm"
-    if preflight:
+    if feasibility.preflight_on(study):
         verdict = feasibility.check(study, args, cluster_units=ctx.cluster_units, units_per_node=ctx.units_per_node)
         if not verdict.ok:
             b.fail(Failure(FailureKind.PREFLIGHT, f"[{verdict.kind.value}] {verdict.reason}"))

@@ -25,10 +25,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.accelerator import is_cpu_study
 from orchestrator.failures import root_message, storage_problem
 from orchestrator.resume import RunState
 from orchestrator.search.optuna_search import searcher_class
+from orchestrator.feasibility import preflight_on
 from orchestrator.search.samplers import make_sampler
+from orchestrator.search.screening import PreflightScreen
 from orchestrator.search.stages import StagedSearch
 from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
 from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
@@ -70,12 +73,14 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
     from orchestrator.resume import RunInProgress, RunLock, stop_orphans
 
     t_start = time.monotonic()
+    survey_text = None
     if feasibility.survey_applies(study):
-        platform_cpu = study.hardware.gpu == "CPU" or getattr(study.engine, "platform", None) == "cpu"
-        found = feasibility.survey(study, cluster_units=None if platform_cpu else study.hardware.total_gpus,
-                                   units_per_node=None if platform_cpu else study.hardware.gpus_per_node)
+        cpu = is_cpu_study(study)
+        found = feasibility.survey(study, cluster_units=None if cpu else study.hardware.total_gpus,
+                                   units_per_node=None if cpu else study.hardware.gpus_per_node)
         if found.all_infeasible:
             raise StudyStopped(f"study {study.name}: " + found.report())
+        survey_text = found.report() if found.never else None
     state_dir = local_state_dir(study)
     stop_orphans(state_dir)
     fingerprint = study.fingerprint()
@@ -89,12 +94,14 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
                            "or start a separate run with --new-run") from None
     try:
         return _drive(study, run, resumed=previous is not None, state_dir=state_dir, address=address,
+                      survey_text=survey_text,
                       serve_port=serve_port, quiet=quiet, max_trials=max_trials, t_start=t_start)
     finally:
         lock.release()
 
 
 def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, address: Optional[str],
+           survey_text: Optional[str] = None,
            serve_port: int, quiet: bool, max_trials: Optional[int], t_start: float) -> StudyRun:
     import ray
 
@@ -112,15 +119,17 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     ostudy_name = optuna_study_name(study)
     fixed = reconcile(study, storage, ostudy_name, store.read_trials())
     drop_orphan_requests(store, run.run_id)
-    done_ids = store.trial_ids(run_id=run.run_id)
-    remaining = run.budget_trials - len(done_ids)
+    done = _budget_used(store, run.run_id)
+    remaining = run.budget_trials - done
     if max_trials is not None:
         remaining = min(remaining, max_trials)
-    printer = ProgressPrinter(study, total=run.budget_trials, already_done=len(done_ids), quiet=quiet)
-    if done_ids:
+    printer = ProgressPrinter(study, total=run.budget_trials, already_done=done, quiet=quiet)
+    if done:
         printer.recorded(store.read_trials(run_id=run.run_id))
     printer.header(run.run_id, resumed=resumed, stale=len(fixed.retried), state_dir=str(state_dir),
                    recovered=len(fixed.told_from_rows))
+    if survey_text:
+        printer.note(survey_text)
     if remaining <= 0:
         run.status = "finished"
         run.save(state_dir)
@@ -145,7 +154,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
         if started_here:
             ray.shutdown()  # takes Serve and every replica with it
             run.ray_procs = []
-    n_done = len(store.trial_ids(run_id=run.run_id))
+    n_done = _budget_used(store, run.run_id)
     if outcome.stop_message:
         run.save(state_dir, must=False)  # still "running": the same command resumes
         raise StudyStopped(outcome.stop_message)
@@ -153,7 +162,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
         run.status = "finished"
     run.save(state_dir)
     printer.finish(store.read_trials(run_id=run.run_id))
-    result = _summary(store, run, resumed, n_done - len(done_ids), t_start, retried=fixed.retried)
+    result = _summary(store, run, resumed, n_done - done, t_start, retried=fixed.retried)
     result.lost, result.gpu_peaks = outcome.lost, outcome.gpu_peaks
     return result
 
@@ -207,6 +216,8 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         mode=["max" if d == "maximize" else "min" for d in study.directions],
         sampler=make_sampler(study), study_name=ostudy_name, storage=storage,
         staged=StagedSearch(study) if study.search.stages else None,
+        screen=PreflightScreen(study, engine, run.run_id, sink, printer, cluster_units=ctx.cluster_units,
+                                units_per_node=ctx.units_per_node) if preflight_on(study) else None,
     )
     _enqueue_initial_points(study, searcher, resumed=resumed)
     _enqueue_warm_start(study, searcher)
@@ -270,6 +281,13 @@ def _one_line_tune_state_errors() -> None:
     logger = logging.getLogger("ray.tune.execution.experiment_state")
     if not any(isinstance(f, _OneLine) for f in logger.filters):
         logger.addFilter(_OneLine())
+
+
+def _budget_used(store, run_id: str) -> int:
+    """Trials of the run that count against its budget: every row but the pruned (a configuration
+    the pre-flight turned away never started, and took no trial)."""
+    rows = store.read_trials(run_id=run_id)
+    return int((rows["status"] != "pruned").sum()) if len(rows) else 0
 
 
 def _stopped_text(study: Study, store, run: RunState, why: str) -> str:

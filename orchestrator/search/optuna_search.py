@@ -32,6 +32,9 @@ ROW_KEY = "tid"  # in a Tune result: the trial id of the row written (Tune owns 
 # proposing a known point is sure of it; the unseen points of a small space are few).
 MAX_REPROPOSALS = 20
 MODEL_REPROPOSALS = 3
+# Proposals the pre-flight may turn away in a row before one goes to a trial anyway (where the
+# trial's own pre-flight prunes it): a bound on the loop, not a budget.
+MAX_SCREENED = 500
 
 
 @dataclass(frozen=True)
@@ -139,28 +142,38 @@ def proposing_with(ostudy, attempt: int):
 
 
 def propose(ostudy, ask: Callable[[], Optional[tuple[Any, dict]]], *, staged: Optional[StagedSearch] = None,
-            discard: Callable[[Any], None] = lambda trial: None) -> Optional[tuple[Any, dict]]:
+            discard: Callable[[Any], None] = lambda trial: None,
+            screen: Optional[Callable[[Any, dict], bool]] = None) -> Optional[tuple[Any, dict]]:
     """The next configuration to measure: ``(optuna trial, params)``, or None to ask again later.
 
     ``ask()`` asks the sampler once (``ostudy.ask()`` + the space's suggestions, or Tune's
     ``OptunaSearch.suggest``). A repeat of a finished trial is told that trial's result, handed
-    to ``discard``, and proposed again; a staged search queues the held parameters first and
-    returns None while it must wait for running trials.
+    to ``discard``, and proposed again. ``screen(trial, params)`` returns True for a proposal
+    that cannot start (the pre-flight): it has told the sampler and recorded the row itself;
+    the proposal is discarded and the sampler asked again, so it takes no trial and no budget.
+    After :data:`MODEL_REPROPOSALS` tries the proposals are random. A staged search queues the
+    held parameters first and returns None while it must wait for running trials.
     """
-    for attempt in range(MAX_REPROPOSALS + 1):
+    duplicates = screened = 0
+    while True:
         if staged is not None and not enqueue_stage(ostudy, staged):
             return None
-        with proposing_with(ostudy, attempt):
+        with proposing_with(ostudy, duplicates + screened):
             got = ask()
         if got is None:
             return None
         trial, params = got
         original = None if queued_on_purpose(trial) else find_duplicate(ostudy, trial)
-        if original is None or attempt == MAX_REPROPOSALS:
-            return trial, params
-        tell_duplicate(ostudy, trial, original)
-        discard(trial)
-    raise AssertionError("unreachable")
+        if original is not None and duplicates < MAX_REPROPOSALS:
+            tell_duplicate(ostudy, trial, original)
+            discard(trial)
+            duplicates += 1
+            continue
+        if screen is not None and screened < MAX_SCREENED and screen(trial, params):
+            discard(trial)
+            screened += 1
+            continue
+        return trial, params
 
 
 def ask_distinct(ostudy, space, staged: Optional[StagedSearch] = None):
@@ -183,9 +196,11 @@ def searcher_class():
         """OptunaSearch whose proposals go through :func:`propose` and whose results through
         :func:`tell_report`; the Optuna trial number goes down to the trial (it names its rows)."""
 
-        def __init__(self, *args, staged: Optional[StagedSearch] = None, **kwargs):
+        def __init__(self, *args, staged: Optional[StagedSearch] = None,
+                     screen: Optional[Callable[[Any, dict], bool]] = None, **kwargs):
             super().__init__(*args, **kwargs)
             self._staged = staged
+            self._screen = screen
             self._study_space = getattr(kwargs["space"], "__self__", None)  # the SearchSpace of space.suggest
 
         def suggest(self, trial_id: str):
@@ -196,7 +211,7 @@ def searcher_class():
                 config = OptunaSearch.suggest(self, trial_id)
                 return None if config is None else (self._ot_trials[trial_id], config)
 
-            got = propose(self._ot_study, ask, staged=self._staged,
+            got = propose(self._ot_study, ask, staged=self._staged, screen=self._screen,
                           discard=lambda trial: self._ot_trials.pop(trial_id, None))
             if got is None:
                 return None  # Tune asks again later
