@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import socket
 import time
 import urllib.request
@@ -104,23 +103,19 @@ def cluster(tmp_path_factory):
     from orchestrator.cluster import start_serve
 
     cache = tmp_path_factory.mktemp("cache")
-    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME", SERVE_PORT_ENV)}
-    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf")):
-        os.environ[var] = str(cache / sub)
-    ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=NUM_GPUS, include_dashboard=False,
-             namespace="orchestrator", runtime_env={"env_vars": {k: os.environ[k] for k in
-                                                                 ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                                                                  "HF_HOME")}})
-    try:
-        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
-        yield cache
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # vLLM's caches under the test's folder: its processes are found by them (vllm_processes).
+    env = {var: str(cache / sub) for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                                                  ("HF_HOME", "hf"))}
+    with pytest.MonkeyPatch.context() as mp:
+        for var, value in env.items():
+            mp.setenv(var, value)
+        ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=NUM_GPUS, include_dashboard=False,
+                 namespace="orchestrator", runtime_env={"env_vars": env})
+        try:
+            mp.setenv(SERVE_PORT_ENV, str(start_serve(SERVE_PORT)))
+            yield cache
+        finally:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

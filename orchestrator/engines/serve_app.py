@@ -13,6 +13,7 @@ import os
 import time
 from typing import Callable, Optional
 
+from orchestrator.engines.base import Deployment, EngineEndpoint
 from orchestrator.failures import EngineStartError, FailureKind, classify_start_error, engine_message
 
 log = logging.getLogger(__name__)
@@ -119,3 +120,22 @@ def knows_label_selector() -> bool:
         return "label_selector" in RayActorOptionsSchema.model_fields
     except Exception:  # noqa: BLE001
         return False
+
+
+class AppDeployment(Deployment):
+    """A deployment that is one Serve application: leaving it deletes the application and
+    waits until Serve no longer lists it."""
+
+    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float):
+        self.name = name
+        self.endpoint = endpoint
+        self.teardown_timeout_s = teardown_timeout_s
+        self._problems: list[str] = []
+
+    def teardown_problems(self) -> list[str]:
+        return self._problems
+
+    def __exit__(self, *exc) -> None:
+        problem = delete_app(self.name, timeout_s=self.teardown_timeout_s)
+        if problem:
+            self._problems.append(problem)

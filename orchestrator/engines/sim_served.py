@@ -32,13 +32,7 @@ def sim_resolve(study, args: EngineArgs) -> EngineArgs:
     return with_study_defaults(study, args, cpu=False)  # the simulator models GPUs only
 
 
-class _SimDeployment(Deployment):
-    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float):
-        self.name = name
-        self.endpoint = endpoint
-        self.teardown_timeout_s = teardown_timeout_s
-        self._problems: list[str] = []
-
+class _SimDeployment(serve_app.AppDeployment):
     def health(self) -> Optional[str]:
         try:
             with urllib.request.urlopen(self.endpoint.base_url + "/health", timeout=5) as r:
@@ -48,14 +42,6 @@ class _SimDeployment(Deployment):
         except Exception as e:  # noqa: BLE001 - the replica is gone: Serve may know why
             why = serve_app.app_messages(self.name)
             return f"/health failed: {e}" + (f"; Serve: {why}" if why else "")
-
-    def teardown_problems(self) -> list[str]:
-        return self._problems
-
-    def __exit__(self, *exc) -> None:
-        problem = serve_app.delete_app(self.name, timeout_s=self.teardown_timeout_s)
-        if problem:
-            self._problems.append(problem)
 
 
 class ServedSimEngine(Engine):

@@ -126,14 +126,11 @@ def _gpu_memory_used_gib() -> Optional[float]:
         return None
 
 
-class _VllmDeployment(Deployment):
+class _VllmDeployment(serve_app.AppDeployment):
     def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float,
                  release: Optional[ReleaseCheck] = None):
-        self.name = name
-        self.endpoint = endpoint
-        self.teardown_timeout_s = teardown_timeout_s
+        super().__init__(name, endpoint, teardown_timeout_s)
         self.release = release
-        self._problems: list[str] = []
 
     def health(self) -> Optional[str]:
         """Why the engine is not healthy now (replica died or restarted), or None."""
@@ -157,13 +154,8 @@ class _VllmDeployment(Deployment):
         logs = replica_log_tail(self.name, marker=self.endpoint.model)
         return (text + ("\n" + logs if logs else ""))[-6000:]
 
-    def teardown_problems(self) -> list[str]:
-        return self._problems
-
     def __exit__(self, *exc) -> None:
-        problem = serve_app.delete_app(self.name, timeout_s=self.teardown_timeout_s)
-        if problem:
-            self._problems.append(problem)
+        super().__exit__(*exc)  # the application is deleted; then its resources must come back
         if self.release is not None:
             leak = self.release.wait(timeout_s=self.teardown_timeout_s)
             if leak:
