@@ -114,17 +114,12 @@ def run(args) -> None:
 
         from orchestrator.cluster import start_serve
         from orchestrator.engine_args import engine_args_from_params
-<<<<<<< HEAD
-        from orchestrator.engines.vllm_serve import VllmServeEngine
-=======
-        from orchestrator.engines import create_engine
-        from orchestrator.cluster import start_serve
->>>>>>> redesign-engines
+        from orchestrator.engines import EngineContext, create_engine
 
         ray.init(include_dashboard=False, namespace="orchestrator")
-        start_serve(8000)
+        context = EngineContext(serve_port=start_serve(8000))
         study = _study(args.model, args.mode, serving)
-        engine = create_engine(study)
+        engine = create_engine(study, context)
         eargs = engine.resolve(engine_args_from_params({**CONFIG, **serving}))
         deployment = engine.deploy("ingress", eargs)
         deployment.__enter__()

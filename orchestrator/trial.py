@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from orchestrator import feasibility
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
-from orchestrator.engines import Engine, create_engine
+from orchestrator.engines import Engine, EngineContext, create_engine
 from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load,
                                    start_failure, status_of, teardown_warning)
 from orchestrator.harness import harness_verdict
@@ -45,6 +45,9 @@ class TrialContext:
     cluster_units: Optional[int] = None
     units_per_node: Optional[int] = None
     serve_port: int = 8000
+
+    def engine_context(self) -> EngineContext:
+        return EngineContext(serve_port=self.serve_port, ledger_name=self.ledger_name, namespace=self.namespace)
 
 
 def _utc_now() -> datetime:
@@ -107,7 +110,7 @@ def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_
     """Run one configuration end to end; never raises for configuration or engine problems."""
     b = _Builder(ctx.run_id, trial_id, trial_number, dict(params), _utc_now(), time.monotonic())
     try:
-        engine = engine or create_engine(study)
+        engine = engine or create_engine(study, ctx.engine_context())
         fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
         b.args = engine.resolve(engine_args_from_params(params, fixed=fixed))
         _run(study, engine, b, ctx)

@@ -33,18 +33,16 @@ def ray_serve(tmp_path_factory):
     import ray
 
     from orchestrator.cluster import start_serve
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
 
     cache = tmp_path_factory.mktemp("cache")
     env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
            "HF_HOME": str(cache / "hf")}
-    saved = {k: os.environ.get(k) for k in [*env, SERVE_PORT_ENV]}
+    saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000}, runtime_env={"env_vars": env})
     try:
-        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
-        yield
+        yield start_serve(SERVE_PORT)  # the port Serve's proxy listens on
     finally:
         ray.shutdown()
         for k, v in saved.items():
@@ -79,7 +77,8 @@ def test_served_sim_capacity_search(tmp_path, ray_serve):
     from orchestrator.results.schema import requests_to_table
 
     study = parse_study(study_doc(tmp_path, "served"))
-    out = run_trial(study, {"max_num_seqs": 4}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    out = run_trial(study, {"max_num_seqs": 4}, trial_id="t1", trial_number=0,
+                    ctx=TrialContext("r1", serve_port=ray_serve))
     row = out.row
     assert row["status"] == "completed", row.get("failure_message")
     kw = dict(study=study.name, run_id="r1", trial_id="t1")

@@ -34,7 +34,7 @@ from vllm_processes import vllm_processes
 
 from orchestrator.accelerator import with_study_defaults
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
-from orchestrator.engines import ENGINES, Engine, create_engine, engine_class, engine_kinds
+from orchestrator.engines import ENGINES, Engine, EngineContext, create_engine, engine_class, engine_kinds
 from orchestrator.engines import serve_app
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.study import EngineSpec, parse_study
@@ -99,7 +99,6 @@ def make_study(engine: dict, tmp_path: Path, *, model: str = "tiny-llama", gpu: 
 def cluster(tmp_path_factory):
     import ray
 
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
     from orchestrator.cluster import start_serve
 
     cache = tmp_path_factory.mktemp("cache")
@@ -112,8 +111,7 @@ def cluster(tmp_path_factory):
         ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=NUM_GPUS, include_dashboard=False,
                  namespace="orchestrator", runtime_env={"env_vars": env})
         try:
-            mp.setenv(SERVE_PORT_ENV, str(start_serve(SERVE_PORT)))
-            yield cache
+            yield cache, EngineContext(serve_port=start_serve(SERVE_PORT))
         finally:
             ray.shutdown()
 
@@ -127,28 +125,29 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def subject(request, cluster, tmp_path):
+    cache, context = cluster
     name = request.param
     if name == "sim-served":
         study = make_study({"kind": "sim"}, tmp_path)
-        yield Subject(name, study, create_engine(study), {"max_num_seqs": 8, "tensor_parallel_size": 2}, "GPU")
+        yield Subject(name, study, create_engine(study, context), {"max_num_seqs": 8, "tensor_parallel_size": 2}, "GPU")
     elif name == "sim-virtual":
         study = make_study({"kind": "sim", "mode": "virtual"}, tmp_path)
-        yield Subject(name, study, create_engine(study), {"max_num_seqs": 8, "tensor_parallel_size": 2}, None)
+        yield Subject(name, study, create_engine(study, context), {"max_num_seqs": 8, "tensor_parallel_size": 2}, None)
     elif name == "external":
         # The endpoint runs before the trial and after it: a served simulator started here.
-        upstream = create_engine(make_study({"kind": "sim"}, tmp_path))
+        upstream = create_engine(make_study({"kind": "sim"}, tmp_path), context)
         with upstream.deploy("upstream", upstream.resolve(EngineArgs(max_num_seqs=8))) as running:
             base = running.endpoint.base_url
             study = make_study({"kind": "external", "base_url": base, "metrics_url": base + "/metrics"}, tmp_path)
-            yield Subject(name, study, create_engine(study), {"max_num_seqs": 8}, None)
+            yield Subject(name, study, create_engine(study, context), {"max_num_seqs": 8}, None)
     elif name == "vllm-cpu":
         tiny_model = request.getfixturevalue("tiny_model")
         study = make_study({"kind": "vllm", "platform": "cpu", "model_source": str(tiny_model),
                             "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": 8 * 2**20}},
                            tmp_path, gpu="CPU", dtype="float32",
                            space={"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True})
-        yield Subject(name, study, create_engine(study),
-                      {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True}, "CPU", cluster)
+        yield Subject(name, study, create_engine(study, context),
+                      {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True}, "CPU", cache)
     else:
         raise AssertionError(name)
 

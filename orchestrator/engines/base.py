@@ -96,6 +96,21 @@ class Deployment(AbstractContextManager):
         return []
 
 
+@dataclass(frozen=True)
+class EngineContext:
+    """What a study run tells its engines (picklable; built from the trial context): where Serve's
+    proxy listens, and the run's GPU ledger a replica is pinned by. Passed in, never read from
+    the environment."""
+
+    serve_host: str = "127.0.0.1"
+    serve_port: int = 8000
+    ledger_name: Optional[str] = None  # the run's GPU ledger actor (None: no pinning)
+    namespace: str = "orchestrator"
+
+    def serve_url(self, route_prefix: str) -> str:
+        return f"http://{self.serve_host}:{self.serve_port}{route_prefix}"
+
+
 class Engine(abc.ABC):
     """One study's engine; the module docstring gives the order a trial calls it in."""
 
@@ -103,8 +118,9 @@ class Engine(abc.ABC):
     #: True: ``deploy`` gives an HTTP endpoint. False: ``measure`` computes records directly.
     serves_http: ClassVar[bool] = True
 
-    def __init__(self, study: "Study"):
+    def __init__(self, study: "Study", context: Optional[EngineContext] = None):
         self.study = study
+        self.context = context or EngineContext()
 
     @abc.abstractmethod
     def resolve(self, args: EngineArgs) -> EngineArgs:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import Engine
+    from orchestrator.engines.base import Engine, EngineContext
     from orchestrator.study import Study
 
 
@@ -65,6 +65,6 @@ def engine_class(spec) -> type["Engine"]:
     return engine_entry(spec.kind, getattr(spec, "mode", None)).load()
 
 
-def create_engine(study: "Study") -> "Engine":
-    """The engine the study names."""
-    return engine_class(study.engine)(study)
+def create_engine(study: "Study", context: Optional["EngineContext"] = None) -> "Engine":
+    """The engine the study names, told where the run's Serve and ledger are (``context``)."""
+    return engine_class(study.engine)(study, context)

@@ -19,18 +19,10 @@ from orchestrator.failures import EngineStartError, FailureKind, classify_start_
 log = logging.getLogger(__name__)
 
 # The Serve HTTP proxy trials talk to (a proxy runs on every node by default).
-SERVE_HOST_ENV = "ORCHESTRATOR_SERVE_HOST"
-SERVE_PORT_ENV = "ORCHESTRATOR_SERVE_PORT"
 
 
 def app_name_for(trial_id: str) -> str:
     return f"tune-{trial_id}"
-
-
-def serve_base_url(route_prefix: str) -> str:
-    host = os.environ.get(SERVE_HOST_ENV, "127.0.0.1")
-    port = int(os.environ.get(SERVE_PORT_ENV, "8000"))
-    return f"http://{host}:{port}{route_prefix}"
 
 
 def submit_app(app, *, name: str, route_prefix: str) -> None:

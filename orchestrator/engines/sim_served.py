@@ -47,8 +47,8 @@ class _SimDeployment(serve_app.AppDeployment):
 class ServedSimEngine(Engine):
     kind = "sim"
 
-    def __init__(self, study):
-        super().__init__(study)
+    def __init__(self, study, context=None):
+        super().__init__(study, context)
         with open(find_model_config(study.model.name, study.base_dir)) as f:
             self.model_config = json.load(f)
         self.model_name = ModelShape.from_config(self.model_config).name
@@ -67,7 +67,7 @@ class ServedSimEngine(Engine):
         route = f"/{name}"
         cls = build_ingress_class()
         actor_options: dict = {"num_cpus": 0, "num_gpus": args.gpus}
-        node = leased_node(trial_id)
+        node = leased_node(trial_id, self.context.ledger_name, self.context.namespace)
         if node is not None and serve_app.knows_label_selector():
             # Exactly where the run's GPU ledger counted this replica (no fragmentation surprises).
             actor_options["label_selector"] = {"ray.io/node-id": node}
@@ -101,7 +101,7 @@ class ServedSimEngine(Engine):
         except EngineStartError:
             serve_app.delete_app(name, timeout_s=60)
             raise
-        serve_url = serve_app.serve_base_url(route)
+        serve_url = self.context.serve_url(route)
         facts = _get_json(serve_url + "/engine_facts")
         base = serve_url
         if facts.get("direct_url") and facts.get("node_ip") == _node_ip():

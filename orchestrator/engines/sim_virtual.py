@@ -21,8 +21,8 @@ class VirtualSimEngine(Engine):
     kind = "sim"
     serves_http = False
 
-    def __init__(self, study):
-        super().__init__(study)
+    def __init__(self, study, context=None):
+        super().__init__(study, context)
         with open(find_model_config(study.model.name, study.base_dir)) as f:
             self.model = ModelShape.from_config(json.load(f), name=study.model.name)
         self.gpu = get_gpu(study.hardware.gpu)

@@ -300,8 +300,8 @@ def _interesting(line: str) -> bool:
 class VllmServeEngine(Engine):
     kind = "vllm"
 
-    def __init__(self, study):
-        super().__init__(study)
+    def __init__(self, study, context=None):
+        super().__init__(study, context)
         self.platform = resolve_platform(study)
 
     # ---- configuration
@@ -415,7 +415,7 @@ class VllmServeEngine(Engine):
         # One bundle of TP x PP accelerators: one node, visible to the server and its workers.
         options: dict[str, Any] = ({"num_cpus": units} if self.platform == "cpu"
                                    else {"num_gpus": units, "num_cpus": 1})
-        node = leased_node(trial_id)
+        node = leased_node(trial_id, self.context.ledger_name, self.context.namespace)
         if node is not None and serve_app.knows_label_selector():
             options["label_selector"] = {"ray.io/node-id": node}
         log_name = f"vllm_server-{name}"
@@ -489,7 +489,7 @@ class VllmServeEngine(Engine):
             # The next trial must not start while this engine's memory is still held.
             release.wait(timeout_s=spec.teardown_timeout_s)
             raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
-        base = serve_app.serve_base_url(route)
+        base = self.context.serve_url(route)
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
                                  "llm_config": json.loads(json.dumps(cfg, default=str))}

@@ -34,13 +34,6 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     import ray
     from ray import tune
 
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.gpu_ledger import LEDGER_ENV, NAMESPACE_ENV
-
-    os.environ[SERVE_PORT_ENV] = str(ctx.serve_port)  # this trial actor's Serve proxy port
-    if ctx.ledger_name:
-        os.environ[LEDGER_ENV] = ctx.ledger_name  # engines pin their replica to the leased node
-        os.environ[NAMESPACE_ENV] = ctx.namespace
     number = int(config[TRIAL_NUMBER_KEY])
     params = {k: v for k, v in config.items() if k != TRIAL_NUMBER_KEY}
     trial_id = f"{ctx.run_id}-{number:04d}"
