@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, positive_int, print_front
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, load_study_with_overrides, positive_int, print_front
 
 
 def cmd_validate(args) -> int:
@@ -20,16 +20,9 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    study = load_study_or_report(args.study)
+    study = load_study_with_overrides(args)
     if study is None:
         return EXIT_USAGE
-    updates = {}
-    if args.output:
-        updates["output"] = args.output
-    if args.trials is not None:
-        updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
-    if updates:
-        study = study.model_copy(update=updates)
     from orchestrator.results.definition import write_study_definition
     from orchestrator.search import StudyStopped, run_study
 
