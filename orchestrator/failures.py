@@ -62,6 +62,7 @@ _START_PATTERNS: list[tuple[str, FailureKind]] = [
     ("OutOfMemoryError", FailureKind.WEIGHTS_OOM),
     ("out of memory", FailureKind.WEIGHTS_OOM),
     ("Cannot allocate memory", FailureKind.WEIGHTS_OOM),
+    ("is smaller than max_model_len", FailureKind.INVALID_ARGS),  # vLLM's SchedulerConfig refusal
     ("is not divisible by", FailureKind.INVALID_ARGS),
     ("must be divisible by", FailureKind.INVALID_ARGS),
     ("ValidationError", FailureKind.INVALID_ARGS),
