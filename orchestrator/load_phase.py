@@ -16,17 +16,26 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Optional
 
-from orchestrator.metrics import LoadMetrics, measurement_window, summarise
+from orchestrator.capacity import (LevelResult, SaturationDetector, detect_saturation, judge_level, level_workload,
+                                   search_capacity)
+from orchestrator.harness import harness_verdict
+from orchestrator.loadgen import Endpoint, run_load_sync
+from orchestrator.metrics import (ENGINE_WINDOW_METRIC_NAMES, WARMUP_METRIC_NAMES, LoadMetrics, measurement_window,
+                                  summarise)
 from orchestrator.records import RequestErrorKind, RequestRecord
+from orchestrator.sim.models import ModelShape
 from orchestrator.study import Study
+from orchestrator.telemetry import TelemetrySampler, _http_get, parse_prometheus, try_nvml
+from orchestrator.trial_result import CapacityOutcome
+from orchestrator.warmup import WarmupOutcome
+from orchestrator.workload.generate import build_requests
+from orchestrator.workload.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=16)
 def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Optional[str] = None, level: int = 0):
-    from orchestrator.workload.generate import build_requests
-    from orchestrator.workload.spec import WorkloadSpec
 
     return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size, base_dir, level)
 
@@ -34,7 +43,6 @@ def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Opti
 def study_requests(study: Study, workload=None, level: int = 0):
     """The request set of the study's workload, or of ``workload`` (a capacity level's, with its
     ``level``: prompts of its own); cached per process: every trial replays the same requests."""
-    from orchestrator.sim.models import ModelShape
 
     vocab = ModelShape.load(study.model.name, study.base_dir).vocab_size
     base = str(study.base_dir) if study.base_dir is not None else None
@@ -64,8 +72,6 @@ class LoadPhase:
         """Rows of the levels table: each level's client metrics, engine-side numbers and harness verdict."""
         if self.capacity is None:
             return []
-        from orchestrator.harness import harness_verdict
-        from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
 
         rows = []
         for lv in self.capacity.levels:
@@ -75,15 +81,12 @@ class LoadPhase:
 
 
 def served_load(study: Study, deployment, requests) -> LoadPhase:
-    from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.telemetry import TelemetrySampler, try_nvml
 
     ep = deployment.endpoint
     endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=study.workload.api, api_key=ep.api_key)
     nvml = try_nvml(ep.gpu_indices) if ep.sample_nvml else None
 
     def run_level(rs, monitor):
-        from orchestrator.warmup import WarmupOutcome
 
         window = sampler.window()  # the engine's histograms over this level's measured requests
         warmup = WarmupOutcome()
@@ -112,7 +115,6 @@ def served_load(study: Study, deployment, requests) -> LoadPhase:
 def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
     """One load window, or a capacity search over levels (``run_level(request set, monitor)``
     returns ``(records, telemetry)``; ``served``: a monitor may stop a level early)."""
-    from orchestrator.metrics import WARMUP_METRIC_NAMES
 
     def warmup_of(telemetry: dict) -> dict:  # the warm-up's columns, out of the telemetry
         return {k: telemetry.pop(k, None) for k in WARMUP_METRIC_NAMES}
@@ -120,8 +122,6 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
     if study.capacity is None:
         records, telemetry = run_level(requests, None)
         return LoadPhase(records, telemetry, requests.requested_rate, warmup=warmup_of(telemetry))
-    from orchestrator.capacity import (LevelResult, SaturationDetector, detect_saturation, judge_level,
-                                       level_workload, search_capacity)
 
     spec = study.capacity
     slo = study.capacity_slo()
@@ -157,7 +157,6 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
 
 def _wait_idle(ep, timeout_s: float = 30.0) -> None:
     """Wait until the engine reports no running or waiting request (best effort: 1 s without metrics)."""
-    from orchestrator.telemetry import _http_get, parse_prometheus
 
     if not ep.metrics_url:
         time.sleep(1.0)
@@ -181,7 +180,6 @@ def _wait_idle(ep, timeout_s: float = 30.0) -> None:
 def phase_metrics(study: Study, phase: LoadPhase, gpus: int):
     """The trial's load metrics (the load window's, or the capacity level's) and the capacity
     search's answer: ``(LoadMetrics, CapacityOutcome or None)``."""
-    from orchestrator.trial_result import CapacityOutcome
 
     cap = phase.capacity
     if cap is None:

@@ -14,6 +14,7 @@ import time
 from typing import Any, Optional
 
 from orchestrator.study import Study
+from orchestrator.judge import feasible_mask
 
 
 def _fmt(v: Any) -> str:
@@ -60,7 +61,6 @@ class ProgressPrinter:
             return
         import pandas as pd
 
-        from orchestrator.judge import feasible_mask
 
         ok = feasible_mask(trials, self.study.constraints)
         self.failed += int((trials["status"] != "completed").sum())

@@ -25,11 +25,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator import feasibility
 from orchestrator.accelerator import is_cpu_study
+from orchestrator.cluster import NAMESPACE, cluster_info, ensure_ray, local_ray, start_serve
+from orchestrator.engines import create_engine
+from orchestrator.engines.serve_app import delete_app
 from orchestrator.failures import root_message, storage_problem
-from orchestrator.resume import RunState
+from orchestrator.gpu_ledger import GpuLedgerActor
+from orchestrator.progress import ProgressPrinter
+from orchestrator.results.store import ResultsStore
+from orchestrator.resume import RunInProgress, RunLock, RunState, drop_orphan_requests, process_identity, stop_orphans
 from orchestrator.search.optuna_search import searcher_class
-from orchestrator.feasibility import preflight_on
+from orchestrator.search.reconcile import reconcile
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen
 from orchestrator.search.stages import StagedSearch
@@ -37,6 +44,7 @@ from orchestrator.search.state import local_state_dir, new_run_id, optuna_storag
 from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
 from orchestrator.study import Study
 from orchestrator.trial import TrialContext
+from orchestrator.warm_start import load_frames, warm_start_points
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +77,6 @@ class StudyRun:
 def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 8000, resume: bool = True,
               quiet: bool = False, max_trials: Optional[int] = None) -> StudyRun:
     """Run (or resume) the study; returns where the results are. Raises :class:`StudyStopped`."""
-    from orchestrator import feasibility
-    from orchestrator.resume import RunInProgress, RunLock, stop_orphans
 
     t_start = time.monotonic()
     survey_text = None
@@ -105,12 +111,6 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
            serve_port: int, quiet: bool, max_trials: Optional[int], t_start: float) -> StudyRun:
     import ray
 
-    from orchestrator.engines import create_engine
-    from orchestrator.progress import ProgressPrinter
-    from orchestrator.resume import drop_orphan_requests, process_identity
-    from orchestrator.search.reconcile import reconcile
-    from orchestrator.results.store import ResultsStore
-    from orchestrator.cluster import ensure_ray, local_ray
 
     store = ResultsStore(study.output, study.name)
     run.driver_pid = os.getpid()
@@ -180,8 +180,6 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchestrator.cluster import NAMESPACE, cluster_info, start_serve
-    from orchestrator.gpu_ledger import GpuLedgerActor
 
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
     if engine.serves_http:
@@ -217,7 +215,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         sampler=make_sampler(study), study_name=ostudy_name, storage=storage,
         staged=StagedSearch(study) if study.search.stages else None,
         screen=PreflightScreen(study, engine, run.run_id, sink, printer, cluster_units=ctx.cluster_units,
-                                units_per_node=ctx.units_per_node) if preflight_on(study) else None,
+                                units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
     )
     _enqueue_initial_points(study, searcher, resumed=resumed)
     _enqueue_warm_start(study, searcher)
@@ -302,7 +300,6 @@ def _stopped_text(study: Study, store, run: RunState, why: str) -> str:
 
 def _dead_run_ids(state_dir: Path, current: str) -> list[str]:
     """This run and every other run of the study no live driver holds (their apps are orphans)."""
-    from orchestrator.resume import RunLock
 
     ids = [current]
     for st in RunState.all(state_dir):
@@ -316,7 +313,6 @@ def _cleanup_apps(run_ids: list[str]) -> None:
     try:
         from ray import serve
 
-        from orchestrator.engines.serve_app import delete_app
 
         prefixes = tuple(f"tune-{rid}" for rid in run_ids)
         for name in list(serve.status().applications):
@@ -341,7 +337,6 @@ def _enqueue_warm_start(study: Study, searcher) -> int:
         return 0
     from optuna.trial import TrialState
 
-    from orchestrator.warm_start import load_frames, warm_start_points
 
     ostudy = searcher._ot_study  # noqa: SLF001 - OptunaSearch keeps it there
     existing = [t.system_attrs.get("fixed_params", t.params) for t in ostudy.get_trials(deepcopy=False)

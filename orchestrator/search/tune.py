@@ -25,6 +25,7 @@ from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_
 from orchestrator.study import Study
 from orchestrator.trial import TrialContext, execute_trial, judge_result
 from orchestrator.trial_result import TrialResult
+from orchestrator.results.store import ResultsStore
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,6 @@ class ResultsSinkActor:
     """The single writer of a run's Parquet files, on the driver's node."""
 
     def __init__(self, output: str, study_name: str, param_types: dict[str, str]):
-        from orchestrator.results.store import ResultsStore
 
         self.store = ResultsStore(output, study_name)
         self.param_types = param_types
