@@ -19,6 +19,7 @@ from typing import Iterable, Optional
 
 class TrialStatus(str, Enum):
     COMPLETED = "completed"  # deployed and measured (SLOs may or may not be met)
+    DEGRADED = "degraded"  # measured, but more requests failed than the study allows
     INFEASIBLE = "infeasible"  # the engine could not start with this configuration
     FAILED = "failed"  # started, then died or stopped answering under load
     PRUNED = "pruned"  # skipped by the pre-flight check: cannot fit, never started
@@ -36,6 +37,7 @@ class FailureKind(str, Enum):
     RUNTIME_OOM = "runtime_oom"  # out of memory under load
     UNRESPONSIVE = "unresponsive"  # alive but every request failed / timed out
     TEARDOWN_LEAK = "teardown_leak"  # measured, but resources not released in time
+    REQUEST_FAILURES = "request_failures"  # measured, but too many requests failed (degraded)
     PREFLIGHT = "preflight"  # rejected before start by the feasibility model
     INTERNAL = "internal"  # orchestrator error
 
@@ -121,6 +123,8 @@ def status_of(kind: FailureKind) -> TrialStatus:
         return TrialStatus.ERROR
     if kind is FailureKind.TEARDOWN_LEAK:  # measured; the leak is a warning on a completed trial
         return TrialStatus.COMPLETED
+    if kind is FailureKind.REQUEST_FAILURES:
+        return TrialStatus.DEGRADED
     return TrialStatus.FAILED
 
 
@@ -146,6 +150,20 @@ def classify_load(*, health: Optional[str], errors: Iterable[Optional[str]], suc
     if measured and succeeded == 0:
         return Failure(FailureKind.UNRESPONSIVE, errors[0] if errors else "no request completed")
     return None
+
+
+def request_failures(metrics, max_error_rate: float, first_error: Optional[str] = None) -> Optional[Failure]:
+    """A measured trial whose failed requests exceed ``max_error_rate`` of those measured: degraded,
+    with the failures counted by kind (None: within the limit)."""
+    if not metrics.num_requests or metrics.failed / metrics.num_requests <= max_error_rate:
+        return None
+    kinds = {"timeout": metrics.failed_timeout, "http": metrics.failed_http, "connection": metrics.failed_connection,
+             "bad response": metrics.failed_bad_response, "aborted": metrics.failed_aborted}
+    counted = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
+    text = (f"{metrics.failed} of {metrics.num_requests} requests failed "
+            f"({metrics.failed / metrics.num_requests:.1%} > {max_error_rate:.1%})"
+            + (f": {counted}" if counted else "") + (f"; first: {first_error}" if first_error else ""))
+    return Failure(FailureKind.REQUEST_FAILURES, text)
 
 
 def teardown_warning(problems: list[str]) -> Optional[Failure]:

@@ -212,6 +212,9 @@ class Budget(_Strict):
                                            "configuration's own failures are recorded, never retried")
 
 
+DEFAULT_MAX_ERROR_RATE = 0.01
+
+
 class Study(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     description: str = ""
@@ -226,6 +229,9 @@ class Study(_Strict):
     search: SearchSettings = SearchSettings()
     budget: Budget = Budget()
     capacity: Optional[CapacitySpec] = None
+    max_error_rate: float = Field(default=DEFAULT_MAX_ERROR_RATE, ge=0, lt=1,
+                                  description="share of a trial's measured requests that may fail; above it the "
+                                              "trial is degraded (kept off the front and out of recommend)")
     output: str = Field(default="results", description="local path or pyarrow filesystem URI (s3://, gs://)")
 
     # Set by load_study: where the file lives (relative model paths resolve from there).
@@ -294,6 +300,8 @@ class Study(_Strict):
     def fingerprint(self) -> str:
         """Hash of what defines the measurements (not the budget): same hash, comparable trials."""
         body = self.model_dump(mode="json", exclude={"budget", "description", "output", "source_path", "search"})
+        if body.get("max_error_rate") == DEFAULT_MAX_ERROR_RATE:  # added later: hashed only when set
+            body.pop("max_error_rate")
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     @property

@@ -21,7 +21,7 @@ from orchestrator import feasibility
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.engines import Engine, EngineContext, create_engine
 from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load,
-                                   start_failure, status_of, teardown_warning)
+                                   request_failures, start_failure, status_of, teardown_warning)
 from orchestrator.harness import harness_verdict
 from orchestrator.judge import Judgement, judge
 from orchestrator.load_phase import LoadPhase, measure, phase_metrics, served_load, study_requests
@@ -90,6 +90,11 @@ class _Builder:
         phase = self.phase
         if phase is not None:
             metrics, capacity = phase_metrics(study, phase, self.args.gpus if self.args else 1)
+            if self.status is TrialStatus.COMPLETED:
+                first = next((r.error for r in phase.records if r.error and not r.warmup), None)
+                degraded = request_failures(metrics, study.max_error_rate, first)
+                if degraded is not None:
+                    self.fail(degraded)
             telemetry, warmup, records, levels = dict(phase.telemetry), dict(phase.warmup), tuple(phase.records), \
                 tuple(phase.level_rows())
             harness = harness_verdict({**metrics.as_dict(), **telemetry}).columns()

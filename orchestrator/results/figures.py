@@ -24,12 +24,14 @@ STYLES: dict[str, tuple[str, str, str, str]] = {
     "front": ("on the Pareto front", "*", "#d62728", "#7f0000"),
     "feasible": ("meets the SLOs", "o", "#1f77b4", "#1f77b4"),
     "slo_missed": ("misses an SLO", "o", "none", "#7f7f7f"),
+    "degraded": ("too many requests failed", "D", "none", "#bcbd22"),
     "failed": ("failed under load", "X", "#ff7f0e", "#ff7f0e"),
     "infeasible": ("could not start (infeasible)", "x", "#9467bd", "#9467bd"),
     "pruned": ("pruned before start", "v", "#8c564b", "#8c564b"),
     "error": ("orchestrator error", "s", "#e377c2", "#e377c2"),
 }
-STATUS_COLOURS = {"completed": "#2ca02c", "infeasible": "#9467bd", "failed": "#ff7f0e", "pruned": "#8c564b",
+STATUS_COLOURS = {"completed": "#2ca02c", "degraded": "#bcbd22", "infeasible": "#9467bd", "failed": "#ff7f0e",
+                  "pruned": "#8c564b",
                   "error": "#e377c2"}
 
 
@@ -59,7 +61,7 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
     for i, x in enumerate(xs):
         ax = fig.add_subplot(grid[0, i])
         pts = measured[measured[x].notna()] if x in measured else measured.iloc[0:0]
-        for cat in ("slo_missed", "failed", "feasible", "front"):
+        for cat in ("slo_missed", "degraded", "failed", "feasible", "front"):
             sel = pts[categories.loc[pts.index] == cat]
             if sel.empty:
                 continue
@@ -93,7 +95,8 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
             ax.text(0.5, 0.5, "no trial measured", ha="center", va="center", transform=ax.transAxes)
     strip = fig.add_subplot(grid[1, :])
     unmeasured = trials[~trials.index.isin(measured.index)]
-    kinds = [k for k in ("failed", "infeasible", "pruned", "error") if (categories.loc[unmeasured.index] == k).any()]
+    kinds = [k for k in ("degraded", "failed", "infeasible", "pruned", "error")
+             if (categories.loc[unmeasured.index] == k).any()]
     for row, cat in enumerate(kinds):
         sel = unmeasured[categories.loc[unmeasured.index] == cat]
         label, marker, face, edge = STYLES[cat]

@@ -21,10 +21,10 @@ from orchestrator.study import Study
 def point_categories(trials: pd.DataFrame, study: Study) -> pd.Series:
     """The category every trial is drawn in (a key of :data:`orchestrator.results.figures.STYLES`).
 
-    front / feasible / slo_missed / failed / infeasible / pruned / error.
+    front / feasible / slo_missed / degraded / failed / infeasible / pruned / error.
     """
     front = pareto_front(trials, study.objectives, study.constraints)
-    cats = trials["status"].map({"completed": "slo_missed", "failed": "failed", "infeasible": "infeasible",
+    cats = trials["status"].map({"completed": "slo_missed", "degraded": "degraded", "failed": "failed", "infeasible": "infeasible",
                                  "pruned": "pruned", "error": "error"}).fillna("error")
     feasible = (trials["status"] == "completed") & trials["feasible"].fillna(False).astype(bool)
     cats[feasible] = "feasible"
