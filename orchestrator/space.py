@@ -32,7 +32,8 @@ Scalar = Union[bool, int, float, str, None]
 
 
 class _Param(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     when: Optional[dict[str, Union[Scalar, list[Scalar]]]] = Field(
         default=None, description="exists only when each named parameter has (one of) the given value(s)")
@@ -273,7 +274,7 @@ def _ordered(params: dict[str, Any]) -> list[str]:
 class SearchSpace(RootModel[dict[str, ParamSpec]]):
     """Ordered parameters; validated against vLLM's engine arguments (:func:`space_problems`)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

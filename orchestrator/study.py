@@ -33,11 +33,10 @@ from orchestrator.study_engine import (ENGINE_SPECS, EngineSpec, ExternalEngineS
 from orchestrator.study_errors import LocatedError, Problem, StudyFileError, models_by_tag, problems_from_validation
 from orchestrator.study_file import read_study_document
 from orchestrator.study_search import SearchSettings, SearchStage, search_problems
+from orchestrator.study_workload import workload_file_problems
 from orchestrator.workload.arrivals import is_rate_driven
-from orchestrator.workload.generate import load_entries
 from orchestrator.workload.spec import (ArrivalSpec, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec, WarmupSpec,
                                         WorkloadSpec)
-from orchestrator.workload.trace import TraceError, select_window
 
 # What callers import from here, the engine section and the problem types included.
 __all__ = [
@@ -49,7 +48,8 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -385,18 +385,3 @@ def load_study(path: str | Path) -> Study:
     if problems:
         raise StudyFileError(source, problems)
     return study
-
-
-def workload_file_problems(study: Study) -> list[Problem]:
-    """A trace or dataset file that is missing or malformed (one problem naming its file and line)."""
-    wl = study.workload
-    if wl.trace is None and wl.dataset is None:
-        return []
-    key = "workload.trace.path" if wl.trace is not None else "workload.dataset.path"
-    try:
-        entries = load_entries(wl, study.base_dir)
-        if wl.trace is not None:
-            select_window(entries, start_s=wl.trace.start_s, end_s=wl.trace.end_s, max_requests=wl.trace.max_requests)
-    except TraceError as e:
-        return [Problem(key, str(e))]
-    return []

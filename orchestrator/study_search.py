@@ -17,7 +17,8 @@ from orchestrator.study_errors import Problem
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SearchStage(_Strict):
