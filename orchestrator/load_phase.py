@@ -17,8 +17,11 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from orchestrator.metrics import LoadMetrics, measurement_window, summarise
+from orchestrator.nvml import try_nvml
+from orchestrator.prometheus_text import fetch_metrics_text, parse_prometheus
 from orchestrator.records import RequestErrorKind, RequestRecord
 from orchestrator.study import Study
+from orchestrator.telemetry import TelemetrySampler
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +79,6 @@ class LoadPhase:
 
 def served_load(study: Study, deployment, requests) -> LoadPhase:
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.telemetry import TelemetrySampler, try_nvml
 
     ep = deployment.endpoint
     endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=study.workload.api, api_key=ep.api_key)
@@ -157,15 +159,13 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
 
 def _wait_idle(ep, timeout_s: float = 30.0) -> None:
     """Wait until the engine reports no running or waiting request (best effort: 1 s without metrics)."""
-    from orchestrator.telemetry import _http_get, parse_prometheus
-
     if not ep.metrics_url:
         time.sleep(1.0)
         return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            m = parse_prometheus(_http_get(ep.metrics_url), ep.metric_labels or None)
+            m = parse_prometheus(fetch_metrics_text(ep.metrics_url), ep.metric_labels or None)
         except Exception:  # noqa: BLE001 - metrics are optional
             time.sleep(1.0)
             return
