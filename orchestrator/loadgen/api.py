@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
-from orchestrator.workload.generate import token_ids_to_text
 from orchestrator.workload.requests import Request
+from orchestrator.workload.tokens import token_ids_to_text
 
 __all__ = ["APIS", "ApiFormat", "ApiName", "Endpoint", "MAX_ERROR_CHARS"]
 
