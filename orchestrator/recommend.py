@@ -19,8 +19,8 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from orchestrator.engine_args import EngineArgs
+from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
-from orchestrator.results.query import best_under_slos
 from orchestrator.study import Constraint, Study
 
 SERVE_APP_IMPORT = "ray.serve.llm:build_openai_app"
