@@ -22,10 +22,12 @@ from orchestrator.harness import harness_verdict
 from orchestrator.loadgen import Endpoint, run_load_sync
 from orchestrator.metrics import (ENGINE_WINDOW_METRIC_NAMES, WARMUP_METRIC_NAMES, LoadMetrics, measurement_window,
                                   summarise)
+from orchestrator.nvml import try_nvml
+from orchestrator.prometheus_text import fetch_metrics_text, parse_prometheus
 from orchestrator.records import RequestErrorKind, RequestRecord
 from orchestrator.sim.models import ModelShape
 from orchestrator.study import Study
-from orchestrator.telemetry import TelemetrySampler, _http_get, parse_prometheus, try_nvml
+from orchestrator.telemetry import TelemetrySampler
 from orchestrator.trial_result import CapacityOutcome
 from orchestrator.warmup import WarmupOutcome
 from orchestrator.workload.generate import build_requests
@@ -164,7 +166,7 @@ def _wait_idle(ep, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            m = parse_prometheus(_http_get(ep.metrics_url), ep.metric_labels or None)
+            m = parse_prometheus(fetch_metrics_text(ep.metrics_url), ep.metric_labels or None)
         except Exception:  # noqa: BLE001 - metrics are optional
             time.sleep(1.0)
             return

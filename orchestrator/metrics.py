@@ -287,7 +287,7 @@ TELEMETRY_METRIC_NAMES: tuple[str, ...] = (
 # The engine's own latency histograms and counters over the measured window (the requests the
 # client measures; in a capacity search, the row's level): ``engine_<family>_{mean,p50,p90,p99}_ms``,
 # the bound ``engine_ttft_p50_upper_ms``, and the engine's throughputs. See
-# orchestrator.telemetry.engine_window_metrics; null where the engine does not export them.
+# orchestrator.engine_window.engine_window_metrics; null where the engine does not export them.
 ENGINE_LATENCY_FAMILIES = ("ttft", "itl", "tpot", "e2el", "queue", "prefill", "decode")
 ENGINE_PERCENTILES = (50, 90, 99)
 

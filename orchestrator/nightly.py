@@ -31,8 +31,8 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 
 from orchestrator.metrics import default_direction
+from orchestrator.results.analysis import best_under_slos, config_key
 from orchestrator.results.pareto import pareto_front
-from orchestrator.results.query import best_under_slos, config_key
 from orchestrator.study import Study
 
 log = logging.getLogger(__name__)

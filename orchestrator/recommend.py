@@ -20,8 +20,8 @@ import pandas as pd
 
 from orchestrator.accelerator import runs_on_cpu
 from orchestrator.engine_args import EngineArgs
+from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
-from orchestrator.results.query import best_under_slos
 from orchestrator.study import Constraint, Study
 
 SERVE_APP_IMPORT = "ray.serve.llm:build_openai_app"

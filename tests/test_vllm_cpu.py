@@ -62,14 +62,14 @@ class EngineKiller(threading.Thread):
     def _finished_requests(self) -> float:
         """Requests the running trial's engine has finished: vLLM's own counter, read from the
         server the trial started (ingress ``engine``: its port is on the server's command line)."""
-        from orchestrator.telemetry import _http_get, parse_prometheus
+        from orchestrator.prometheus_text import fetch_metrics_text, parse_prometheus
 
         for p in vllm_processes(self.cache_root, kinds=("vllm.entrypoints.openai.api_server",)):
             argv = p.cmdline()
             if "--port" in argv:
                 port = argv[argv.index("--port") + 1]
                 try:
-                    metrics = parse_prometheus(_http_get(f"http://127.0.0.1:{port}/metrics"))
+                    metrics = parse_prometheus(fetch_metrics_text(f"http://127.0.0.1:{port}/metrics"))
                 except Exception:  # noqa: BLE001 - the server is not up yet
                     return 0
                 return sum(v for k, v in metrics.items() if k.endswith("request_success_total"))

@@ -97,7 +97,7 @@ def cmd_import_bench(args) -> int:
 def cmd_export_workload(args) -> int:
     from orchestrator.load_phase import study_requests
     from orchestrator.workload.datasets import write_vllm_custom
-    from orchestrator.workload.generate import token_ids_to_text
+    from orchestrator.workload.tokens import token_ids_to_text
     from orchestrator.workload.trace import TraceError
 
     study = load_study_or_report(args.study)

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from orchestrator import feasibility
 from orchestrator.accelerator import is_cpu_study
 from orchestrator.cluster import NAMESPACE, cluster_info, ensure_ray, local_ray, start_serve
+from orchestrator.engine_args import engine_args_from_params
 from orchestrator.engines import create_engine
 from orchestrator.engines.serve_app import delete_app
 from orchestrator.failures import root_message, storage_problem
@@ -183,6 +184,8 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
 
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
     if engine.serves_http:
+        _check_cluster_fits(study, engine, info)
+    if engine.serves_http:
         serve_port = start_serve(serve_port)
         _cleanup_apps(_dead_run_ids(state_dir, run.run_id))  # left by killed drivers on a cluster that outlived them
 
@@ -279,6 +282,31 @@ def _one_line_tune_state_errors() -> None:
     logger = logging.getLogger("ray.tune.execution.experiment_state")
     if not any(isinstance(f, _OneLine) for f in logger.filters):
         logger.addFilter(_OneLine())
+
+
+def _check_cluster_fits(study: Study, engine, info) -> None:
+    """Stop before the first trial when no configuration of the space could ever be placed on this
+    cluster (no GPUs at all, or TP x PP larger than every node): each trial would only wait out its
+    start timeout."""
+    fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
+    needs = []
+    for params in feasibility.space_points(study.space, study.seed, max_points=512)[0]:
+        try:
+            req = engine.resources(engine.resolve(engine_args_from_params(params, fixed=fixed)))
+        except (ValueError, TypeError):
+            continue
+        needs.append(req.amount)
+    needs = [n for n in needs if n > 0]
+    if not needs or min(needs) <= info.largest_node:
+        return
+    have = (f"its largest node has {info.largest_node} {info.resource}" if info.largest_node
+            else f"Ray sees no {info.resource} in it")
+    advice = ("start one whose nodes have enough: `ray start --head --num-gpus N` on a GPU machine, or for the "
+              "simulated engine logical GPUs: `NUM_GPUS=N clusters/local.sh start`"
+              if info.resource == "GPU" else "give its nodes more CPUs (`ray start --num-cpus N`)")
+    raise StudyStopped(f"study {study.name} stopped before any trial: every configuration needs at least "
+                       f"{min(needs)} {info.resource} on one node, but {have}.\n  Nothing was run; {advice}, "
+                       "then run the same command again.")
 
 
 def _budget_used(store, run_id: str) -> int:
