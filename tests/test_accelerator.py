@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import feasibility, recommend, runtime
+from orchestrator import cluster, feasibility, recommend
 from orchestrator.accelerator import is_cpu_study, with_study_defaults
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import create_engine
@@ -33,7 +33,7 @@ def test_every_caller_gives_the_same_answer(engine, gpu, cpu):
     assert is_cpu_study(s) is cpu
     if s.engine.kind == "vllm":
         assert (resolve_platform(s) == "cpu") is cpu
-    assert (runtime.engine_resource(s) == "CPU") is (cpu and s.engine.kind == "vllm")
+    assert (cluster.engine_resource(s) == "CPU") is (cpu and s.engine.kind == "vllm")
     assert ("VLLM_CPU_KVCACHE_SPACE" in recommend._engine_env(s, s.hardware.gpu)) is cpu  # noqa: SLF001
 
 
