@@ -171,6 +171,10 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
         watcher: Optional[asyncio.Task] = None
         try:
             t0 = now()
+            if warmup_report is not None and warm:
+                # To the start of the measured window, the wait in on_measure_start included (a busy
+                # engine's /metrics can take a while): the warm-up's first send is at -seconds.
+                warmup_report.seconds = t0 - tw
             for rec in warm:  # onto the measured clock
                 _shift(rec, tw - t0)
 
