@@ -65,7 +65,10 @@ def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optiona
     runtime_env = {"env_vars": env_vars}
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, logging_level=logging.WARNING)
+        # Replica and controller logs stay in Ray's log folder (the trial rows carry the engine's own
+        # error); ORCHESTRATOR_RAY_LOGS=1 streams them here, as for a local Ray.
+        ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, logging_level=logging.WARNING,
+                 log_to_driver=os.environ.get("ORCHESTRATOR_RAY_LOGS") == "1")
         return False
     cpus = num_cpus or max(os.cpu_count() or 2, study.budget.max_concurrent_trials + 2, 4)
     gpus = _local_gpu_count()
