@@ -136,3 +136,49 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_module_over_about_400_lines():
     big = {m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at import time (including inside top-level if/try blocks)."""
+    names: set[str] = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+                visit(getattr(node, "finalbody", []))
+    visit(tree.body)
+    return names
+
+
+def test_every_from_import_names_something_the_module_defines():
+    """``from orchestrator.x import name`` anywhere (function bodies, tests, benchmarks) must find
+    ``name`` in x: a function-level import of a moved name fails only on the path that runs it."""
+    modules = _modules()
+    defined = {m: _top_level_names(ast.parse(p.read_text())) for m, p in modules.items()}
+    missing = []
+    users = dict(modules)
+    for extra in ("tests", "benchmarks"):
+        users.update({f"{extra}/{p.name}": p for p in (PACKAGE.parent / extra).glob("*.py")})
+    for mod, path in users.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator"):
+                if node.module not in modules:
+                    missing.append(f"{mod}: no module {node.module}")
+                    continue
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    if alias.name != "*" and alias.name not in defined[node.module] and sub not in modules:
+                        missing.append(f"{mod}: {node.module} has no {alias.name}")
+    assert not missing, "\n".join(sorted(set(missing)))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.results.pareto import pareto_front
-from orchestrator.results.query import param_importance
+from orchestrator.results.analysis import param_importance
 from orchestrator.study import Study
 
 
