@@ -15,6 +15,8 @@ import shlex
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Literal, Optional
 
+from orchestrator.redaction import EnvRef, env_references, shell_line
+
 # vLLM's default fraction of device memory the engine may claim (0.26 and 0.29).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
@@ -187,7 +189,7 @@ class EngineArgs:
             out[f.name] = value
         # gpu_memory_utilization is always written: vLLM's default changed across versions.
         out["gpu_memory_utilization"] = self.gpu_memory_utilization
-        out.update(self.extra)
+        out.update(env_references(self.extra))  # hf_token_env: VAR -> hf_token, read when the engine starts
         return out
 
     def serving(self) -> dict[str, Any]:
@@ -198,23 +200,29 @@ class EngineArgs:
         """``engine_kwargs`` for ``ray.serve.llm.LLMConfig`` (same names as ``AsyncEngineArgs``)."""
         return self.explicit()
 
-    def to_cli_args(self) -> list[str]:
-        """Flags for ``vllm serve`` (booleans as ``--flag`` / ``--no-flag``)."""
-        argv: list[str] = []
+    def cli_words(self) -> list[Any]:
+        """Flags for ``vllm serve`` (booleans as ``--flag`` / ``--no-flag``); a value read from the
+        environment when the engine starts stays an :class:`~orchestrator.redaction.EnvRef`."""
+        words: list[Any] = []
         for name, value in self.explicit().items():
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):
-                argv.append(flag if value else "--no-" + name.replace("_", "-"))
+                words.append(flag if value else "--no-" + name.replace("_", "-"))
             elif isinstance(value, (dict, list)):
                 import json
 
-                argv += [flag, json.dumps(value)]
+                words += [flag, json.dumps(value)]
             else:
-                argv += [flag, str(value)]
-        return argv
+                words += [flag, value if isinstance(value, EnvRef) else str(value)]
+        return words
+
+    def to_cli_args(self) -> list[str]:
+        """Flags for ``vllm serve``, as strings."""
+        return [str(w) for w in self.cli_words()]
 
     def to_cli(self, model: str) -> str:
-        return shlex.join(["vllm", "serve", model, *self.to_cli_args()])
+        """The ``vllm serve`` command as a shell line (secrets ``***``, environment references expanded by the shell)."""
+        return shell_line(["vllm", "serve", model, *self.cli_words()])
 
 
 def vllm_refusal(args: EngineArgs) -> str | None:

@@ -20,6 +20,7 @@ import pandas as pd
 
 from orchestrator.accelerator import runs_on_cpu
 from orchestrator.engine_args import EngineArgs
+from orchestrator.redaction import EnvRef, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
 from orchestrator.study import Constraint, Study
@@ -54,22 +55,26 @@ class Recommendation:
                        f"{c}: {'met' if c.met(value) else 'MISSED'} ({value:,.4g})")
         return out
 
-    def vllm_argv(self) -> list[str]:
-        argv = ["vllm", "serve", self.model, *self.engine_args.to_cli_args()]
+    def vllm_argv(self) -> list[Any]:
+        argv = ["vllm", "serve", self.model, *self.engine_args.cli_words()]
         if self.served_name != self.model:
             argv += ["--served-model-name", self.served_name]
         return argv
 
     def vllm_command(self) -> str:
-        """The shell command line (with environment assignments first when the engine had any)."""
-        env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        return " ".join(env + [shlex.join(self.vllm_argv())])
+        """The shell command line (with environment assignments first when the engine had any).
+
+        A secret is never printed: its variable is expanded by the shell (``HF_TOKEN="${HF_TOKEN}"``).
+        """
+        env = [f'{k}="${{{k}}}"' if is_secret_key(k) else f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " ".join(env + [shell_line(self.vllm_argv())])
 
     def llm_config(self) -> dict[str, Any]:
         """A ``ray.serve.llm.LLMConfig`` as plain data (one replica, the measured engine arguments)."""
         cfg: dict[str, Any] = {
             "model_loading_config": {"model_id": self.served_name, "model_source": self.model},
-            "engine_kwargs": self.engine_args.to_engine_kwargs(),
+            "engine_kwargs": {k: str(v) if isinstance(v, EnvRef) else v
+                              for k, v in redact(self.engine_args.to_engine_kwargs()).items()},
             "deployment_config": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
         }
         if self.engine_args.serving():  # measured behind ray.serve.llm with these serving-layer settings
@@ -77,7 +82,7 @@ class Recommendation:
         if self.accelerator_type:
             cfg["accelerator_type"] = self.accelerator_type
         if self.env:
-            cfg["runtime_env"] = {"env_vars": dict(self.env)}
+            cfg["runtime_env"] = {"env_vars": redact(dict(self.env))}
         return cfg
 
     def serve_config(self, app_name: str = "llm", route_prefix: str = "/") -> dict[str, Any]:

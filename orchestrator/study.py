@@ -24,6 +24,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator import judge
+from orchestrator.redaction import redact
 from orchestrator.metrics import DIRECTIONS, LOAD_METRIC_NAMES, RequestSLO, default_direction, known_metric_names
 from orchestrator.sim.hardware import GPUS, get_gpu
 from orchestrator.sim.models import find_model_config
@@ -297,9 +298,21 @@ class Study(_Strict):
                 limits[key] = min(limits.get(key, float("inf")), c.value)
         return RequestSLO(**limits)
 
+    def without_secrets(self) -> "Study":
+        """This study with its engine's secret values ``***`` (see :mod:`orchestrator.redaction`): what
+        the driver hands to objects that Tune pickles into its experiment state. Trials get the
+        study itself through Ray's object store, which is never written to disk."""
+        engine = self.engine.model_dump(mode="json")
+        hidden = redact(engine)
+        if hidden == engine:
+            return self
+        return self.model_copy(update={"engine": type(self.engine).model_validate(hidden)})
+
     def fingerprint(self) -> str:
         """Hash of what defines the measurements (not the budget): same hash, comparable trials."""
-        body = self.model_dump(mode="json", exclude={"budget", "description", "output", "source_path", "search"})
+        # Redacted: a rotated token is the same study (and no hash of a secret is recorded).
+        body = redact(self.model_dump(mode="json", exclude={"budget", "description", "output", "source_path",
+                                                             "search"}))
         if body.get("max_error_rate") == DEFAULT_MAX_ERROR_RATE:  # added later: hashed only when set
             body.pop("max_error_rate")
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]

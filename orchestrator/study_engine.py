@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orchestrator.engine_args import SERVING_ARGS, unknown_engine_arg
+from orchestrator.redaction import url_credential_problem
 from orchestrator.space import Scalar
 from orchestrator.study_errors import Problem, models_by_tag
 
@@ -111,15 +112,17 @@ class ExternalEngineSpec(_Strict):
     metrics_url: Optional[str] = None
     start_timeout_s: float = Field(default=60.0, gt=0, description="how long to wait for /v1/models to answer")
 
-    @field_validator("base_url")
+    @field_validator("base_url", "metrics_url")
     @classmethod
-    def _plain_url(cls, v: str) -> str:
+    def _plain_url(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("expected an http:// or https:// URL with a host")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("credentials do not belong in the URL (it is recorded); put the key in an "
-                             "environment variable and name it in api_key_env")
+        why = url_credential_problem(v)
+        if why:
+            raise ValueError(why)
         return v
 
 

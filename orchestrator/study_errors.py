@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.redaction import is_secret_key, url_credential_problem
+
 # The model describing the mapping at a key path of a document (None: unknown).
 ModelAt = Callable[[Any, tuple[str, ...]], Optional[type[BaseModel]]]
 
@@ -97,8 +99,16 @@ def problems_from_validation(err: ValidationError, data: Any, model_at: ModelAt)
             expected = ctx.get("expected_tags") or ctx.get("expected")
             if expected:
                 msg = f"not allowed; expected one of {expected}"
-        problems.append(Problem(path, msg, e.get("input"), has_value="input" in e and etype != "missing"))
+        shown = "input" in e and etype != "missing" and not _may_be_secret(loc, e.get("input"))
+        problems.append(Problem(path, msg, e.get("input") if shown else None, has_value=shown))
     return problems
+
+
+def _may_be_secret(loc: list[str], value: Any) -> bool:
+    """An error never echoes a credential: the value of a secret-named key, or a URL that carries one."""
+    if loc and is_secret_key(loc[-1]):
+        return True
+    return isinstance(value, str) and "://" in value and url_credential_problem(value) is not None
 
 
 def data_path(data: Any, loc: list[str]) -> list[str]:

@@ -78,14 +78,27 @@ def test_a_model_the_endpoint_does_not_serve(fake, tmp_path):
     assert row["status"] == "infeasible" and "does not serve 'llama-70b'; it serves: fake" in row["failure_message"]
 
 
-@pytest.mark.parametrize("url, message", [
-    ("http://user:secret@127.0.0.1:8000", "credentials do not belong in the URL"),
-    ("127.0.0.1:8000", "expected an http:// or https:// URL"),
+@pytest.mark.parametrize("key, url, message", [
+    ("base_url", "http://user:PLANTED-9f3@127.0.0.1:8000", "credentials do not belong in the URL"),
+    ("base_url", "127.0.0.1:8000", "expected an http:// or https:// URL"),
+    ("base_url", "http://127.0.0.1:8000/?api_key=PLANTED-9f3", "the query string carries a credential (api_key)"),
+    ("base_url", "https://gw.example/v1?x=1&access_token=PLANTED-9f3", "a credential (access_token)"),
+    ("metrics_url", "http://127.0.0.1:8000/metrics?sig=PLANTED-9f3", "a credential (sig)"),
 ])
-def test_bad_base_urls_are_refused_when_the_study_loads(tmp_path, url, message):
+def test_bad_urls_are_refused_when_the_study_loads_without_echoing_a_credential(tmp_path, key, url, message):
+    engine = {"metrics_url": url} if key == "metrics_url" else {}
     with pytest.raises(StudyFileError) as e:
-        external_study(url, tmp_path)
-    assert "engine.base_url" in str(e.value) and message in str(e.value)
+        external_study("http://127.0.0.1:8000" if engine else url, tmp_path, **engine)
+    assert f"engine.{key}" in str(e.value) and message in str(e.value)
+    assert "PLANTED" not in str(e.value)
+
+
+def test_a_base_url_with_a_query_string_keeps_it_after_the_routes(fake, tmp_path):
+    """The routes go into the URL's path, the query string stays last (an API-version parameter)."""
+    row = run(external_study(fake.url("/trial-3") + "?api-version=2024-06", tmp_path)).row
+    assert row["status"] == "completed", row.get("failure_message")
+    queries = fake.stats()["queries"]
+    assert len(queries) >= 21 and set(queries) == {"api-version=2024-06"}  # warm-up and measured requests
 
 
 def test_capacity_search_against_an_endpoint(fake, tmp_path):

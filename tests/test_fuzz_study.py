@@ -175,14 +175,6 @@ def runnable_candidates(draw):
     return text
 
 
-def _set(doc: dict, dotted: str, value) -> None:
-    node = doc
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = value
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(text=runnable_candidates())

@@ -54,6 +54,7 @@ class FakeOpenAI:
         self.started = 0
         self.bodies: list[dict] = []
         self.auth: list[Optional[str]] = []
+        self.queries: list[str] = []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -77,7 +78,8 @@ class FakeOpenAI:
     # ---- routes
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response({"peak": self.peak, "started": self.started, "bodies": self.bodies,
-                                  "auth": self.auth, "models_calls": self.models_calls})
+                                  "auth": self.auth, "queries": self.queries,
+                                  "models_calls": self.models_calls})
 
     async def reset(self, request: web.Request) -> web.Response:
         self._reset()
@@ -103,6 +105,7 @@ class FakeOpenAI:
         body = await request.json()
         self.bodies.append(body)
         self.auth.append(request.headers.get("Authorization"))
+        self.queries.append(request.query_string)
         self.started += 1
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)

@@ -27,6 +27,8 @@ from vllm_processes import vllm_processes
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 KV_BYTES = 8 * 2**20  # 4,096 tokens of tiny-llama in float32 (2 KiB per token)
+PLANTED_LITERAL = "sk-planted-literal-7c41e9"  # a secret written into the study (engine.env)
+PLANTED_REFERENCED = "hf_planted_referenced_52d0a8"  # one the study names by variable (hf_token_env)
 
 
 def _engine_core_pids(cache_root: Path) -> list[int]:
@@ -88,6 +90,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
 
     for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf")):
         monkeypatch.setenv(var, str(tmp_path / "cache" / sub))
+    monkeypatch.setenv("ORCH_TEST_HF_TOKEN", PLANTED_REFERENCED)
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=8192)
     ok_a = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "enable_prefix_caching": True, "max_model_len": 1024}
     ok_b = {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "enable_prefix_caching": False, "max_model_len": 1024}
@@ -97,8 +100,10 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
               "max_model_len": 1024}
     study = parse_study({
         "name": "cpu-vllm",
+        # Secrets, literal and by reference: used by the engine, never written anywhere (checked below).
         "engine": {"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
-                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}},
+                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES, "hf_token_env": "ORCH_TEST_HF_TOKEN"},
+                   "env": {"ORCH_TEST_AUTH_TOKEN": PLANTED_LITERAL}},
         "model": {"name": "tiny-llama", "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
         "workload": {"arrival": {"kind": "poisson", "rate": 3}, "num_requests": 24, "warmup_requests": 2,
@@ -120,7 +125,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                                                                  "HF_HOME")}})
+                                                                  "HF_HOME", "ORCH_TEST_HF_TOKEN")}})
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
     # lands in the measured window of the first level.
     killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", tmp_path / "cache", after_rows=3,
@@ -138,6 +143,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
 
     trials = load_trials(run.study_dir).set_index("trial_number").sort_index()
     assert len(trials) == 4, trials[["status", "failure_kind"]]
+    _assert_no_secret_written(tmp_path / "out", trials)
 
     def row(params):
         (match,) = [r for _, r in trials.iterrows() if all(r[k] == v for k, v in params.items())]
@@ -185,6 +191,22 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     explained = ((((mine["prompt_tokens"] - 1).clip(upper=256) // 128) * 128 * (mine["prefix_group"].notna() & ok)).sum()
                  / mine.loc[ok, "prompt_tokens"].sum())
     assert 0.5 * explained < a["prefix_cache_hit_rate"] <= explained + 0.01, (a["prefix_cache_hit_rate"], explained)
+
+
+def _assert_no_secret_written(out: Path, trials: pd.DataFrame) -> None:
+    """No file of the study (study.json, Parquet, the Optuna journal, Tune's experiment with tuner.pkl)
+    holds a planted secret, though the engine was given both."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "tuner.pkl" for p in files) and any(p.suffix == ".parquet" for p in files)
+    for secret in (PLANTED_LITERAL, PLANTED_REFERENCED):
+        leaked = [str(p) for p in files if secret.encode() in p.read_bytes()]
+        cells = [c for c in trials.to_numpy().ravel() if isinstance(c, str) and secret in c]  # compressed pages too
+        assert not leaked and not cells, (secret, leaked, cells[:3])
+    completed = trials[trials["status"] == "completed"].iloc[0]
+    argv = json.loads(completed["extra_json"])["engine_facts"]["vllm_argv"]
+    assert argv[argv.index("--hf-token") + 1] == "***"  # it reached the engine, and the record hides it
+    assert '--hf-token "${ORCH_TEST_HF_TOKEN}"' in completed["vllm_command"]
+    assert json.loads(completed["engine_args_json"])["extra"]["hf_token_env"] == "ORCH_TEST_HF_TOKEN"
 
 
 def _assert_warmup_outside_the_window(row, mine, levels) -> None:

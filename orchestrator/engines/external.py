@@ -26,6 +26,7 @@ from typing import Optional
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
 from orchestrator.failures import EngineStartError, FailureKind
+from orchestrator.redaction import join_url
 
 __all__ = ["ExternalEngine"]
 
@@ -36,7 +37,7 @@ class _ExternalDeployment(Deployment):
 
     def health(self) -> Optional[str]:
         try:
-            _get_json(self.endpoint.base_url.rstrip("/") + "/v1/models", self.endpoint.api_key, timeout_s=10)
+            _get_json(join_url(self.endpoint.base_url, "/v1/models"), self.endpoint.api_key, timeout_s=10)
             return None
         except _Unreachable as e:
             return f"endpoint stopped answering: {e}"
@@ -88,7 +89,7 @@ class ExternalEngine(Engine):
         last = "no attempt made"
         while True:
             try:
-                models = _get_json(base + "/v1/models", key, timeout_s=10)
+                models = _get_json(join_url(base, "/v1/models"), key, timeout_s=10)
                 break
             except _Unreachable as e:
                 last = str(e)
@@ -96,13 +97,13 @@ class ExternalEngine(Engine):
                     last = last.replace(key, "***")
             if time.monotonic() >= deadline:
                 raise EngineStartError(FailureKind.START_TIMEOUT,
-                                       f"{shown}/v1/models did not answer within {spec.start_timeout_s:.0f} s: {last}")
+                                       f"{join_url(shown, '/v1/models')} did not answer within {spec.start_timeout_s:.0f} s: {last}")
             time.sleep(0.5)
         ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict) and m.get("id")]
         model = spec.model_name or (ids[0] if ids else None)
         if model is None:
             raise EngineStartError(FailureKind.INVALID_ARGS,
-                                   f"{shown}/v1/models lists no model; set engine.model_name")
+                                   f"{join_url(shown, '/v1/models')} lists no model; set engine.model_name")
         if spec.model_name and ids and spec.model_name not in ids:
             raise EngineStartError(FailureKind.INVALID_ARGS,
                                    f"{shown} does not serve {spec.model_name!r}; it serves: {', '.join(ids)}")

@@ -28,6 +28,7 @@ from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, Resour
 from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
 from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
+from orchestrator.redaction import ENV_SUFFIX, MissingSecret, env_references, redact_argv, resolve_env_references
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class VllmServeEngine(Engine):
         as the ``engine_kwargs`` of ingress ``serve_llm``, written as flags."""
         from orchestrator.modelgen import tokenizer_dir
 
+        args = with_secrets_resolved(args)
         argv = ["--model", model_dir, "--served-model-name", self.served_name(trial_id)]
         if tokenizer_dir(model_dir) is not None:  # a generated model: its word-level tokenizer
             argv += ["--tokenizer", str(tokenizer_dir(model_dir))]
@@ -136,7 +138,7 @@ class VllmServeEngine(Engine):
         """The ``LLMConfig`` (as a dict) for one trial; also what ``recommend`` prints."""
         spec = self.study.engine
         served = self.served_name(trial_id)
-        engine_kwargs = args.to_engine_kwargs()
+        engine_kwargs = with_secrets_resolved(args).to_engine_kwargs()
         engine_kwargs.setdefault("load_format", spec.load_format)
         env = self.engine_env(args)
         loading: dict[str, Any] = {"model_id": served, "model_source": model_dir}
@@ -230,7 +232,7 @@ class VllmServeEngine(Engine):
         base = f"http://{'127.0.0.1' if same_node else info['node_ip']}:{info['port']}"
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "ingress": "engine", "model_dir": model_dir,
-                                 "vllm_argv": self.server_argv(trial_id, args, model_dir), **info}
+                                 "vllm_argv": redact_argv(self.server_argv(trial_id, args, model_dir)), **info}
         facts.update(kv_cache_facts(handle.log_tail.remote(3000).result(timeout_s=60)))
         gpus = info.get("accelerators")
         endpoint = EngineEndpoint(
@@ -299,3 +301,14 @@ def _wait_models(base: str, timeout_s: float) -> None:
             last = e
         time.sleep(1.0)
     raise EngineStartError(FailureKind.START_TIMEOUT, f"{base}/v1/models did not answer: {last}")
+
+
+def with_secrets_resolved(args: EngineArgs) -> EngineArgs:
+    """``args`` with each ``name_env: VAR`` engine argument replaced by ``name: $VAR`` (read here, in
+    the trial's process, never recorded); a variable that is not set fails the start."""
+    if not any(str(k).lower().endswith(ENV_SUFFIX) for k in args.extra):
+        return args
+    try:
+        return dataclasses.replace(args, extra=resolve_env_references(env_references(args.extra)))
+    except MissingSecret as e:
+        raise EngineStartError(FailureKind.INVALID_ARGS, str(e)) from None

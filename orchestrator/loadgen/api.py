@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
+from orchestrator.redaction import join_url
 from orchestrator.workload.requests import Request
 from orchestrator.workload.tokens import token_ids_to_text
 
@@ -100,11 +101,11 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        return self.base_url.rstrip("/") + APIS[self.api].path
+        return join_url(self.base_url, APIS[self.api].path)
 
     @property
     def models_url(self) -> str:
-        return self.base_url.rstrip("/") + "/v1/models"
+        return join_url(self.base_url, "/v1/models")
 
     def headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}

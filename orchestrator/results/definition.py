@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from orchestrator.redaction import redact
+
 DEFINITION_FILE = "study.json"
 
 
@@ -39,7 +41,8 @@ def write_study_definition(study) -> str:
     read_study_definition(study_dir, parent=False)  # raises on an unreadable one
     fs.create_dir(study_dir, recursive=True)
     # source_path: where the study file was, so that a relative model path in it still resolves.
-    body = json.dumps({"study": study.model_dump(mode="json"), "fingerprint": study.fingerprint(),
+    # Secrets (by key name) are "***" here: the file is a record, the running study keeps the values.
+    body = json.dumps({"study": redact(study.model_dump(mode="json")), "fingerprint": study.fingerprint(),
                        "source_path": study.source_path}, indent=2)
     final = f"{study_dir}/{DEFINITION_FILE}"
     tmp = f"{study_dir}/.{DEFINITION_FILE}.tmp"

@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Optional
 
 from orchestrator.judge import Judgement, judge
+from orchestrator.redaction import redact, scrub, secret_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.study import Study
@@ -57,7 +58,7 @@ def _description(study: "Study", result: "TrialResult") -> dict[str, Any]:
         "gpu": study.hardware.gpu,
         "gpus": args.gpus if args is not None else None,
         "params_json": json.dumps(dict(result.params), sort_keys=True, default=str),
-        "engine_args_json": json.dumps(dataclasses.asdict(args), sort_keys=True, default=str) if args else None,
+        "engine_args_json": json.dumps(redact(dataclasses.asdict(args)), sort_keys=True, default=str) if args else None,
         "vllm_command": args.to_cli(study.model.served_name or study.model.name) if args else None,
         "workload_json": study.workload.model_dump_json(),
         "slo_json": json.dumps([str(c) for c in study.constraints]),
@@ -94,4 +95,8 @@ def trial_row(study: "Study", result: "TrialResult", judgement: Optional[Judgeme
     if extra is not None:
         row["extra_json"] = extra
     row.update(judgement.columns())
+    # An engine's log or an exception may quote a secret the study carries: never record it.
+    secrets = secret_values(study.engine)
+    if secrets:
+        row = {k: scrub(v, secrets) if isinstance(v, str) else v for k, v in row.items()}
     return row

@@ -124,7 +124,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     remaining = run.budget_trials - done
     if max_trials is not None:
         remaining = min(remaining, max_trials)
-    printer = ProgressPrinter(study, total=run.budget_trials, already_done=done, quiet=quiet)
+    printer = ProgressPrinter(study.without_secrets(), total=run.budget_trials, already_done=done, quiet=quiet)
     if done:
         printer.recorded(store.read_trials(run_id=run.run_id))
     printer.header(run.run_id, resumed=resumed, stale=len(fixed.retried), state_dir=str(state_dir),
@@ -212,19 +212,21 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     if engine.serves_http and info.total_units > 0:
         concurrency = min(concurrency, info.total_units)
 
+    # What Tune pickles into its experiment (searcher, callbacks) gets the study without its secrets.
+    recorded = study.without_secrets()
     searcher = searcher_class()(
         space=study.space.suggest, metric=[o.metric for o in study.objectives],
         mode=["max" if d == "maximize" else "min" for d in study.directions],
-        sampler=make_sampler(study), study_name=ostudy_name, storage=storage,
-        staged=StagedSearch(study) if study.search.stages else None,
-        screen=PreflightScreen(study, engine, run.run_id, sink, printer, cluster_units=ctx.cluster_units,
+        sampler=make_sampler(recorded), study_name=ostudy_name, storage=storage,
+        staged=StagedSearch(recorded) if study.search.stages else None,
+        screen=PreflightScreen(recorded, create_engine(recorded), run.run_id, sink, printer, cluster_units=ctx.cluster_units,
                                 units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
     )
     _enqueue_initial_points(study, searcher, resumed=resumed)
     _enqueue_warm_start(study, searcher)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
     stopper = write_failure_stopper()
-    recorder = lost_trial_recorder(study, run.run_id, sink_name, NAMESPACE)
+    recorder = lost_trial_recorder(recorded, run.run_id, sink_name, NAMESPACE)
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})
     tuner = tune.Tuner(
         trainable,
