@@ -133,11 +133,54 @@ def process_identity(pid: int) -> Optional[list[float]]:
         return None
 
 
+def session_processes(session_dir: str) -> list:
+    """Every live process of the local Ray session at ``session_dir``: GCS, raylet and monitors name
+    the directory on their command line; the agents and workers (``ray::DashboardAgent``,
+    ``ray::RuntimeEnvAgent``, ``ray::IDLE``) rename theirs, but keep their logs in it open.
+    Session directories are unique (start time and pid in the name), so nothing else matches."""
+    import psutil
+
+    sd = session_dir.rstrip("/")
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if p.pid == os.getpid():
+            continue
+        args = p.info.get("cmdline") or []
+        try:
+            mine = (any(a == sd or a.endswith("=" + sd) or sd + "/" in a for a in args)
+                    or any(f.path.startswith(sd + "/") for f in p.open_files()))
+        except psutil.Error:  # gone, or not ours to inspect
+            continue
+        if mine:
+            found.append(p)
+    return found
+
+
+def _terminate(procs: list, timeout_s: float) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout_s)
+
+
 def stop_orphans(state_dir: Path) -> list[int]:
     """Stop Ray processes that drivers of this study started and left behind when they died.
 
-    A process is only touched if its pid *and* start time match what its driver wrote
-    down (a reused pid is another program) and that driver no longer holds its run lock.
+    Only a local Ray a dead driver started itself is touched (never a cluster it connected to),
+    and only once that driver no longer holds its run lock: the processes it wrote down (pid
+    *and* start time must match: a reused pid is another program), and every other process of
+    that Ray session, found by its session directory. After a SIGKILL the dashboard and
+    runtime-env agents outlive the raylet for a minute or more, re-parented to init.
     """
     try:
         import psutil
@@ -147,26 +190,18 @@ def stop_orphans(state_dir: Path) -> list[int]:
     for st in RunState.all(state_dir):
         if not st.ray_procs or RunLock.held(state_dir, st.run_id):
             continue
-        procs = []
+        procs = {}
         for pid, created in st.ray_procs:
             try:
                 p = psutil.Process(int(pid))
                 if abs(p.create_time() - created) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
-                    procs.append(p)
+                    procs[p.pid] = p
             except psutil.Error:
                 continue
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=5)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        stopped += [p.pid for p in procs]
+        if st.ray_session:
+            procs.update((p.pid, p) for p in session_processes(st.ray_session))
+        _terminate(list(procs.values()), timeout_s=5)
+        stopped += sorted(procs)
         st.ray_procs = []
         st.save(state_dir)
     if stopped:
