@@ -175,8 +175,7 @@ def test_study_finishes_when_a_node_dies(cluster, tmp_path):
         victim = next((w for w in workers if w.node_id in serving), None)
         time.sleep(0.5)
     assert victim is not None, "no replica ever started"
-    time.sleep(2)  # mid-load
-    c.remove_node(victim, allow_graceful=False)
+    c.remove_node(victim, allow_graceful=False)  # its trial is warming up or under load (8 s of it)
     driver.join(timeout=600)
     assert not driver.is_alive() and "run" in box
     assert_nothing_left()
@@ -184,7 +183,10 @@ def test_study_finishes_when_a_node_dies(cluster, tmp_path):
     trials = load_trials(box["run"].study_dir)
     assert len(trials) == 4 and trials["trial_id"].is_unique
     assert set(trials["status"]) <= {"completed", "failed", "error"}
-    assert (trials["status"] != "completed").any() or box["run"].lost == 0
+    # The trial whose replica was on the lost node failed, and says why; the others ran to the end.
     hit = trials[trials["status"] != "completed"]
-    assert hit["failure_kind"].notna().all() and hit["failure_message"].str.len().gt(0).all()
+    assert len(hit) >= 1, trials[["status", "failure_kind"]]
+    assert set(hit["failure_kind"]) <= {"engine_died", "unresponsive", "start_crash"}, \
+        hit[["failure_kind", "failure_message"]]
+    assert hit["failure_message"].str.len().gt(0).all()
     assert set(load_requests(box["run"].study_dir)["trial_id"]) <= set(trials["trial_id"])

@@ -3,8 +3,8 @@
 Full disk: the study's output (Parquet, Optuna journal, Tune state) is on a small tmpfs;
 once the first trials are recorded the test fills it. The study must stop with one
 clear message and exit code 1 (no traceback), leave only whole Parquet files, and finish
-after space is freed and the same command runs again. Needs root to mount the tmpfs;
-skips elsewhere.
+after space is freed and the same command runs again. Needs root to mount the tmpfs (CI
+runs as root); elsewhere it fails saying so.
 
 Killed writer: a process writing trials in a loop is SIGKILLed at random moments; every
 file a reader sees is whole, and the next writer carries on.

@@ -1,8 +1,7 @@
 """Fuzzing the trace loader: a bad trace line is one error naming the file and line, exit code 2.
 
-The trace loader (``orchestrator/workload/trace.py``) is another engineer's; these tests
-skip while it is missing. Traces reach users through a study's ``workload.trace``, so
-each fuzzed file is checked both by ``read_trace`` and by ``orchestrator validate``.
+Traces reach users through a study's ``workload.trace`` (``orchestrator/workload/trace.py``),
+so each fuzzed file is checked both by ``read_trace`` and by ``orchestrator validate``.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_level_curves_reads_a_capacity_search_levels_table():
 
 # ------------------------------------------------------------------ the browser
 def chromium_path() -> str:
-    """A Chromium binary; installed with apt-get when missing and possible, else the test is skipped."""
+    """A Chromium binary; installed with apt-get when missing and possible, else the test fails saying why."""
     found = os.environ.get("CHROMIUM") or next((p for b in BROWSERS if (p := shutil.which(b))), None)
     if found:
         return found
