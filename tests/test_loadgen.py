@@ -329,15 +329,16 @@ def test_completions_stream(fake):
         assert r.expected_output_tokens == 6
         assert r.first_token_s == r.token_times_s[0] and r.end_s == r.token_times_s[-1]
         assert r.token_times_s == sorted(r.token_times_s)
-        # Lower bounds are the server's sleeps; upper bounds leave room for a busy machine.
-        assert 0.035 <= r.ttft_s < 0.5
+        # Lower bounds are the server's sleeps; upper bounds only catch a broken clock (10x room
+        # for a busy machine: what the client adds is measured in benchmarks/loadgen_fidelity.py).
+        assert 0.035 <= r.ttft_s < 2.0
         # The server sleeps 40 ms, then 8 ms before each further token: token k cannot
         # arrive before sent + 40 + 8k ms (single gaps jitter around 8 ms, their sum cannot).
         assert all(t - r.sent_s >= 0.040 + 0.008 * k - 0.001 for k, t in enumerate(r.token_times_s))
-        assert all(0 <= x < 0.3 for x in r.itl_s)
-        assert 0.006 < sum(r.itl_s) / len(r.itl_s) < 0.05
-        assert 0.035 + 5 * 0.006 <= r.latency_s < 1.0
-        assert 0.006 <= r.tpot_s < 0.3
+        assert all(0 <= x < 1.0 for x in r.itl_s)
+        assert 0.006 < sum(r.itl_s) / len(r.itl_s) < 0.5
+        assert 0.035 + 5 * 0.006 <= r.latency_s < 5.0
+        assert 0.006 <= r.tpot_s < 1.0
     for r in recs[1:]:
         assert 0 <= r.sent_s - r.scheduled_s < 0.05
     assert [r.scheduled_s for r in recs[1:]] == [0.0, 0.05, 0.1, 0.15]
@@ -426,7 +427,7 @@ def test_error_kinds(fake, mode, kind, text, api):
     assert rec.error_kind == kind, rec.error
     assert text in rec.error
     assert len(rec.error) <= 500 and API_KEY not in rec.error
-    assert elapsed < 0.5 + 0.5
+    assert elapsed < 0.5 + 5  # the timeout bounds a stalled request (generous: a busy machine is slow)
     if mode == "stall":
         assert elapsed >= 0.5
     if mode in ("close", "streamerror", "stallmid", "garbagemid"):  # tokens before the failure are kept
@@ -468,10 +469,11 @@ def test_open_loop_a_stalled_request_does_not_delay_later_ones(fake):
     elapsed = time.perf_counter() - t
     assert recs[0].error_kind == RequestErrorKind.TIMEOUT
     assert all(r.success for r in recs[1:])
-    lags = [r.sent_s - r.scheduled_s for r in recs]
-    assert max(lags) < 0.1, lags  # nobody waited for request 0
-    assert all(r.end_s < 0.6 for r in recs[1:])  # served while request 0 was stuck
-    assert elapsed < 0.8 + 0.5
+    # Nobody waited for request 0: every later one was sent, and served, while it was stuck.
+    stuck_until = recs[0].sent_s + 0.8
+    assert all(r.sent_s < stuck_until and r.end_s < stuck_until for r in recs[1:]), \
+        [(r.sent_s, r.end_s) for r in recs]
+    assert elapsed < 0.8 + 5
     m = summarise(recs)
     assert m.failed_timeout == 1 and m.completed == 9
 
@@ -501,7 +503,7 @@ def test_closed_loop_concurrency(fake):
     assert [r.index for r in recs] == list(range(15))
     assert all(r.success for r in recs)
     assert fake.stats()["peak"] == 4
-    assert all(0 <= r.sent_s - r.scheduled_s < 0.05 for r in recs)
+    assert all(0 <= r.sent_s - r.scheduled_s < 0.5 for r in recs)  # sent when its worker was free
     assert max(r.scheduled_s for r in recs) > 0.03  # later requests waited for a free worker
 
 
@@ -514,15 +516,16 @@ def test_closed_loop_respects_max_concurrency(fake):
 def test_moderate_load_keeps_up(fake):
     """300 req/s, 16 tokens each at 2 ms: ~4,800 chunks/s into the client.
 
-    On an idle 2-core machine the lag is ~1 ms at p50 and a few ms at p99; the bounds
-    only catch a client that falls behind (lag growing through the run)."""
+    On an idle 2-core machine the lag is ~1 ms at p50 and a few ms at p99; the bounds are
+    generous (a busy machine) and only catch a client that falls behind: the lag growing
+    through the run reaches seconds by its end."""
     rs = make_set(300, rate=300, output_len=16)
     recs = run_load_sync(endpoint(fake, fake_ttft_ms=10, fake_itl_ms=2), rs, timeout_s=10)
     assert all(r.success for r in recs)
     assert sum(len(r.token_times_s) for r in recs) == 300 * 16
     lags_ms = np.array([r.sent_s - r.scheduled_s for r in recs]) * 1000
-    assert np.percentile(lags_ms, 50) < 100 and lags_ms.max() < 1000, np.percentile(lags_ms, [50, 99, 100])
-    assert lags_ms[-50:].mean() < 150  # not falling further and further behind
+    assert np.percentile(lags_ms, 50) < 500 and lags_ms.max() < 3000, np.percentile(lags_ms, [50, 99, 100])
+    assert lags_ms[-50:].mean() < lags_ms[:50].mean() + 500  # not falling further and further behind
 
 
 # ================================================================ readiness
