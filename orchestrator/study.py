@@ -62,6 +62,8 @@ class HardwareSpec(_Strict):
     gpu: str = Field(description="GPU type from the catalog (orchestrator.sim.hardware)")
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=4096)
+    price_per_gpu_hour: Optional[float] = Field(
+        default=None, gt=0, description="US dollars per GPU-hour for cost_per_mtok (default: orchestrator.pricing)")
 
     @field_validator("gpu")
     @classmethod
@@ -302,6 +304,8 @@ class Study(_Strict):
         body = self.model_dump(mode="json", exclude={"budget", "description", "output", "source_path", "search"})
         if body.get("max_error_rate") == DEFAULT_MAX_ERROR_RATE:  # added later: hashed only when set
             body.pop("max_error_rate")
+        if body["hardware"].get("price_per_gpu_hour") is None:  # added later: hashed only when set
+            body["hardware"].pop("price_per_gpu_hour", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
