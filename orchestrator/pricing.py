@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from orchestrator.metrics import UNIT_METRIC_NAMES
+
 # On-demand list prices in US dollars per GPU-hour, rounded ballparks from the large clouds'
 # price lists (2025; an 8-GPU instance's price / 8). Real prices vary by provider, region and
 # commitment: set ``hardware.price_per_gpu_hour`` in the study file to use yours.
@@ -100,3 +102,15 @@ def unit_metrics(values: Mapping[str, Any], gpus: Optional[int], price_per_gpu_h
         "cost_per_mtok": (price_per_gpu_hour * n / 3600.0 / out_tps * 1e6
                           if n is not None and price_per_gpu_hour is not None and out_tps is not None else None),
     }
+
+
+def unit_columns(frame: Any) -> list[str]:
+    """The unit metrics a trials frame (or row) has values for, in :data:`UNIT_METRIC_NAMES` order:
+    what ``show``, ``pareto``, ``recommend`` and the report add to the study's own metrics."""
+    import pandas as pd
+
+    out = []
+    for name in UNIT_METRIC_NAMES:
+        if name in frame and pd.to_numeric(pd.Series(frame[name]), errors="coerce").notna().any():
+            out.append(name)
+    return out
