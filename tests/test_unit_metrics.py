@@ -179,6 +179,14 @@ def test_every_catalog_gpu_has_a_price_and_cpu_has_none():
     assert unit_metrics({"goodput": 0.0, "output_throughput": 0.0}, 1, 1.0)["cost_per_mtok"] is None
 
 
+def test_the_documented_price_table_is_the_one_in_use():
+    text = (REPO / "docs" / "metrics.md").read_text()
+    gpus = next(line for line in text.splitlines() if line.startswith("| GPU | "))
+    prices = next(line for line in text.splitlines() if line.startswith("| $/GPU-hour | "))
+    cells = lambda line: [c.strip() for c in line.strip("|").split("|")][1:]  # noqa: E731
+    assert dict(zip(cells(gpus), map(float, cells(prices)))) == DEFAULT_PRICE_PER_GPU_HOUR
+
+
 def test_the_price_is_hashed_only_when_set(study_doc):
     plain = parse_study(copy.deepcopy(study_doc))
     priced = copy.deepcopy(study_doc)
