@@ -194,3 +194,28 @@ def test_the_price_is_hashed_only_when_set(study_doc):
     assert parse_study(priced).fingerprint() != plain.fingerprint()  # a price changes what the rows say
     # Unset, the study's fingerprint is what it was before prices existed: the recorded runs still resume
     # (tests/test_degraded.py::test_a_run_recorded_before_the_limit_existed_still_resumes).
+
+
+def test_imported_vllm_bench_results_get_them_from_their_gpu():
+    """``import-bench --gpus N --gpu TYPE``: the same definitions, the table's price for TYPE."""
+    import json
+
+    from orchestrator.interchange import from_bench_result
+
+    sample = REPO / "tests" / "data" / "vllm_bench_rate64_S256.json"
+    data = json.loads(sample.read_text())
+
+    def imported(**kw):
+        return from_bench_result(data, raw=sample.read_bytes(), source=sample.name, study_name="s", fingerprint="f",
+                                 param_types={}, **kw)[0]
+
+    row = imported(gpus=2, gpu="H200")
+    assert row["cost_per_mtok"] == pytest.approx(DEFAULT_PRICE_PER_GPU_HOUR["H200"] * 2 / 3600
+                                                 / data["output_throughput"] * 1e6)
+    assert imported(gpus=2, gpu="H200", price_per_gpu_hour=1.0)["cost_per_mtok"] == pytest.approx(
+        2 / 3600 / data["output_throughput"] * 1e6)
+    unknown = imported(gpus=2, gpu="MI300X")  # not in the table, no price given: no cost, no crash
+    assert unknown["cost_per_mtok"] is None and unknown["gpu"] == "MI300X"
+    assert data["request_goodput"] is None and row["goodput_per_gpu"] is None  # run without --goodput
+    data["request_goodput"] = 40.0  # what `vllm bench serve --goodput ...` writes
+    assert imported(gpus=2, gpu="H200")["goodput_per_gpu"] == 20.0
