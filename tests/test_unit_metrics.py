@@ -77,6 +77,23 @@ def _check_judged(trials: pd.DataFrame, constraints: list[str]) -> None:
         assert row["feasible"] == all(m <= 0 for m in margins)
 
 
+def _check_sampler_saw(study, study_dir: Path, trials: pd.DataFrame) -> None:
+    """What Optuna was told: the new metrics as objective values and constraint margins, per trial."""
+    import optuna
+
+    from orchestrator.search.state import optuna_storage, optuna_study_name
+
+    told = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(study_dir))
+    by_params = {(r["tensor_parallel_size"], r["max_num_seqs"]): r for _, r in trials.iterrows()}
+    finished = [t for t in told.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(finished) == len(trials)
+    for t in finished:
+        row = by_params[(t.params["tensor_parallel_size"], t.params["max_num_seqs"])]
+        assert t.values == pytest.approx([row[o.metric] for o in study.objectives])
+        margins = {f"slo{i}": violation(c.op, c.value, row[c.metric]) for i, c in enumerate(study.constraints)}
+        assert t.constraints == pytest.approx({"engine_started": 0.0, **margins})
+
+
 @pytest.mark.slow  # `orchestrator run` starts Ray
 def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
     # A rate-bound workload: every configuration serves about the same tokens per second, so
@@ -97,6 +114,7 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
     assert not trials.loc[trials["gpus"] == 2, "feasible"].any()
 
     study = parse_study(doc)
+    _check_sampler_saw(study, study_dir, trials)
     front = pareto_front(trials, study.objectives, study.constraints)
     assert len(front) and set(front["gpus"]) == {1}
 
