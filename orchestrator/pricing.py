@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 from orchestrator.metrics import UNIT_METRIC_NAMES
 
 # On-demand list prices in US dollars per GPU-hour, rounded ballparks from the large clouds'
-# price lists (2025; an 8-GPU instance's price / 8). Real prices vary by provider, region and
+# price lists (2025; a 1-GPU instance, or an 8-GPU one / 8). Real prices vary by provider, region and
 # commitment: set ``hardware.price_per_gpu_hour`` in the study file to use yours.
 DEFAULT_PRICE_PER_GPU_HOUR: dict[str, float] = {
     "T4": 0.53,
