@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.metrics import LATENCY_FAMILIES, LOAD_METRIC_NAMES, PERCENTILES, RequestSLO, summarise
+from orchestrator.pricing import gpu_hour_price, unit_metrics
 from orchestrator.records import RequestErrorKind, RequestRecord
 
 __all__ = ["records_from_request_rows", "to_bench_result", "records_from_bench", "from_bench_result",
@@ -273,8 +274,11 @@ def _summary_metrics(data: Mapping[str, Any]) -> dict[str, Optional[float]]:
 
 def from_bench_result(data: Mapping[str, Any], *, raw: bytes, source: str, study_name: str, fingerprint: str,
                       param_types: Mapping[str, str], gpus: Optional[int] = None, gpu: Optional[str] = None,
-                      slo: RequestSLO = RequestSLO()) -> tuple[dict[str, Any], Optional[list[RequestRecord]]]:
-    """A trials row (and records, when the file has per-request lists) for one vLLM result file."""
+                      slo: RequestSLO = RequestSLO(), price_per_gpu_hour: Optional[float] = None,
+                      ) -> tuple[dict[str, Any], Optional[list[RequestRecord]]]:
+    """A trials row (and records, when the file has per-request lists) for one vLLM result file.
+
+    ``price_per_gpu_hour``: for ``cost_per_mtok`` (default: the price table's, for ``gpu``)."""
     if not isinstance(data, Mapping) or "completed" not in data or "duration" not in data:
         raise ValueError("not a vllm bench serve result (no 'completed' / 'duration' fields)")
     try:
@@ -305,6 +309,7 @@ def from_bench_result(data: Mapping[str, Any], *, raw: bytes, source: str, study
                                                                "max_concurrency", "backend")}, default=str),
         "extra_json": json.dumps({"source": source, "label": data.get("label"), "bench": scalars}, default=str),
         **{k: v for k, v in metrics.items() if k in LOAD_METRIC_NAMES},
+        **unit_metrics(metrics, gpus, gpu_hour_price(gpu or "", price_per_gpu_hour).value),
     }
     for name, kind in param_types.items():
         if name in params:

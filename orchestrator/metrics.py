@@ -134,7 +134,7 @@ HIGHER_IS_BETTER = frozenset({
     "total_token_throughput", "output_throughput_per_gpu", "goodput", "slo_attainment",
     "total_input_tokens", "total_output_tokens", "achieved_rate", "capacity_rps",
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
-    "engine_output_throughput", "engine_request_throughput",
+    "engine_output_throughput", "engine_request_throughput", "goodput_per_gpu", "capacity_rps_per_gpu",
 })
 DIRECTIONS = ("minimize", "maximize")
 
@@ -313,9 +313,12 @@ CAPACITY_METRIC_NAMES: tuple[str, ...] = ("capacity_rps", "capacity_goodput")
 # The warm-up before the measured window (orchestrator.warmup.WarmupOutcome): its seconds, its
 # requests, and whether the engine became steady (1/0; null without a steady warm-up).
 WARMUP_METRIC_NAMES: tuple[str, ...] = ("warmup_s_used", "warmup_requests_used", "warmup_converged")
+# What people rank deployments by, from the row's own columns (orchestrator.pricing.unit_metrics):
+# goodput and capacity per GPU, dollars per million output tokens.
+UNIT_METRIC_NAMES: tuple[str, ...] = ("goodput_per_gpu", "capacity_rps_per_gpu", "cost_per_mtok")
 
 
 def known_metric_names() -> list[str]:
     """Every metric an objective or constraint may name."""
     return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES
-                + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES)
+                + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES)

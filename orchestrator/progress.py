@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from orchestrator.study import Study
 from orchestrator.judge import feasible_mask
+from orchestrator.pricing import study_price
 
 
 def _fmt(v: Any) -> str:
@@ -99,6 +100,7 @@ class ProgressPrinter:
         self._print(f"study {s.name}: engine {s.engine.kind}, model {s.model.name}, {s.hardware.gpu} "
                     f"x{s.hardware.total_gpus}, sampler {sampler}, {self.total} trials")
         self._print(f"  objectives: {objs}; SLOs: {slos}")
+        self._print(f"  {study_price(s).describe()}")
         if resumed:
             self._print(f"  resuming run {run_id}: {self.done} trials already recorded"
                         + (f", {stale} interrupted trial(s) will be retried" if stale else "")

@@ -20,6 +20,7 @@ import pandas as pd
 
 from orchestrator.accelerator import runs_on_cpu
 from orchestrator.engine_args import EngineArgs
+from orchestrator.pricing import unit_columns
 from orchestrator.redaction import EnvRef, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
@@ -43,7 +44,7 @@ class Recommendation:
     served_name: str  # the model id clients send
     accelerator_type: Optional[str]  # Ray's accelerator name (None: CPU)
     env: dict[str, str]
-    metrics: dict[str, Optional[float]]  # the trial's objective and SLO metrics, as measured
+    metrics: dict[str, Optional[float]]  # the trial's objective, SLO, per-GPU and cost metrics, as measured
     slos: tuple[Constraint, ...]
 
     def slo_lines(self) -> list[str]:
@@ -200,7 +201,8 @@ def recommend(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] = N
     constraints = tuple(normalize_constraints(study.constraints if slos is None else slos))
     gpu = str(row.get("gpu") or study.hardware.gpu)
     accelerator = None if gpu.upper() == "CPU" else get_gpu(gpu).ray_accelerator_type
-    shown = [o.metric for o in study.objectives] + [c.metric for c in constraints]
+    ranked_by = [normalize_objectives([objective])[0][0]] if objective else []
+    shown = ranked_by + [o.metric for o in study.objectives] + [c.metric for c in constraints] + unit_columns(row)
     metrics = {m: (None if pd.isna(row.get(m)) else float(row.get(m))) for m in dict.fromkeys(shown) if m in row}
     return Recommendation(
         trial_id=str(row["trial_id"]), run_id=str(row["run_id"]), engine_args=args,

@@ -63,6 +63,8 @@ class HardwareSpec(_Strict):
     gpu: str = Field(description="GPU type from the catalog (orchestrator.sim.hardware)")
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=4096)
+    price_per_gpu_hour: Optional[float] = Field(
+        default=None, gt=0, description="US dollars per GPU-hour for cost_per_mtok (default: orchestrator.pricing)")
 
     @field_validator("gpu")
     @classmethod
@@ -315,6 +317,8 @@ class Study(_Strict):
                                                              "search"}))
         if body.get("max_error_rate") == DEFAULT_MAX_ERROR_RATE:  # added later: hashed only when set
             body.pop("max_error_rate")
+        if body["hardware"].get("price_per_gpu_hour") is None:  # added later: hashed only when set
+            body["hardware"].pop("price_per_gpu_hour", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     @property

@@ -25,6 +25,7 @@ from orchestrator.failures import (EngineStartError, Failure, FailureKind, Trial
 from orchestrator.harness import harness_verdict
 from orchestrator.judge import Judgement, judge
 from orchestrator.load_phase import LoadPhase, measure, phase_metrics, served_load, study_requests
+from orchestrator.pricing import study_price, unit_metrics
 from orchestrator.study import Study
 from orchestrator.trial_result import PhaseTimings, TrialResult
 
@@ -87,6 +88,7 @@ class _Builder:
         harness: dict[str, Any] = {}
         records: tuple = ()
         levels: tuple = ()
+        unit: dict[str, Any] = {}
         phase = self.phase
         if phase is not None:
             metrics, capacity = phase_metrics(study, phase, self.args.gpus if self.args else 1)
@@ -98,6 +100,8 @@ class _Builder:
             telemetry, warmup, records, levels = dict(phase.telemetry), dict(phase.warmup), tuple(phase.records), \
                 tuple(phase.level_rows())
             harness = harness_verdict({**metrics.as_dict(), **telemetry}).columns()
+            unit = unit_metrics({**metrics.as_dict(), "capacity_rps": capacity.capacity_rps if capacity else None},
+                                self.args.gpus if self.args else None, study_price(study).value)
             if metrics.loadgen_overloaded:
                 log.warning("trial %s: the load generator lagged (p99 send lag %.1f ms > %.1f ms): latencies "
                             "include client delay", self.trial_id, metrics.sched_lag_p99_ms,
@@ -107,7 +111,7 @@ class _Builder:
             args=self.args, started_at=self.started_at, finished_at=_utc_now(), status=self.status,
             failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
             engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
-            levels=levels)
+            levels=levels, unit_metrics=unit)
 
 
 def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,

@@ -62,9 +62,9 @@ def cmd_import_bench(args) -> int:
     study = read_study_definition(str(target))
     if study is not None:
         name, fingerprint, param_types = study.name, study.fingerprint(), study.space.column_types()
-        slo = study.request_slo()
+        slo, price = study.request_slo(), study.hardware.price_per_gpu_hour
     else:
-        name, fingerprint, param_types, slo = target.name, "external", {}, RequestSLO()
+        name, fingerprint, param_types, slo, price = target.name, "external", {}, RequestSLO(), None
     store = ResultsStore(str(target.parent), name)
     bad = 0
     for path in args.files:
@@ -73,7 +73,7 @@ def cmd_import_bench(args) -> int:
             data = json.loads(raw)
             row, records = from_bench_result(data, raw=raw, source=os.path.basename(path), study_name=name,
                                              fingerprint=fingerprint, param_types=param_types,
-                                             gpus=args.gpus, gpu=args.gpu, slo=slo)
+                                             gpus=args.gpus, gpu=args.gpu, slo=slo, price_per_gpu_hour=price)
         except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
             err(f"{path}: {e}")
             bad += 1
@@ -141,8 +141,8 @@ def register(sub) -> None:
     i = sub.add_parser("import-bench", help="add vllm bench serve result files to a results dataset")
     i.add_argument("files", nargs="+", help="result JSON files (--save-result; --save-detailed adds requests)")
     i.add_argument("--into", required=True, help="a study's result directory (<output>/<study>); created if new")
-    i.add_argument("--gpus", type=int, help="GPUs of the measured server (for per-GPU throughput)")
-    i.add_argument("--gpu", help="GPU type of the measured server")
+    i.add_argument("--gpus", type=int, help="GPUs of the measured server (for the per-GPU metrics and cost_per_mtok)")
+    i.add_argument("--gpu", help="GPU type of the measured server (its default price for cost_per_mtok)")
     i.set_defaults(func=cmd_import_bench)
 
     w = sub.add_parser("export-workload", help="write a study's requests as vllm bench serve custom JSONL")

@@ -54,6 +54,7 @@ def load_study_with_overrides(args):
 def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     import pandas as pd
 
+    from orchestrator.pricing import unit_columns
     from orchestrator.results import load_trials, pareto_front
 
     df = load_trials(study_dir)
@@ -67,6 +68,7 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
         return
     cols = ["trial_id"] + [n for n in study.space.params if n in front] + [o.metric for o in study.objectives]
     cols += [c.metric for c in study.constraints if c.metric not in cols]
+    cols += [m for m in unit_columns(front) if m not in cols]
     title = "Pareto front (" + ", ".join(f"{o.resolved_direction} {o.metric}" for o in study.objectives) + ")"
     if study.constraints:
         title += " under " + ", ".join(str(c) for c in study.constraints)

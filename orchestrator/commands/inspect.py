@@ -16,6 +16,7 @@ def cmd_pareto(args) -> int:
 def cmd_show(args) -> int:
 
     from orchestrator.harness import harness_bound_mask
+    from orchestrator.pricing import study_price
     from orchestrator.results import load_trials
 
     study = study_from_dataset(args.path)
@@ -23,6 +24,7 @@ def cmd_show(args) -> int:
         return EXIT_USAGE
     df = load_trials(args.path)
     print(f"study {study.name} ({study.engine.kind} engine, {study.model.name} on {study.hardware.gpu})")
+    print(study_price(study).describe())
     if df.empty:
         print("no trials recorded")
         return EXIT_OK
@@ -46,6 +48,7 @@ def cmd_show(args) -> int:
             idx = col.idxmax() if o.resolved_direction == "maximize" else col.idxmin()
             flag = ", harness-bound" if bool(bound.get(idx, False)) else ""
             print(f"  {o.resolved_direction} {o.metric}: {col[idx]:,.4g} ({completed.loc[idx, 'trial_id']}{flag})")
+        _print_unit_best(completed, study)
     if bound.any():
         flagged = completed[bound]
         print(f"harness-bound: {len(flagged)} of {len(completed)} completed trials measured the serving path "
@@ -58,6 +61,24 @@ def cmd_show(args) -> int:
     return EXIT_OK
 
 
+
+
+def _print_unit_best(completed, study) -> None:
+    """The best trial meeting every SLO by each per-GPU and per-dollar metric that is not an objective
+    (docs/metrics.md)."""
+    from orchestrator.judge import feasible_mask
+    from orchestrator.metrics import default_direction
+    from orchestrator.pricing import unit_columns
+
+    ok = completed[feasible_mask(completed, study.constraints)]
+    names = [m for m in unit_columns(ok) if m not in {o.metric for o in study.objectives}]
+    if names:
+        print("per GPU and per dollar, best trial meeting the SLOs:")
+    for name in names:
+        col = ok[name].dropna()
+        direction = default_direction(name)
+        idx = col.idxmax() if direction == "maximize" else col.idxmin()
+        print(f"  {direction} {name}: {col[idx]:,.4g} ({ok.loc[idx, 'trial_id']})")
 
 
 def register(sub) -> None:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from orchestrator.harness import harness_bound_mask
 from orchestrator.nightly import load_summaries
+from orchestrator.pricing import study_price
 from orchestrator.recommend import RecommendError, recommend
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
@@ -176,6 +177,7 @@ def _summary_section(trials: pd.DataFrame, study: Study, categories: pd.Series) 
     facts = pd.DataFrame([
         ("engine", f"{study.engine.kind}" + (f" ({study.engine.mode})" if hasattr(study.engine, "mode") else "")),
         ("model", study.model.name), ("hardware", f"{study.hardware.gpu} x{study.hardware.total_gpus}"),
+        ("cost", study_price(study).describe()),
         ("objectives", objectives), ("SLOs", slos),
         ("trials", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"),
         ("runs", f"{len(runs)}" + (f" (latest {runs[-1]})" if runs else "")),

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from orchestrator.pricing import unit_columns
 from orchestrator.results.pareto import pareto_front
 from orchestrator.results.analysis import param_importance
 from orchestrator.study import Study
@@ -172,12 +173,13 @@ def front_of(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
 
 
 def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
-    """The rows of :func:`front_of` with the columns people compare: parameters, objectives, SLO metrics."""
+    """The rows of :func:`front_of` with the columns people compare: parameters, objectives, SLO metrics,
+    and the per-GPU and cost metrics (:func:`orchestrator.pricing.unit_columns`)."""
     front, under_slos = front_of(trials, study)
     y, _ = axes_metrics(study)
     cols = ["trial_id"] + [n for n in study.space.sampled_names() if n in trials.columns]
     cols += [m for m in dict.fromkeys([o.metric for o in study.objectives] + [c.metric for c in study.constraints]
-                                      + [y]) if m in trials.columns]
+                                      + [y] + unit_columns(front)) if m in trials.columns]
     if "harness_bound" in front.columns and front["harness_bound"].notna().any():
         cols.append("harness_bound")
     return front.sort_values(y, ascending=False)[cols], under_slos
