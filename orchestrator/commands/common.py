@@ -25,6 +25,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_run_arguments(parser) -> None:
+    """The options ``run`` and ``nightly`` share: where Ray and Serve are, and study-file overrides
+    (read by :func:`load_study_with_overrides`)."""
+    import os
+
+    parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
+                        help="Ray Serve HTTP port (default 8000)")
+    parser.add_argument("--output", "--out", dest="output", help="override the study's output location")
+    parser.add_argument("--trials", type=positive_int, help="override the study's trial budget")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
 def load_study_or_report(path: str):
     """The study, or None after printing one line per problem to stderr."""
     from orchestrator.study import StudyFileError, load_study

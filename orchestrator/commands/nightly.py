@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_with_overrides, positive_int
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, add_run_arguments, err, load_study_with_overrides
 
 # Distinct from 1 (the command failed) and 2 (bad usage): the run worked and found a slowdown.
 EXIT_REGRESSION = 3
@@ -64,10 +63,5 @@ def register(sub) -> None:
                    help="latency compared per configuration (repeatable; default ttft_p99_ms and tpot_p99_ms)")
     n.add_argument("--summary", metavar="FILE", help="also write the JSON summary here")
     n.add_argument("--no-report", dest="report", action="store_false", help="do not write the HTML report")
-    n.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
-    n.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
-                   help="Ray Serve HTTP port (default 8000)")
-    n.add_argument("--output", "--out", dest="output", help="override the study's output location")
-    n.add_argument("--trials", type=positive_int, help="override the study's trial budget")
-    n.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_run_arguments(n)
     n.set_defaults(func=cmd_nightly)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 
-from orchestrator.commands.common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, load_study_or_report,
+from orchestrator.commands.common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add_run_arguments, err, load_study_or_report,
                                          load_study_with_overrides, positive_int, print_front)
 
 
@@ -64,15 +63,10 @@ def _exit_code(run) -> int:
 def register(sub) -> None:
     r = sub.add_parser("run", help="run (or resume) a study")
     r.add_argument("study", help="study YAML file")
-    r.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
-    r.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
-                   help="Ray Serve HTTP port (default 8000)")
-    r.add_argument("--output", "--out", dest="output", help="override the study's output location")
-    r.add_argument("--trials", type=positive_int, help="override the study's trial budget")
+    add_run_arguments(r)
     r.add_argument("--new-run", action="store_true", help="start a new run even if an unfinished one exists")
     r.add_argument("--max-trials", type=positive_int,
                    help="stop after this many trials in this invocation; the same command resumes the run")
-    r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
 
     v = sub.add_parser("validate", help="check study files; exit 2 on problems")
