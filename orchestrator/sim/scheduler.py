@@ -335,33 +335,22 @@ class Scheduler:
         results = []
         append = results.append
         done = []
-        for req in out.decodes:
+        gen = 0
+        steps = itertools.chain(((req, True) for req in out.decodes), ((req, sampled) for req, _, sampled in out.chunks))
+        for req, sampled in steps:
             if req.finished:  # aborted meanwhile
                 continue
-            d = req.num_delivered + 1
-            req.num_delivered = d
-            if d >= req.max_tokens:
-                req.finished = True
-                done.append(req)
-                append((req, 1, True))
-            else:
-                append((req, 1, False))
-        gen = len(results)
-        for req, n, sampled in out.chunks:
-            if req.finished:
-                continue
-            if not sampled:
+            if not sampled:  # a prefill chunk short of the prompt's end
                 append((req, 0, False))
                 continue
             d = req.num_delivered + 1
             req.num_delivered = d
             gen += 1
-            if d >= req.max_tokens:
+            finished = d >= req.max_tokens
+            if finished:
                 req.finished = True
                 done.append(req)
-                append((req, 1, True))
-            else:
-                append((req, 1, False))
+            append((req, 1, finished))
         self.generation_tokens += gen
         if done:
             for req in done:
