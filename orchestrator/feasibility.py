@@ -197,6 +197,16 @@ class SpaceSurvey:
     def all_infeasible(self) -> bool:
         return self.checked > 0 and self.feasible == 0
 
+    def droppable(self) -> dict[str, list[Any]]:
+        """Values that never start, to take out of the space before sampling: only where every
+        point of the space was checked (a sample cannot prove "never")."""
+        if self.sampled or self.all_infeasible:
+            return {}
+        out: dict[str, list[Any]] = {}
+        for (name, value) in self.never:
+            out.setdefault(name, []).append(value)
+        return out
+
     def report(self) -> str:
         """Why nothing (or how much) of the space can start, one block per failure kind."""
         scope = (f"{self.checked:,} sampled of {self.space_size:,}" if self.sampled
@@ -204,7 +214,8 @@ class SpaceSurvey:
         if not self.all_infeasible:
             text = f"pre-flight: {self.feasible:,} of {scope} configurations can start"
             if self.never:
-                text += "; never starts: " + ", ".join(f"{k}={v} ({kind})" for (k, v), kind in self.never.items())
+                text += ("; never starts" + ("" if self.sampled else " (taken out of the space before sampling)")
+                         + ": " + ", ".join(f"{k}={v} ({kind})" for (k, v), kind in self.never.items()))
             return text
         lines = [f"no configuration of the search space can start ({scope} configurations checked "
                  "with the pre-flight memory model):"]

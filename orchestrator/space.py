@@ -306,6 +306,18 @@ class SearchSpace(RootModel[dict[str, ParamSpec]]):
             values[name] = p.suggest(trial, name)
         return values
 
+    def without(self, drop: dict[str, list[Any]]) -> "SearchSpace":
+        """This space with the named categorical choices removed (a parameter keeps at least one)."""
+        root = dict(self.root)
+        for name, values in drop.items():
+            p = root.get(name)
+            if not isinstance(p, CategoricalParam):
+                continue
+            kept = [c for c in p.choices if not any(_same(c, v) for v in values)]
+            if kept and len(kept) < len(p.choices):
+                root[name] = p.model_copy(update={"choices": kept})
+        return SearchSpace.model_construct(root=root)
+
     def sampled_names(self) -> list[str]:
         return [n for n, p in self.root.items() if not isinstance(p, FixedParam)]
 

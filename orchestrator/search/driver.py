@@ -39,7 +39,7 @@ from orchestrator.resume import RunInProgress, RunLock, RunState, drop_orphan_re
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.samplers import make_sampler
-from orchestrator.search.screening import PreflightScreen
+from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch
 from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
 from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
@@ -81,6 +81,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
 
     t_start = time.monotonic()
     survey_text = None
+    drop: dict = {}
     if feasibility.survey_applies(study):
         cpu = is_cpu_study(study)
         found = feasibility.survey(study, cluster_units=None if cpu else study.hardware.total_gpus,
@@ -88,6 +89,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
         if found.all_infeasible:
             raise StudyStopped(f"study {study.name}: " + found.report())
         survey_text = found.report() if found.never else None
+        drop = found.droppable()
     state_dir = local_state_dir(study)
     stop_orphans(state_dir)
     fingerprint = study.fingerprint()
@@ -101,14 +103,14 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
                            "or start a separate run with --new-run") from None
     try:
         return _drive(study, run, resumed=previous is not None, state_dir=state_dir, address=address,
-                      survey_text=survey_text,
+                      survey_text=survey_text, drop=drop,
                       serve_port=serve_port, quiet=quiet, max_trials=max_trials, t_start=t_start)
     finally:
         lock.release()
 
 
 def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, address: Optional[str],
-           survey_text: Optional[str] = None,
+           survey_text: Optional[str] = None, drop: Optional[dict] = None,
            serve_port: int, quiet: bool, max_trials: Optional[int], t_start: float) -> StudyRun:
     import ray
 
@@ -150,6 +152,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
             run.save(state_dir)
     try:
         outcome = _tune(study, run, engine, store, state_dir, storage, ostudy_name, printer,
+                        space=trimmed_space(study, drop or {}, storage, ostudy_name),
                         serve_port=serve_port, remaining=remaining, started_here=started_here, resumed=resumed)
     finally:
         if started_here:
@@ -176,7 +179,7 @@ class _TuneOutcome:
 
 
 def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, ostudy_name: str, printer, *,
-          serve_port: int, remaining: int, started_here: bool, resumed: bool) -> _TuneOutcome:
+          space, serve_port: int, remaining: int, started_here: bool, resumed: bool) -> _TuneOutcome:
     import ray
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -215,7 +218,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     # What Tune pickles into its experiment (searcher, callbacks) gets the study without its secrets.
     recorded = study.without_secrets()
     searcher = searcher_class()(
-        space=study.space.suggest, metric=[o.metric for o in study.objectives],
+        space=space.suggest, metric=[o.metric for o in study.objectives],
         mode=["max" if d == "maximize" else "min" for d in study.directions],
         sampler=make_sampler(recorded), study_name=ostudy_name, storage=storage,
         staged=StagedSearch(recorded) if study.search.stages else None,

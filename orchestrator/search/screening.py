@@ -54,3 +54,28 @@ class PreflightScreen:
         tell_report(trial.study, trial, SamplerReport.of(judgement, row["status"]))
         self.printer.screened(row, params)
         return True
+
+
+def trimmed_space(study: Study, drop: dict, storage, ostudy_name: str):
+    """The space the sampler searches: the study's, without values the pre-flight proved never start.
+
+    A parameter is only trimmed where the Optuna study has no trial with its full choices
+    (an earlier run that did not trim): Optuna refuses a categorical's choices changing
+    within one study.
+    """
+    import optuna
+
+    if not drop:
+        return study.space
+    try:
+        trials = optuna.load_study(study_name=ostudy_name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:  # no study yet
+        trials = []
+    trimmed = study.space.without(drop)
+    keep = {}
+    for name, values in drop.items():
+        choices = getattr(trimmed.params.get(name), "choices", None)
+        seen = {tuple(t.distributions[name].choices) for t in trials if name in t.distributions}
+        if choices is not None and seen <= {tuple(choices)}:
+            keep[name] = values
+    return study.space.without(keep)
