@@ -77,6 +77,7 @@ class TrialResult:
     capacity: Optional[CapacityOutcome] = None
     records: tuple[RequestRecord, ...] = ()
     levels: tuple[Mapping[str, Any], ...] = ()  # capacity search: one levels-table row per level
+    probe: Mapping[str, Any] = field(default_factory=dict)  # agreement with the baseline (orchestrator.probe)
 
     @property
     def completed(self) -> bool:
@@ -95,4 +96,5 @@ class TrialResult:
         out.update(self.timings.columns())
         out.update(self.warmup)
         out.update(self.harness)
+        out.update(self.probe)
         return out
