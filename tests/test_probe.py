@@ -150,3 +150,24 @@ def test_fp8_weights_and_kv_shrink_the_memory_plan():
                          for kw in ({}, {"quantization": "fp8"}, {"kv_cache_dtype": "fp8"}))
     assert fp8w.weight_bytes_per_gpu < 0.6 * base.weight_bytes_per_gpu
     assert fp8kv.kv_bytes_per_token * 2 == base.kv_bytes_per_token and fp8kv.kv_tokens > 1.9 * base.kv_tokens
+
+
+def test_the_front_figure_draws_agreement_against_throughput(study_doc):
+    import pandas as pd
+
+    from orchestrator.results.figures import pareto_figure
+    from orchestrator.results.report_tables import axes_metrics, point_categories
+
+    study = parse_study({**_vllm_doc(study_doc), "probe": {}, "constraints": ["token_agreement >= 0.9"]})
+    y, xs = axes_metrics(study)
+    assert xs[-1] == "token_agreement"
+    trials = pd.DataFrame({"trial_number": [0, 1, 2], "status": ["completed"] * 3, "failure_kind": [None] * 3,
+                           "output_throughput_per_gpu": [100.0, 130.0, 150.0], "ttft_p99_ms": [90.0, 80.0, 70.0],
+                           "tpot_p50_ms": [10.0, 9.0, 8.0], "token_agreement": [1.0, 0.96, 0.7],
+                           "feasible": [True, True, False]})
+    fig = pareto_figure(trials, point_categories(trials, study), study)
+    ax = fig.axes[len(xs) - 1]
+    assert ax.get_xlabel() == "token_agreement (higher is better)"
+    # The front on these axes: more throughput or more agreement (trial 2 misses the SLO).
+    (front,) = [c for c in ax.collections if c.get_label().startswith("front on these axes")]
+    assert sorted(map(tuple, front.get_offsets().tolist())) == [(0.96, 130.0), (1.0, 100.0)]
