@@ -120,8 +120,9 @@ def test_a_probe_is_part_of_what_the_trials_measure(study_doc):
 
 
 @pytest.mark.parametrize("gpu, params, message", [
-    ("T4", {"quantization": "experts_int8"}, "The quantization method experts_int8 is not supported for the current GPU. "
-                                         "Minimum capability: 80. Current capability: 75."),
+    ("T4", {"quantization": "experts_int8"},
+     "The quantization method experts_int8 is not supported for the current GPU. Minimum capability: 80. "
+     "Current capability: 75."),
     ("H200", {"quantization": "awq"}, "Cannot find the config file for awq"),
     ("H200", {"quantization": "fp8", "dtype": "float32"}, "torch.float32 is not supported for quantization method fp8"),
 ])
