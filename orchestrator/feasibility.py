@@ -81,7 +81,7 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
     from orchestrator.sim.models import ModelShape
 
     model = ModelShape.load(study.model.name, study.base_dir)
-    refusal = vllm_refusal(args)
+    refusal = vllm_refusal(args) or _quantization_refusal(study, model, args)
     if refusal is not None:
         return Verdict(False, FailureKind.INVALID_ARGS, refusal)
     need = args.gpus
@@ -114,6 +114,22 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
             return Verdict(True)
         return Verdict(False, e.kind, e.message)
     return Verdict(True, kv_cache_tokens=plan.kv_tokens)
+
+
+def _quantization_refusal(study, model, args: EngineArgs) -> Optional[str]:
+    """vLLM's refusal of the quantization or KV dtype on this GPU / the CPU build / this checkpoint."""
+    from orchestrator.quant_support import checkpoint_method, checkpoint_refusal, hardware_refusal
+    from orchestrator.sim.models import find_model_config
+
+    cpu = is_cpu_study(study)
+    explicit = next((d for d in (args.dtype, study.model.dtype) if d not in (None, "auto")), None)
+    dtype = explicit or (model.torch_dtype if cpu else "bfloat16")  # vLLM's auto: half precision on GPUs
+    if args.quantization is None and not str(args.kv_cache_dtype).startswith("fp8"):
+        return None
+    checkpoint = checkpoint_method(getattr(study.engine, "model_source", None),
+                                   find_model_config(study.model.name, study.base_dir))
+    return checkpoint_refusal(args.quantization, checkpoint) or hardware_refusal(
+        args, gpu=None if cpu else study.hardware.gpu, model_dtype=dtype, head_dim=model.head_dim)
 
 
 def _within_margin(model, gpu, args: EngineArgs, dtype: str) -> bool:

@@ -135,6 +135,7 @@ HIGHER_IS_BETTER = frozenset({
     "total_input_tokens", "total_output_tokens", "achieved_rate", "capacity_rps",
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
     "engine_output_throughput", "engine_request_throughput", "goodput_per_gpu", "capacity_rps_per_gpu",
+    "token_agreement", "prefix_agreement", "first_divergence_mean",
 })
 DIRECTIONS = ("minimize", "maximize")
 
@@ -318,7 +319,14 @@ WARMUP_METRIC_NAMES: tuple[str, ...] = ("warmup_s_used", "warmup_requests_used",
 UNIT_METRIC_NAMES: tuple[str, ...] = ("goodput_per_gpu", "capacity_rps_per_gpu", "cost_per_mtok")
 
 
+# The reference-agreement probe (orchestrator.probe): greedy outputs of a fixed prompt set against
+# the study's baseline configuration; null where no probe ran or no baseline exists yet.
+PROBE_METRIC_NAMES: tuple[str, ...] = ("token_agreement", "prefix_agreement", "logprob_diff_mean",
+                                       "logprob_diff_p95", "first_divergence_mean", "probe_s")
+
+
 def known_metric_names() -> list[str]:
     """Every metric an objective or constraint may name."""
     return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES
-                + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES)
+                + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES
+                + PROBE_METRIC_NAMES)

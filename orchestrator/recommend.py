@@ -46,6 +46,7 @@ class Recommendation:
     env: dict[str, str]
     metrics: dict[str, Optional[float]]  # the trial's objective, SLO, per-GPU and cost metrics, as measured
     slos: tuple[Constraint, ...]
+    agreement: Optional[str] = None  # the probe's agreement with the baseline it was chosen under
 
     def slo_lines(self) -> list[str]:
         """Each SLO with the trial's measured value and whether it was met."""
@@ -95,6 +96,7 @@ class Recommendation:
         import yaml
 
         head = (f"# Ray Serve LLM config for trial {self.trial_id} (run {self.run_id}).\n"
+                + (f"# {self.agreement}\n" if self.agreement else "") +
                 "# Deploy: serve run THIS_FILE   (or: serve deploy THIS_FILE on a running cluster)\n")
         return head + yaml.safe_dump(self.serve_config(), sort_keys=False)
 
@@ -208,4 +210,16 @@ def recommend(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] = N
         trial_id=str(row["trial_id"]), run_id=str(row["run_id"]), engine_args=args,
         model=model or default_model(study), served_name=study.model.served_name or study.model.name,
         accelerator_type=accelerator, env=_engine_env(study, gpu),
-        metrics=metrics, slos=constraints)
+        metrics=metrics, slos=constraints, agreement=agreement_line(row))
+
+
+def agreement_line(row: pd.Series) -> Optional[str]:
+    """What the probe measured for a trial, in one line (None: no probe, or no baseline to compare with)."""
+    value = row.get("token_agreement")
+    if value is None or pd.isna(value):
+        return None
+    parts = [f"{m} {float(row[m]):.4g}" for m in ("token_agreement", "prefix_agreement", "logprob_diff_mean",
+                                                  "logprob_diff_p95", "first_divergence_mean")
+             if m in row and not pd.isna(row[m])]
+    return (f"agreement with baseline trial {row.get('probe_baseline')} (reference: {row.get('probe_reference')}): "
+            + ", ".join(parts))

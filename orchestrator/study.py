@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator import judge
 from orchestrator.redaction import redact
 from orchestrator.metrics import DIRECTIONS, LOAD_METRIC_NAMES, RequestSLO, default_direction, known_metric_names
+from orchestrator.probe_spec import ProbeSpec, probe_problems
 from orchestrator.sim.hardware import GPUS, get_gpu
 from orchestrator.sim.models import find_model_config
 from orchestrator.space import SearchSpace, space_problems
@@ -232,6 +233,7 @@ class Study(_Strict):
     search: SearchSettings = SearchSettings()
     budget: Budget = Budget()
     capacity: Optional[CapacitySpec] = None
+    probe: Optional[ProbeSpec] = Field(default=None, description="reference-agreement probe (orchestrator.probe)")
     max_error_rate: float = Field(default=DEFAULT_MAX_ERROR_RATE, ge=0, lt=1,
                                   description="share of a trial's measured requests that may fail; above it the "
                                               "trial is degraded (kept off the front and out of recommend)")
@@ -262,7 +264,7 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _check(self):
-        problems = search_problems(self.search, self.space, self.budget.trials)
+        problems = search_problems(self.search, self.space, self.budget.trials) + probe_problems(self)
         if problems:
             raise LocatedError(problems)
         metrics = [o.metric for o in self.objectives]
@@ -319,6 +321,8 @@ class Study(_Strict):
             body.pop("max_error_rate")
         if body["hardware"].get("price_per_gpu_hour") is None:  # added later: hashed only when set
             body["hardware"].pop("price_per_gpu_hour", None)
+        if body.get("probe") is None:  # added later: hashed only when set
+            body.pop("probe", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -338,7 +342,7 @@ def _check_metric(v: str) -> str:
 def _model_at(data: Any, loc: tuple[str, ...]) -> Optional[type[BaseModel]]:
     """Best effort: the model describing the mapping at ``loc`` of a study document (for 'allowed keys')."""
     sections = {(): Study, ("model",): ModelSpec, ("hardware",): HardwareSpec, ("workload",): WorkloadSpec,
-                ("search",): SearchSettings, ("budget",): Budget, ("capacity",): CapacitySpec,
+                ("search",): SearchSettings, ("budget",): Budget, ("capacity",): CapacitySpec, ("probe",): ProbeSpec,
                 ("capacity", "saturation"): SaturationSettings}
     if loc in sections:
         return sections[loc]

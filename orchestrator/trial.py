@@ -26,6 +26,7 @@ from orchestrator.harness import harness_verdict
 from orchestrator.judge import Judgement, judge
 from orchestrator.load_phase import LoadPhase, measure, phase_metrics, served_load, study_requests
 from orchestrator.pricing import study_price, unit_metrics
+from orchestrator.probe import probe_trial
 from orchestrator.study import Study
 from orchestrator.trial_result import PhaseTimings, TrialResult
 
@@ -70,6 +71,7 @@ class _Builder:
     failure: Optional[Failure] = None
     phase: Optional[LoadPhase] = None
     engine_facts: Optional[dict] = None
+    probe: Optional[dict] = None
     queue_s: Optional[float] = None
     startup_s: Optional[float] = None
     load_window_s: Optional[float] = None
@@ -111,7 +113,7 @@ class _Builder:
             args=self.args, started_at=self.started_at, finished_at=_utc_now(), status=self.status,
             failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
             engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
-            levels=levels, unit_metrics=unit)
+            levels=levels, unit_metrics=unit, probe=dict(self.probe or {}))
 
 
 def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,
@@ -171,6 +173,12 @@ def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
             ep = deployment.endpoint
             b.startup_s = ep.startup_s
             b.engine_facts = {"endpoint": ep.base_url, **ep.facts}
+            if study.probe is not None:  # before the warm-up: outside the measured window
+                b.probe, note = probe_trial(study, base_url=ep.base_url, model=ep.model, api_key=ep.api_key,
+                                            trial_id=b.trial_id, params=b.params, args=args,
+                                            keep=_probe_keeper(study, ctx))
+                if note:
+                    b.engine_facts["probe_errors"] = note
             t_load = time.monotonic()
             b.phase = served_load(study, deployment, requests)
             b.load_window_s = time.monotonic() - t_load
@@ -186,6 +194,19 @@ def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
         b.fail(failure)
     else:
         b.status, b.failure = TrialStatus.COMPLETED, teardown_warning(problems)
+
+
+def _probe_keeper(study: Study, ctx: TrialContext):
+    """Where the probe's answers go: the run's results writer (one writer claims the baseline), or,
+    with no run around this trial, the study's results directory directly."""
+    if ctx.sink_name is None:
+        from orchestrator.results.probe_store import ProbeStore
+
+        return ProbeStore(study.output, study.name).keep
+    import ray
+
+    sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
+    return lambda *a: ray.get(sink.keep_probe.remote(*a))
 
 
 class _Lease:

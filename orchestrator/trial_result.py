@@ -78,6 +78,7 @@ class TrialResult:
     records: tuple[RequestRecord, ...] = ()
     levels: tuple[Mapping[str, Any], ...] = ()  # capacity search: one levels-table row per level
     unit_metrics: Mapping[str, Any] = field(default_factory=dict)  # per GPU and per dollar (pricing.py)
+    probe: Mapping[str, Any] = field(default_factory=dict)  # agreement with the baseline (orchestrator.probe)
 
     @property
     def completed(self) -> bool:
@@ -97,4 +98,5 @@ class TrialResult:
         out.update(self.warmup)
         out.update(self.harness)
         out.update(self.unit_metrics)
+        out.update(self.probe)
         return out

@@ -150,3 +150,15 @@ def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_fac
     assert out["llm_config"]["engine_kwargs"] == llm_config["engine_kwargs"]
     assert serve_config["applications"][0]["import_path"] == "ray.serve.llm:build_openai_app"
     assert shlex.split(command)[2] == str(checkpoint)
+
+
+def test_recommendation_states_the_agreement_it_was_chosen_under(tmp_path):
+    study = _study(tmp_path)
+    probed = {**_row("r-0001", tput=200), "token_agreement": 0.97, "prefix_agreement": 0.8, "logprob_diff_mean": 0.01,
+              "probe_reference": "dummy", "probe_baseline": "r-0000"}
+    rec = recommend(pd.DataFrame([_row("r-0000", tput=100), probed]), study, slos=["token_agreement >= 0.95"])
+    assert rec.trial_id == "r-0001"
+    assert rec.agreement == ("agreement with baseline trial r-0000 (reference: dummy): token_agreement 0.97, "
+                             "prefix_agreement 0.8, logprob_diff_mean 0.01")
+    assert f"# {rec.agreement}\n" in rec.serve_config_yaml()
+    assert recommend(pd.DataFrame([_row("r-0000")]), study).agreement is None  # no probe, nothing claimed

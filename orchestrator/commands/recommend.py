@@ -37,6 +37,8 @@ def cmd_recommend(args) -> int:
     print(f"trial {rec.trial_id} (run {rec.run_id}): {measured}")
     if rec.slos:
         print("SLOs: " + "; ".join(rec.slo_lines()))
+    if rec.agreement:
+        print(rec.agreement)
     print()
     print("# vllm serve")
     print(rec.vllm_command())

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from orchestrator.metrics import default_direction
 from orchestrator.results.pareto import pareto_front
 from orchestrator.results.report_tables import LEVEL_X_COLUMNS, axes_metrics
 from orchestrator.study import Study
@@ -71,7 +72,8 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
         # The front on these two axes: a staircase through the non-dominated points
         # (among the trials meeting the SLOs; among all measured ones when none does).
         constraints = study.constraints if feasible_any else []
-        front2 = pareto_front(pts, [(y, "maximize"), (x, "minimize")], constraints) if len(pts) else pts
+        x_dir = default_direction(x)  # latencies: lower is better; the probe's agreement: higher
+        front2 = pareto_front(pts, [(y, "maximize"), (x, x_dir)], constraints) if len(pts) else pts
         if len(front2):
             f = front2.sort_values(x)
             colour = "#d62728" if feasible_any else "#555555"
@@ -84,8 +86,9 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
                 ax.axvline(c.value, color="#2ca02c", linestyle=":", linewidth=1.5, label=f"SLO {c}")
             elif c.metric == y:
                 ax.axhline(c.value, color="#2ca02c", linestyle=":", linewidth=1.5, label=f"SLO {c}")
-        _maybe_log(ax, pts[x] if x in pts else pd.Series(dtype=float), "x")
-        ax.set_xlabel(f"{x} (lower is better)")
+        if x_dir == "minimize":
+            _maybe_log(ax, pts[x] if x in pts else pd.Series(dtype=float), "x")
+        ax.set_xlabel(f"{x} ({'higher' if x_dir == 'maximize' else 'lower'} is better)")
         ax.set_ylabel(f"{y} (higher is better)")
         ax.set_title(f"{y} vs {x}")
         ax.grid(True, alpha=0.3)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.pricing import unit_columns
+from orchestrator.metrics import PROBE_METRIC_NAMES
 from orchestrator.results.pareto import pareto_front
 from orchestrator.results.analysis import param_importance
 from orchestrator.study import Study
@@ -38,14 +39,16 @@ def axes_metrics(study: Study) -> tuple[str, list[str]]:
 
     y: the study's first maximised objective (throughput per GPU in practice); x: the
     study's TTFT metric (else ``ttft_p99_ms``) and its TPOT metric (else ``tpot_p50_ms``),
-    taken from objectives first, then constraints.
+    taken from objectives first, then constraints; and the probe's agreement metric where the
+    study names one (quality against speed: the trade-off quantization makes).
     """
     named = [o.metric for o in study.objectives] + [c.metric for c in study.constraints]
     maximised = [o.metric for o in study.objectives if o.resolved_direction == "maximize"]
     y = maximised[0] if maximised else "output_throughput_per_gpu"
     ttft = next((m for m in named if m.startswith("ttft_")), "ttft_p99_ms")
     tpot = next((m for m in named if m.startswith("tpot_")), "tpot_p50_ms")
-    return y, [ttft, tpot]
+    agreement = [m for m in dict.fromkeys(named) if m in PROBE_METRIC_NAMES and m != "probe_s" and m != y][:1]
+    return y, [ttft, tpot] + agreement
 
 
 def failure_breakdown(trials: pd.DataFrame) -> pd.DataFrame:

@@ -92,7 +92,13 @@ _JUDGEMENTS: tuple[tuple[str, pa.DataType], ...] = (
     ("harness_bound", pa.bool_()),
     ("harness_bound_reason", pa.string()),
 )
-FIXED_TRIAL_COLUMNS: tuple[str, ...] = tuple(n for n, _ in _HEAD + _CONFIG + _JUDGEMENTS) + ("extra_json",)
+# The reference-agreement probe (orchestrator.probe): what its reference is (dummy weights, real
+# weights, an endpoint) and which trial's answers it was compared with (null: no baseline yet).
+_PROBE: tuple[tuple[str, pa.DataType], ...] = (
+    ("probe_reference", pa.string()),
+    ("probe_baseline", pa.string()),
+)
+FIXED_TRIAL_COLUMNS: tuple[str, ...] = tuple(n for n, _ in _HEAD + _CONFIG + _JUDGEMENTS + _PROBE) + ("extra_json",)
 # Partition keys of the dataset layout; no row column may use these names.
 PARTITION_COLUMNS = ("date", "run")
 
@@ -116,7 +122,7 @@ def trials_schema(param_types: Mapping[str, str]) -> pa.Schema:
     fields += [pa.field(name, PARAM_ARROW_TYPES[kind]) for name, kind in param_types.items()]
     fields += [pa.field(n, t) for n, t in _CONFIG]
     fields += [pa.field(m, pa.float64()) for m in metric_columns()]
-    fields += [pa.field(n, t) for n, t in _JUDGEMENTS]
+    fields += [pa.field(n, t) for n, t in _JUDGEMENTS + _PROBE]
     fields.append(pa.field("extra_json", pa.string()))
     meta = {META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "trials",
             META_PARAMS: json.dumps(dict(param_types))}

@@ -109,6 +109,20 @@ class ResultsStore:
         return f"ResultsStore({self.root!r}, filesystem={self.filesystem.type_name})"
 
     # ------------------------------------------------------------------ writing
+    def put_file(self, relative: str, data: bytes) -> str:
+        """Write ``<study>/<relative>`` whole or not at all (as the tables are); returns its path."""
+        path = f"{self.root}/{relative}"
+        self._put(path, pa.py_buffer(data))
+        return path
+
+    def get_file(self, relative: str) -> Optional[bytes]:
+        """The bytes of ``<study>/<relative>``, or None where there is no such file."""
+        path = f"{self.root}/{relative}"
+        if self.filesystem.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with self.filesystem.open_input_stream(path) as f:
+            return f.read()
+
     def write_trial(self, row: Mapping[str, Any], requests: Optional[pa.Table] = None, *,
                     param_types: Mapping[str, str], levels: Optional[pa.Table] = None) -> str:
         """Write (or replace) one trial; returns the trials file path.

@@ -225,6 +225,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         screen=PreflightScreen(recorded, create_engine(recorded), run.run_id, sink, printer, cluster_units=ctx.cluster_units,
                                 units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
     )
+    _enqueue_probe_baseline(study, searcher, resumed=resumed)
     _enqueue_initial_points(study, searcher, resumed=resumed)
     _enqueue_warm_start(study, searcher)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
@@ -353,6 +354,17 @@ def _cleanup_apps(run_ids: list[str]) -> None:
                 delete_app(name, timeout_s=60)
     except Exception as e:  # noqa: BLE001
         log.warning("could not clean up Serve applications: %s", e)
+
+
+def _enqueue_probe_baseline(study: Study, searcher, *, resumed: bool) -> None:
+    """With a probe, the baseline configuration runs first, so later trials have a reference
+    (its searched engine arguments fixed, the other parameters drawn as usual)."""
+    if resumed or study.probe is None or study.search.sampler == "grid" or study.search.stages:
+        return
+    point = {k: v for k, v in study.probe.reference().items()
+             if k in study.space.params and study.space.params[k].allows(v)}
+    if point:
+        searcher._ot_study.enqueue_trial(point, skip_if_exists=True)  # noqa: SLF001 - OptunaSearch keeps it there
 
 
 def _enqueue_initial_points(study: Study, searcher, *, resumed: bool) -> None:

@@ -76,6 +76,13 @@ class ResultsSinkActor:
 
         self.store = ResultsStore(output, study_name)
         self.param_types = param_types
+        self.output, self.study_name = output, study_name
+
+    def keep_probe(self, probe_set: str, trial_id: str, record: dict, eligible: bool):
+        """A trial's probe answers; the baseline's (see orchestrator.results.probe_store)."""
+        from orchestrator.results.probe_store import ProbeStore
+
+        return ProbeStore(self.output, self.study_name).keep(probe_set, trial_id, record, eligible)
 
     def write(self, row: dict, requests_table, levels_table=None) -> None:
         extra = {"levels": levels_table} if levels_table is not None else {}

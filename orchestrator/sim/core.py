@@ -14,6 +14,7 @@ from typing import Sequence
 
 from orchestrator.accelerator import with_device_defaults
 from orchestrator.engine_args import EngineArgs, ceil_div, vllm_refusal
+from orchestrator.quant_support import hardware_refusal
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.sim.cost import StepCostModel
 from orchestrator.sim.hardware import GpuSpec
@@ -76,8 +77,10 @@ class SimEngineCore:
     def __init__(self, model: ModelShape, gpu: GpuSpec, args: EngineArgs, calibration=None, dtype: str = "auto"):
         if args.max_num_seqs is None or args.max_model_len is None:
             args = with_device_defaults(args, gpu, model_max_len=model.max_position_embeddings)
-        refusal = vllm_refusal(args)
-        if refusal is not None:  # vLLM refuses these arguments before loading anything
+        # vLLM refuses these arguments before loading anything (the simulated checkpoint has no format)
+        refusal = vllm_refusal(args) or hardware_refusal(
+            args, gpu=gpu.name, model_dtype=args.dtype if args.dtype != "auto" else dtype, head_dim=model.head_dim)
+        if refusal is not None:
             raise EngineStartError(FailureKind.INVALID_ARGS, refusal)
         self.model, self.gpu, self.args = model, gpu, args
         self.memory: MemoryPlan = plan_memory(model, gpu, args, dtype)
