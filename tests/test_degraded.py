@@ -70,5 +70,6 @@ def test_a_run_recorded_before_the_limit_existed_still_resumes(repo):
 
     from orchestrator.study import load_study
 
-    recorded = json.loads(next((repo / "results/examples/llama3-8b-h200/_runs").glob("*.json")).read_text())
+    recorded = json.loads((repo / "results/examples/llama3-8b-h200/study.json").read_text())
+    assert recorded["fingerprint"] == "41424c4ac475bc33"  # as its run state said when it ran
     assert load_study(repo / "search_spaces/llama3-8b-h200.yaml").fingerprint() == recorded["fingerprint"]
