@@ -28,6 +28,8 @@ class _Driver:
         self.core = core
         self.t = 0.0
         self.latency = core.cost.frontend_latency_s
+        self.token_s = core.cost.frontend_token_s
+        self.frontend_free = 0.0  # when the API server has streamed every token handed to it so far
         self.live: dict[str, RequestRecord] = {}
         self.records: dict[tuple[bool, int], RequestRecord] = {}
         self._due: list = []  # (time reaching the engine, seq, request id, Request)
@@ -42,18 +44,20 @@ class _Driver:
         heapq.heappush(self._due, (at + self.latency, next(self._seq), req))
         return rec
 
-    def deliver(self) -> list[RequestRecord]:
-        """Hand the engine every request due by now; return the ones it rejected."""
+    def deliver(self, until: Optional[float] = None) -> list[RequestRecord]:
+        """Hand the engine every request due by ``until`` (default: now); return the ones it rejected."""
+        until = self.t if until is None else until
         rejected = []
-        while self._due and self._due[0][0] <= self.t:
-            _, _, req = heapq.heappop(self._due)
+        while self._due and self._due[0][0] <= until:
+            due, _, req = heapq.heappop(self._due)
+            at = max(due, self.t)  # reaches the engine when due, or now if it waited for the engine loop
             rec = self.records[(req.warmup, req.index)]
             rid = f"{'w' if req.warmup else 'r'}{req.index}"
             try:
-                self.core.add_request(SimRequest(rid, req.prompt_token_ids, req.output_len, arrival_s=self.t))
+                self.core.add_request(SimRequest(rid, req.prompt_token_ids, req.output_len, arrival_s=at))
             except ValueError as e:  # the server's 400 answer
                 rec.error, rec.error_kind, rec.completion_tokens = str(e), RequestErrorKind.HTTP_STATUS, None
-                rec.end_s = self.t
+                rec.end_s = at
                 rejected.append(rec)
                 continue
             self.live[rid] = rec
@@ -70,12 +74,19 @@ class _Driver:
             if nxt is not None:
                 self.t = max(self.t, nxt)
             return ended
-        res = self.core.step()
-        self.t += res.duration_s
-        t = self.t
+        start = self.t
+
+        def before_next(launch_s: float) -> None:  # requests that arrived while the step was launched
+            ended.extend(self.deliver(start + launch_s))
+
+        res = self.core.step(before_next)
+        self.t = start + res.duration_s
+        fe = max(self.frontend_free, self.t)
         for out in res.outputs:
             if not out.new_tokens:
                 continue
+            fe += self.token_s  # the API server streams the step's tokens one after another
+            t = fe
             rec = self.live[out.request_id]
             if rec.first_token_s is None:
                 rec.first_token_s = t
@@ -85,6 +96,7 @@ class _Driver:
                 rec.end_s = t
                 del self.live[out.request_id]
                 ended.append(rec)
+        self.frontend_free = fe
         return ended
 
     def busy(self) -> bool:
@@ -181,6 +193,7 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
         warmup_report.reason = reason
     for rec in warm:
         _shift(rec, -drv.t)
+    drv.frontend_free -= drv.t
     drv.t = 0.0
 
     measured = sorted(requests.measured, key=lambda r: (r.arrival_s, r.index))
