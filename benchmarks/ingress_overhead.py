@@ -112,14 +112,14 @@ def run(args) -> None:
         os.environ["PYTHONPATH"] = f"{REPO}:{os.environ.get('PYTHONPATH', '')}"  # replicas import the package
         import ray
 
+        from orchestrator.cluster import start_serve
         from orchestrator.engine_args import engine_args_from_params
-        from orchestrator.engines.vllm_serve import VllmServeEngine
-        from orchestrator.runtime import start_serve
+        from orchestrator.engines import EngineContext, create_engine
 
         ray.init(include_dashboard=False, namespace="orchestrator")
-        start_serve(8000)
+        context = EngineContext(serve_port=start_serve(8000))
         study = _study(args.model, args.mode, serving)
-        engine = VllmServeEngine(study)
+        engine = create_engine(study, context)
         eargs = engine.resolve(engine_args_from_params({**CONFIG, **serving}))
         deployment = engine.deploy("ingress", eargs)
         deployment.__enter__()

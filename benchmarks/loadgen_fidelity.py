@@ -134,7 +134,7 @@ def start_vllm(model_dir: Path, tmp: Path) -> tuple[Server, str]:
 def serve_sim() -> None:
     """Child process: the sim engine's direct server on a free port (printed), until killed."""
     from orchestrator.engine_args import EngineArgs
-    from orchestrator.engines.sim_server import build_sim_frontend, start_direct_server
+    from orchestrator.engines.sim_http import build_sim_frontend, start_direct_server
     from orchestrator.sim.models import find_model_config
 
     cfg = json.loads(find_model_config("llama-3.1-8b").read_text())

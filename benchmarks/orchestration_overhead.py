@@ -53,9 +53,9 @@ def study_doc(out: str, trials: int, concurrency: int, requests: int) -> dict:
 def baseline(study, trials: int) -> list[dict]:
     """Deploy, load and delete in one process: what a hand-written script would cost."""
     from orchestrator.engine_args import engine_args_from_params
-    from orchestrator.engines.base import create_engine
+    from orchestrator.engines import create_engine
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.trial import study_requests
+    from orchestrator.load_phase import study_requests
 
     engine = create_engine(study)
     requests = study_requests(study)
@@ -84,8 +84,8 @@ def main() -> None:
 
     import ray
 
+    from orchestrator.cluster import start_serve
     from orchestrator.results import load_trials
-    from orchestrator.runtime import start_serve
     from orchestrator.search import run_study
 
     out = tempfile.mkdtemp(prefix="overhead-")

@@ -5,7 +5,7 @@ simulator through the trial path itself (``execute_trial`` with ``engine.mode: v
 Every grid point is measured once (cached: the simulator is deterministic for a given
 configuration, which is checked); the optimum is the highest ``goodput`` among grid
 points that meet every SLO. Each sampler then drives Optuna directly, exactly as the
-study driver does (``make_sampler``, ``ask_distinct``, constraints set before ``tell``),
+study driver does (``make_sampler``, ``propose`` through ``ask_distinct``, ``tell_report``),
 and the benchmark counts the measured trials until one meets the SLOs with goodput
 >= 95% of the optimum (a proposal that repeats a measured configuration is answered
 from it, as in a real study, and does not count). Median over seeds, for every sampler,
@@ -119,12 +119,14 @@ class Point:
 
 
 def measure(name: str, params: dict[str, Any]) -> Point:
-    from orchestrator.trial import TrialContext, execute_trial, optuna_values
+    from orchestrator.trial import TrialContext, execute_trial, judge_result
 
     study = landscape_study(name)
-    row = execute_trial(study, params, trial_id="bench", trial_number=0, ctx=TrialContext(run_id="bench")).row
-    values, constraints = optuna_values(study, row)
-    return Point(tuple(values), constraints, row["status"], float(row.get("goodput") or 0.0))
+    result = execute_trial(study, params, trial_id="bench", trial_number=0, ctx=TrialContext(run_id="bench"))
+    verdict = judge_result(study, result)
+    goodput = result.metrics.goodput if result.metrics is not None else 0.0
+    return Point(tuple(verdict.optuna_values()), verdict.optuna_constraints(), result.status.value,
+                 float(goodput or 0.0))
 
 
 def _measure_many(args) -> list[tuple[tuple, Point]]:
@@ -160,7 +162,8 @@ def trials_to_target(name: str, sampler: str, seed: int, points: dict[tuple, Poi
     """Measured trials until a point meets the SLOs with goodput >= goal; ``cap + 1`` if never."""
     import optuna
 
-    from orchestrator.sampling import ask_distinct, make_sampler, tell
+    from orchestrator.search.optuna_search import SamplerReport, ask_distinct, tell_report
+    from orchestrator.search.samplers import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = landscape_study(name, sampler=sampler, seed=seed)
@@ -171,9 +174,7 @@ def trials_to_target(name: str, sampler: str, seed: int, points: dict[tuple, Poi
         if "duplicate_of" in trial.user_attrs:  # the space ran out: every new proposal repeats
             break
         p = points[key(params)]
-        for k, v in p.constraints.items():
-            trial.set_constraint(k, v)
-        tell(ostudy, trial, list(p.values))
+        tell_report(ostudy, trial, SamplerReport(tuple(p.values), dict(p.constraints)))
         measured += 1
         if p.feasible and p.goodput >= goal:
             return measured

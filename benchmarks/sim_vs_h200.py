@@ -151,17 +151,17 @@ def level_mark(lv, low_ttft_ms: float) -> tuple[Optional[str], str]:
 
 def study_points(path: str) -> list[Point]:
     from orchestrator.capacity import level_workload
-    from orchestrator.engines.sim_virtual import VirtualSimEngine
+    from orchestrator.engines import create_engine
     from orchestrator.recommend import engine_args_of
     from orchestrator.results import load_trials
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.levels import load_levels
+    from orchestrator.load_phase import study_requests
     from orchestrator.study import SimEngineSpec
-    from orchestrator.trial import study_requests
 
     real_study = read_study_definition(path)
     sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
-    engine = VirtualSimEngine(sim_study)
+    engine = create_engine(sim_study)
     trials = load_trials(path, status="completed")
     levels = load_levels(path)
     base_rate = study_requests(sim_study).requested_rate

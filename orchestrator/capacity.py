@@ -39,6 +39,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from orchestrator import judge
 from orchestrator.metrics import LoadMetrics
 from orchestrator.records import RequestRecord
 
@@ -47,22 +48,24 @@ __all__ = ["SaturationDetector", "detect_saturation", "Verdict", "judge_level", 
 
 
 # ---------------------------------------------------------------- saturation
-_SERVICE_SAMPLE = 10  # first finished requests whose latency stands for the service time
+_SERVICE_SAMPLE = 10  # first finished requests whose lower-quartile latency is the service time
 
 
 class SaturationDetector:
     """Flags a load level whose backlog grows without bound (a :class:`~orchestrator.loadgen.LoadMonitor`).
 
-    Checked every ``check_interval_s``: with W = max(``window_s``, 2 x the median
-    latency of the first ten requests to finish), the backlog (sent minus finished) must
+    Checked every ``check_interval_s``: with W = max(``window_s``, 2 x the service time),
+    the backlog (sent minus finished) must
     have grown in each of the last ``confirm`` windows of length W, every time by at
     least max(``min_growth``, ``growth_fraction`` x N, 2 sqrt(N)), N the requests sent
     in that window (2 sqrt(N): twice the Poisson noise of N arrivals). A burst of
     arrivals lifts a stable queue's backlog once; a saturated queue's grows in every
     window. Nothing is judged before the first request finished and the windows fit
-    after it (the queue is still filling then). The first requests to finish met an
-    empty queue: their latency is the service time; the latency of later ones grows
-    with the very backlog being judged, and would stretch the window without end.
+    after it (the queue is still filling then). The service time is the lower quartile
+    of the first ten latencies: the first requests to finish met an empty engine, but
+    when arrivals outrun its sequence slots, later ones of those ten had queued already,
+    and the latency of later requests grows with the very backlog being judged, which
+    would stretch the window past the level's end.
     :attr:`saturated_at` says when it fired.
     """
 
@@ -96,7 +99,7 @@ class SaturationDetector:
         if known == 0:
             return False
         first_finish = self._lat[0][0]
-        service = float(np.median([lat for _, lat in self._lat[:min(known, _SERVICE_SAMPLE)]]))
+        service = float(np.percentile([lat for _, lat in self._lat[:min(known, _SERVICE_SAMPLE)]], 25))
         window = max(self.s.window_s, 2.0 * service)
         if t - self.s.confirm * window < first_finish:
             return False
@@ -147,15 +150,10 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     reasons = []
     if metrics.num_requests == 0:
         return Verdict(False, math.inf, ("no measured request",))
-    violation = -math.inf
-    values = metrics.as_dict()
-    ok = True
-    for c in slo:
-        v = values.get(c.metric)
-        violation = max(violation, c.violation(v))
-        if not c.met(v):
-            ok = False
-            reasons.append(f"{c} (got {'none' if v is None else f'{v:.4g}'})")
+    checks = judge.check_all(slo, metrics.as_dict())
+    violation = max((c.violation for c in checks), default=-math.inf)
+    ok = all(c.met for c in checks)
+    reasons += [c.describe() for c in checks if not c.met]
     error_rate = metrics.failed / metrics.num_requests
     if error_rate > max_error_rate:  # only a failing error rate enters the margin
         violation = max(violation, (error_rate - max_error_rate) / max(max_error_rate, 0.01))

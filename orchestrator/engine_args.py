@@ -9,6 +9,7 @@ the simulated engine.
 
 from __future__ import annotations
 
+import difflib
 import math
 import shlex
 from dataclasses import dataclass, field, fields, replace
@@ -237,11 +238,24 @@ def vllm_refusal(args: EngineArgs) -> str | None:
     return None
 
 
+def unknown_engine_arg(name: Any, *, named: bool = True) -> str | None:
+    """Why ``name`` is not an engine argument a study may set (naming the closest one), or None.
+
+    ``named``: whether the message repeats the name (not when the key path already shows it).
+    """
+    if name in ENGINE_ARG_RULES:
+        return None
+    close = difflib.get_close_matches(str(name), TUNABLE_ENGINE_ARGS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown engine argument{f' {name!r}' if named else ''}{hint}; "
+            f"allowed: {', '.join(TUNABLE_ENGINE_ARGS)}")
+
+
 def validate_engine_arg(name: str, value: Any) -> str | None:
     """Why ``value`` is not a valid value of engine argument ``name``, or None."""
     rule = ENGINE_ARG_RULES.get(name)
     if rule is None:
-        return f"unknown engine argument; allowed: {', '.join(TUNABLE_ENGINE_ARGS)}"
+        return unknown_engine_arg(name, named=False)
     return rule.validate(value)
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.accelerator import is_cpu_study, with_study_defaults
 from orchestrator.engine_args import EngineArgs, ceil_div, engine_args_from_params, vllm_refusal
 from orchestrator.failures import EngineStartError, FailureKind
 
@@ -54,28 +55,22 @@ def effective_preflight(study) -> bool:
     return study.search.preflight if study.search.preflight is not None else study.engine.kind == "vllm"
 
 
+def preflight_on(study) -> bool:
+    """Whether proposals and trials are checked before a start: ``search.preflight``, by default
+    for vLLM only (the simulator's start is this same arithmetic; an external endpoint already runs)."""
+    if study.search.preflight is not None:
+        return bool(study.search.preflight)
+    return study.engine.kind == "vllm"
+
+
 def survey_applies(study) -> bool:
     """Whether :func:`survey` may stop a study: engines we start, unless pre-flight is switched off."""
     return study.engine.kind in ("sim", "vllm") and study.search.preflight is not False
 
 
-def _platform(study) -> str:
-    if study.hardware.gpu == "CPU" or getattr(study.engine, "platform", None) == "cpu":
-        return "cpu"
-    return "cuda"
-
-
 def resolve_args(study, args: EngineArgs) -> EngineArgs:
     """Fill vLLM's hardware-dependent defaults for the study's hardware (no engine needed)."""
-    from orchestrator.sim.hardware import get_gpu
-    from orchestrator.sim.models import ModelShape
-
-    model = ModelShape.load(study.model.name, study.base_dir)
-    if _platform(study) == "cpu":
-        return args.resolved(device_memory_gib=0, platform="cpu", model_max_len=model.max_position_embeddings)
-    gpu = get_gpu(study.hardware.gpu)
-    return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
-                         model_max_len=model.max_position_embeddings)
+    return with_study_defaults(study, args)
 
 
 def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
@@ -109,7 +104,7 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
         return Verdict(False, FailureKind.INVALID_ARGS,
                        f"max_model_len {args.max_model_len} is larger than the model's maximum "
                        f"({model.max_position_embeddings})")
-    if _platform(study) == "cpu":
+    if is_cpu_study(study):
         return _check_cpu(study, model, args)
     gpu = get_gpu(study.hardware.gpu)
     try:
@@ -188,6 +183,10 @@ class SpaceSurvey:
     space_size: int
     feasible: int
     failures: dict[str, int] = field(default_factory=dict)  # failure kind -> configurations
+    # (parameter, value) -> the failure kind of every checked configuration with it: values
+    # that can never start, whatever the other parameters (the sampler's proposals there are
+    # turned away by the pre-flight, at no trial's cost)
+    never: dict[tuple[str, Any], str] = field(default_factory=dict)
     examples: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)  # kind -> (params, reason)
 
     @property
@@ -203,7 +202,10 @@ class SpaceSurvey:
         scope = (f"{self.checked:,} sampled of {self.space_size:,}" if self.sampled
                  else f"all {self.checked:,}")
         if not self.all_infeasible:
-            return f"pre-flight: {self.feasible:,} of {scope} configurations can start"
+            text = f"pre-flight: {self.feasible:,} of {scope} configurations can start"
+            if self.never:
+                text += "; never starts: " + ", ".join(f"{k}={v} ({kind})" for (k, v), kind in self.never.items())
+            return text
         lines = [f"no configuration of the search space can start ({scope} configurations checked "
                  "with the pre-flight memory model):"]
         for kind, n in sorted(self.failures.items(), key=lambda kv: -kv[1]):
@@ -251,16 +253,25 @@ def survey(study, *, cluster_units: Optional[int] = None, units_per_node: Option
     feasible = 0
     failures: Counter = Counter()
     examples: dict[str, tuple[dict[str, Any], str]] = {}
+    seen_ok: set[tuple[str, str]] = set()
+    seen_bad: dict[tuple[str, str], tuple[Any, str]] = {}
     for params in points:
         try:
             args = resolve_args(study, engine_args_from_params(params, fixed=fixed))
             verdict = check(study, args, cluster_units=cluster_units, units_per_node=units_per_node)
         except (ValueError, TypeError) as e:  # arguments the engine could not even build
             verdict = Verdict(False, FailureKind.INVALID_ARGS, str(e))
+        keys = [(k, repr(v)) for k, v in params.items() if len(study.space.params[k].values()) > 1]
         if verdict.ok:
             feasible += 1
+            seen_ok.update(keys)
             continue
         kind = (verdict.kind or FailureKind.PREFLIGHT).value
         failures[kind] += 1
         examples.setdefault(kind, (params, verdict.reason))
-    return SpaceSurvey(len(points), size, feasible, dict(failures), examples)
+        for key, (name, value) in zip(keys, ((k, v) for k, v in params.items()
+                                            if len(study.space.params[k].values()) > 1)):
+            seen_bad.setdefault(key, (value, kind))
+    never = {(k, value): kind for (k, r), (value, kind) in seen_bad.items() if (k, r) not in seen_ok} \
+        if feasible else {}
+    return SpaceSurvey(len(points), size, feasible, dict(failures), never=never, examples=examples)

@@ -136,6 +136,12 @@ HIGHER_IS_BETTER = frozenset({
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
     "engine_output_throughput", "engine_request_throughput",
 })
+DIRECTIONS = ("minimize", "maximize")
+
+
+def default_direction(metric: str) -> str:
+    """How ``metric`` is optimised when nobody says: maximised if in :data:`HIGHER_IS_BETTER`, else minimised."""
+    return "maximize" if metric in HIGHER_IS_BETTER else "minimize"
 
 
 def percentile_summary(values_s: Sequence[float], family: str) -> dict[str, Optional[float]]:
@@ -281,7 +287,7 @@ TELEMETRY_METRIC_NAMES: tuple[str, ...] = (
 # The engine's own latency histograms and counters over the measured window (the requests the
 # client measures; in a capacity search, the row's level): ``engine_<family>_{mean,p50,p90,p99}_ms``,
 # the bound ``engine_ttft_p50_upper_ms``, and the engine's throughputs. See
-# orchestrator.telemetry.engine_window_metrics; null where the engine does not export them.
+# orchestrator.engine_window.engine_window_metrics; null where the engine does not export them.
 ENGINE_LATENCY_FAMILIES = ("ttft", "itl", "tpot", "e2el", "queue", "prefill", "decode")
 ENGINE_PERCENTILES = (50, 90, 99)
 

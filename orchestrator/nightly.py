@@ -30,8 +30,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
 
+from orchestrator.metrics import default_direction
+from orchestrator.results.analysis import best_under_slos, config_key
 from orchestrator.results.pareto import pareto_front
-from orchestrator.results.query import best_under_slos, config_key
 from orchestrator.study import Study
 
 log = logging.getLogger(__name__)
@@ -208,16 +209,10 @@ def _label(params_json: str, study: Study) -> str:
                     for k, v in params.items() if k in study.space.sampled_names())
 
 
-def _direction(metric: str) -> str:
-    from orchestrator.metrics import HIGHER_IS_BETTER
-
-    return "maximize" if metric in HIGHER_IS_BETTER else "minimize"
-
-
 def _worse(metric: str, previous: Optional[float], current: Optional[float]) -> Optional[float]:
     if previous is None or current is None or pd.isna(previous) or pd.isna(current) or previous == 0:
         return None
-    if _direction(metric) == "maximize":
+    if default_direction(metric) == "maximize":
         return (previous - current) / abs(previous)
     return (current - previous) / abs(previous)
 
@@ -245,8 +240,8 @@ def compare_nights(previous: pd.DataFrame, current: pd.DataFrame, study: Study, 
                 f"{change.previous:,.4g} -> {change.current:,.4g} ({change.change:+.1%} worse)"
                 if change.change is not None else change.note))
 
-    best_prev = best_under_slos(previous, cap, _direction(cap), study.constraints)
-    best_cur = best_under_slos(current, cap, _direction(cap), study.constraints)
+    best_prev = best_under_slos(previous, cap, default_direction(cap), study.constraints)
+    best_cur = best_under_slos(current, cap, default_direction(cap), study.constraints)
     p_row = best_prev.iloc[0] if len(best_prev) else None
     c_row = best_cur.iloc[0] if len(best_cur) else None
     if p_row is not None:
@@ -295,7 +290,7 @@ def summarise_night(study: Study, *, run_id: str, current: pd.DataFrame, previou
     """The night's verdict from its trials and the previous night's (pure)."""
     now = now or datetime.now(timezone.utc)
     cap = capacity_metric_of(study, current, policy)
-    best = best_under_slos(current, cap, _direction(cap), study.constraints)
+    best = best_under_slos(current, cap, default_direction(cap), study.constraints)
     changes, reasons = ([], []) if previous is None else compare_nights(previous, current, study, policy, configs)
     return NightlySummary(
         study=study.name, night=now.date().isoformat(), run_id=run_id, created_at=now.isoformat(),

@@ -1,10 +1,15 @@
-"""NVML bindings: ``pynvml`` (the nvidia-ml-py package), else the copy vLLM ships."""
+"""NVML: the bindings (``pynvml``, the nvidia-ml-py package, else the copy vLLM ships) and a
+sampler of the GPUs' memory, utilisation, power and energy."""
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
 
 
 def _vllm_pynvml():
@@ -28,3 +33,41 @@ def load_pynvml():
         pynvml = _vllm_pynvml()
     pynvml.nvmlInit()
     return pynvml
+
+
+class NvmlSampler:
+    """Memory, utilisation, power and energy of the given GPU indices (all if None)."""
+
+    def __init__(self, indices: Optional[list[int]] = None):
+        pynvml = load_pynvml()
+        self.nvml = pynvml
+        count = pynvml.nvmlDeviceGetCount()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in (indices or range(count))]
+        self.energy0 = self._energy()
+
+    def _energy(self) -> Optional[float]:
+        try:
+            return sum(self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self.handles) / 1000.0
+        except Exception:  # noqa: BLE001 - not all GPUs expose the counter
+            return None
+
+    def sample(self) -> dict[str, float]:
+        mem = sum(self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles) / 2**30
+        util = sum(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles) / len(self.handles)
+        try:
+            power = sum(self.nvml.nvmlDeviceGetPowerUsage(h) for h in self.handles) / 1000.0
+        except Exception:  # noqa: BLE001
+            power = None
+        return {"mem_gib": mem, "util": util, "power_w": power}
+
+    def energy_j(self) -> Optional[float]:
+        e = self._energy()
+        return (e - self.energy0) if (e is not None and self.energy0 is not None) else None
+
+
+def try_nvml(indices: Optional[list[int]] = None) -> Optional[NvmlSampler]:
+    try:
+        return NvmlSampler(indices)
+    except Exception as e:  # noqa: BLE001 - no driver / no GPU: telemetry stays null
+        log.debug("NVML unavailable: %s", e)
+        return None

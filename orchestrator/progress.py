@@ -14,6 +14,7 @@ import time
 from typing import Any, Optional
 
 from orchestrator.study import Study
+from orchestrator.judge import feasible_mask
 
 
 def _fmt(v: Any) -> str:
@@ -48,10 +49,27 @@ class ProgressPrinter:
         self.stream = stream  # None: sys.stdout at print time (a stored stream may not pickle)
         self.t0 = time.monotonic()
         self.finished_here = 0
+        self.screened_count = 0  # proposals the pre-flight turned away (no trial)
         self.concurrency = 1
         # A status line after this long without output, so that long trials still show in job logs.
         self.heartbeat_s = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL_S", 60))
         self._last_print = self.t0
+
+    def recorded(self, trials) -> None:
+        """Count a resumed run's recorded trials (its ``trials`` rows): their failures and best value."""
+        if trials is None or len(trials) == 0:
+            return
+        import pandas as pd
+
+
+        ok = feasible_mask(trials, self.study.constraints)
+        self.failed += int((trials["status"] != "completed").sum())
+        self.feasible += int(ok.sum())
+        first = self.study.objectives[0]
+        if ok.any() and first.metric in trials.columns:
+            values = pd.to_numeric(trials.loc[ok, first.metric], errors="coerce").dropna()
+            if len(values):
+                self.best = float(values.max() if first.resolved_direction == "maximize" else values.min())
 
     def _print(self, text: str) -> None:
         self._last_print = time.monotonic()
@@ -96,6 +114,16 @@ class ProgressPrinter:
 
     def trial_started(self) -> None:
         self.running += 1
+
+    def note(self, text: str) -> None:
+        self._print(f"  {text}")
+
+    def screened(self, row: dict, params: dict) -> None:
+        """A proposal the pre-flight turned away: recorded as pruned, no trial, no budget."""
+        self.screened_count += 1
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not k.startswith("__"))
+        reason = (row.get("failure_message") or "")[:160]
+        self._print(f"  [pruned before start] {row.get('trial_id', '')} {shown}: {reason}")
 
     def trial_finished(self, result: dict, params: dict) -> None:
         self.running = max(0, self.running - 1)

@@ -18,9 +18,10 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 
+from orchestrator.accelerator import runs_on_cpu
 from orchestrator.engine_args import EngineArgs
+from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
-from orchestrator.results.query import best_under_slos
 from orchestrator.study import Constraint, Study
 
 SERVE_APP_IMPORT = "ray.serve.llm:build_openai_app"
@@ -167,7 +168,7 @@ def _why_none(trials: pd.DataFrame, constraints: Sequence[Constraint]) -> str:
 
 def _engine_env(study: Study, gpu: str) -> dict[str, str]:
     env = dict(getattr(study.engine, "env", {}) or {})
-    if study.engine.kind == "vllm" and (study.engine.platform == "cpu" or gpu.upper() == "CPU"):
+    if study.engine.kind == "vllm" and runs_on_cpu(study.engine, gpu):
         # vLLM on CPU sizes its KV cache from this variable, not from gpu_memory_utilization.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(study.engine.cpu_kv_cache_gib))
     return env

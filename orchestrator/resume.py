@@ -230,57 +230,6 @@ class JournalFlock:
             self._fd = None
 
 
-@dataclass(frozen=True)
-class Reconciled:
-    """What the journal/row check did at start-up."""
-
-    told_from_rows: list[int] = field(default_factory=list)  # trial numbers
-    retried: list[int] = field(default_factory=list)
-    orphan_request_files: int = 0
-
-
-def reconcile(study, storage, ostudy_name: str, rows) -> Reconciled:
-    """Bring the journal in line with the rows (see the module doc); ``rows``: the study's trials frame."""
-    import optuna
-    from optuna.trial import TrialState
-
-    from orchestrator.sampling import tell
-    from orchestrator.trial import optuna_values
-
-    try:
-        ostudy = optuna.load_study(study_name=ostudy_name, storage=storage)
-    except KeyError:
-        return Reconciled()
-    by_number: dict[int, dict[str, Any]] = {}
-    if len(rows) and "trial_number" in rows.columns:
-        mine = rows[rows["study_fingerprint"] == study.fingerprint()] if "study_fingerprint" in rows else rows
-        for rec in mine.to_dict("records"):
-            clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in rec.items()}  # NaN -> None
-            by_number[int(rec["trial_number"])] = clean
-    told, retried = [], []
-    for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        row = by_number.get(t.number)
-        if row is not None:
-            trial = optuna.trial.Trial(ostudy, t._trial_id)  # noqa: SLF001 - tell needs the live trial
-            values, constraints = optuna_values(study, row)
-            have = t.constraints
-            for k, v in constraints.items():
-                if k not in have:
-                    trial.set_constraint(k, v)
-            if row.get("status") == "error":
-                tell(ostudy, trial, state=TrialState.FAIL)
-            else:
-                tell(ostudy, trial, values)
-            told.append(t.number)
-            continue
-        storage.set_trial_system_attr(t._trial_id, INTERRUPTED_ATTR, time.time())  # noqa: SLF001
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # noqa: SLF001 - no public API
-        if t.params:
-            ostudy.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
-        retried.append(t.number)
-    return Reconciled(told, retried)
-
-
 def drop_orphan_requests(store, run_id: str) -> int:
     """Remove request files of this run whose trial row is missing (a write cut between the two)."""
     from orchestrator.results.query import list_data_files

@@ -11,25 +11,29 @@ YAML forms (under ``space:``)::
 
 ``when`` makes a parameter exist only when other parameters have one of the given
 values. The space compiles to an Optuna define-by-run function
-(:meth:`SearchSpace.suggest`), parents before children.
+(:meth:`SearchSpace.suggest`), parents before children. :func:`space_problems` is the
+one check of a space against vLLM's engine arguments: the study file's report and
+:class:`SearchSpace` itself both use it.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, RootModel, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 
-from orchestrator.engine_args import ENGINE_ARG_RULES, TUNABLE_ENGINE_ARGS, validate_engine_arg
+from orchestrator.engine_args import ENGINE_ARG_RULES, unknown_engine_arg, validate_engine_arg
+from orchestrator.study_errors import LocatedError, Problem, allowed_keys, models_by_tag, problems_from_validation
 
 Scalar = Union[bool, int, float, str, None]
 
 
 class _Param(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     when: Optional[dict[str, Union[Scalar, list[Scalar]]]] = Field(
         default=None, description="exists only when each named parameter has (one of) the given value(s)")
@@ -178,6 +182,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 ParamSpec = Annotated[Union[IntParam, FloatParam, CategoricalParam, FixedParam], Field(discriminator="type")]
+PARAM_TYPES = models_by_tag(ParamSpec, "type")
+_PARAM = TypeAdapter(ParamSpec)
 
 
 def _shorthand(value: Any) -> Any:
@@ -188,10 +194,87 @@ def _shorthand(value: Any) -> Any:
     return value
 
 
-class SearchSpace(RootModel[dict[str, ParamSpec]]):
-    """Ordered parameters; validated against vLLM's engine arguments."""
+def space_problems(raw: dict) -> list[Problem]:
+    """Every problem of a ``space`` mapping, each at its key path (``space.NAME...``).
 
-    model_config = ConfigDict(frozen=True)
+    Each name must be a tunable engine argument, each entry a valid parameter whose values
+    (bounds, choices or the fixed value) the argument allows, and each condition on a
+    parameter of the space; then no parameter may depend on itself or in a cycle.
+    """
+    problems: list[Problem] = []
+    parsed = {}
+    for name, value in raw.items():
+        why = unknown_engine_arg(name, named=False)
+        if why:
+            problems.append(Problem(f"space.{name}", why))
+            continue
+        entry = _shorthand(value)
+        try:
+            p = _PARAM.validate_python(entry)
+        except ValidationError as err:
+            problems += _entry_problems(name, entry, err)
+            continue
+        parsed[name] = p
+        for v in _bounds_to_check(p):
+            why = validate_engine_arg(name, v)
+            if why:
+                problems.append(Problem(f"space.{name}", f"value not allowed for {name}: {why}", v, True))
+                break
+    for name, p in parsed.items():
+        for other in (p.when or {}):
+            if other not in raw:
+                problems.append(Problem(f"space.{name}.when.{other}", "condition on an unknown parameter; parameters: "
+                                        + ", ".join(map(str, raw))))
+    if not problems:
+        try:
+            for name, p in parsed.items():
+                if name in (p.when or {}):
+                    raise ValueError(f"{name}.when: a parameter cannot depend on itself")
+            _ordered(parsed)
+        except ValueError as e:
+            problems.append(Problem("space", str(e)))
+    return problems
+
+
+def _entry_problems(name: str, entry: Any, err: ValidationError) -> list[Problem]:
+    """One parameter's validation errors at ``space.NAME...``; an unknown key lists its type's keys."""
+    out = []
+    for pr in problems_from_validation(err, entry, model_at=lambda data, loc: None):
+        path = f"space.{name}" + (f".{pr.path}" if pr.path else "")
+        if pr.path and pr.message.startswith("unknown key"):
+            model = PARAM_TYPES.get(entry.get("type")) if isinstance(entry, dict) else None
+            allowed = allowed_keys(model) if model else []
+            out.append(Problem(path, "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")))
+        else:
+            out.append(Problem(path, pr.message, pr.value, pr.has_value))
+    return out
+
+
+def _ordered(params: dict[str, Any]) -> list[str]:
+    """Parameters with every condition's parents first (stable otherwise); raises on a cycle."""
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: tuple[str, ...]):
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            raise ValueError("conditions form a cycle: " + " -> ".join(path + (n,)))
+        state[n] = 1
+        for parent in (params[n].when or {}):
+            visit(parent, path + (n,))
+        state[n] = 2
+        order.append(n)
+
+    for n in params:
+        visit(n, ())
+    return order
+
+
+class SearchSpace(RootModel[dict[str, ParamSpec]]):
+    """Ordered parameters; validated against vLLM's engine arguments (:func:`space_problems`)."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -200,30 +283,10 @@ class SearchSpace(RootModel[dict[str, ParamSpec]]):
             return {}
         if not isinstance(data, dict):
             raise ValueError("expected a mapping of engine argument name to parameter")
-        bad = [k for k in data if k not in ENGINE_ARG_RULES]
-        if bad:
-            k = bad[0]
-            close = difflib.get_close_matches(str(k), TUNABLE_ENGINE_ARGS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown engine argument {k!r}{hint}; allowed: {', '.join(TUNABLE_ENGINE_ARGS)}")
+        problems = space_problems(data)
+        if problems:
+            raise LocatedError(problems)
         return {k: _shorthand(v) for k, v in data.items()}
-
-    @model_validator(mode="after")
-    def _check(self):
-        params = self.root
-        for name, p in params.items():
-            for v in _bounds_to_check(p):
-                why = validate_engine_arg(name, v)
-                if why:
-                    raise ValueError(f"{name}: value {v!r} not allowed: {why}")
-            for other in (p.when or {}):
-                if other not in params:
-                    known = ", ".join(params) or "none"
-                    raise ValueError(f"{name}.when: condition on unknown parameter {other!r}; parameters: {known}")
-                if other == name:
-                    raise ValueError(f"{name}.when: a parameter cannot depend on itself")
-        self.ordered_names()  # raises on cycles
-        return self
 
     @property
     def params(self) -> dict[str, Any]:
@@ -231,24 +294,7 @@ class SearchSpace(RootModel[dict[str, ParamSpec]]):
 
     def ordered_names(self) -> list[str]:
         """Parameters with every condition's parents first (stable otherwise)."""
-        params = self.root
-        order: list[str] = []
-        state: dict[str, int] = {}
-
-        def visit(n: str, path: tuple[str, ...]):
-            if state.get(n) == 2:
-                return
-            if state.get(n) == 1:
-                raise ValueError("conditions form a cycle: " + " -> ".join(path + (n,)))
-            state[n] = 1
-            for parent in (params[n].when or {}):
-                visit(parent, path + (n,))
-            state[n] = 2
-            order.append(n)
-
-        for n in params:
-            visit(n, ())
-        return order
+        return _ordered(self.root)
 
     def suggest(self, trial) -> dict[str, Any]:
         """Optuna define-by-run: sample active parameters; fixed ones are returned, not sampled."""

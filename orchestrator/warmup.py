@@ -1,7 +1,7 @@
 """Warm up until the engine is steady: the rule, and what a trial records of it.
 
 A trial warms its engine up before it measures, with the trial's own kind of load
-(:class:`~orchestrator.workload.generate.WarmupStream`: its arrival process at its
+(:class:`~orchestrator.workload.warmup_stream.WarmupStream`: its arrival process at its
 rate, its lengths, prompts that are never measured). :class:`SteadyJudge` decides
 when that warm-up ends; the load generator (served engines) and the virtual
 simulator (virtual time) run the same judge on the same records:

@@ -48,6 +48,16 @@ def test_an_overloaded_queue_is_flagged_within_a_few_windows(rate):
     assert at is not None and at < 30
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_an_overloaded_short_level_is_flagged_before_its_sends_end(seed):
+    # 3 s of 40 req/s into 4 slots of 0.6 s (capacity 6.7/s). Of the first ten requests to finish,
+    # six had queued: their median latency (~1 s) made the window too long to ever fit in the level.
+    recs = queue_records(40, 0.6, 4, 120, seed)
+    at = detect_saturation(recs, SaturationSettings(window_s=0.5, check_interval_s=0.1, min_growth=4))
+    last_send = max(r.sent_s for r in recs)
+    assert at is not None and at <= last_send + 0.2, (at, last_send)
+
+
 def test_detector_judges_nothing_before_a_request_finished():
     det = SaturationDetector(S)
     for i in range(200):
@@ -134,11 +144,13 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
     (The sweep starts at 8 req/s to keep the test short; from 6 req/s, 38 levels, it finds the
     same boundary.)"""
     from orchestrator.engine_args import engine_args_from_params
-    from orchestrator.engines.base import create_engine
-    from orchestrator.trial import TrialContext, _summarise, execute_trial, study_requests
+    from orchestrator.engines import create_engine
+    from orchestrator.load_phase import study_requests, summarise_records as _summarise
+    from orchestrator.trial import TrialContext
+    from recorded_trial import run_trial
 
     study = capacity_study()
-    out = execute_trial(study, {"max_num_seqs": 8}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
+    out = run_trial(study, {"max_num_seqs": 8}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
     found = out.row["capacity_rps"]
 
     engine = create_engine(study)
@@ -157,9 +169,10 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
 
 
 def test_capacity_trial_row_levels_and_records():
-    from orchestrator.trial import TrialContext, execute_trial
+    from orchestrator.trial import TrialContext
+    from recorded_trial import run_trial
 
-    out = execute_trial(capacity_study(), {"max_num_seqs": 64}, trial_id="t", trial_number=0,
+    out = run_trial(capacity_study(), {"max_num_seqs": 64}, trial_id="t", trial_number=0,
                         ctx=TrialContext("r"))
     row, levels = out.row, out.levels
     assert row["status"] == "completed" and row["capacity_rps"] > 0
@@ -181,12 +194,13 @@ def test_capacity_trial_row_levels_and_records():
 
 
 def test_capacity_over_a_trace_scales_its_time():
-    from orchestrator.trial import TrialContext, execute_trial
+    from orchestrator.trial import TrialContext
+    from recorded_trial import run_trial
 
     doc = capacity_study().model_dump(mode="json", exclude={"source_path"})
     doc["workload"] = {"trace": {"path": "chat", "max_requests": 100}, "warmup_requests": 1}
     study = parse_study(doc)
-    out = execute_trial(study, {"max_num_seqs": 64}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
+    out = run_trial(study, {"max_num_seqs": 64}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
     assert out.levels[0]["rate"] == pytest.approx(out.levels[0]["requested_rate"])  # the trace's own rate
     assert all(lv["num_requests"] == 100 for lv in out.levels)
     assert out.row["capacity_rps"] > out.levels[0]["rate"]
@@ -197,10 +211,11 @@ def test_levels_are_written_and_replaced_with_their_trial(tmp_path):
     from orchestrator.results import ResultsStore
     from orchestrator.results.levels import levels_to_table, load_levels
     from orchestrator.results.schema import requests_to_table
-    from orchestrator.trial import TrialContext, execute_trial
+    from orchestrator.trial import TrialContext
+    from recorded_trial import run_trial
 
     study = capacity_study()
-    out = execute_trial(study, {"max_num_seqs": 64}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    out = run_trial(study, {"max_num_seqs": 64}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
     store = ResultsStore(tmp_path, study.name)
     kw = dict(study=study.name, run_id="r1", trial_id="t1")
     store.write_trial(out.row, requests_to_table(out.records, **kw), param_types=study.space.column_types(),

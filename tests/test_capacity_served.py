@@ -19,7 +19,8 @@ import pytest
 from orchestrator.results import load_requests
 from orchestrator.results.levels import load_levels
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -31,19 +32,17 @@ def ray_serve(tmp_path_factory):
     """A Ray cluster of our own (never one another job on the machine started) with Serve."""
     import ray
 
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.runtime import start_serve
+    from orchestrator.cluster import start_serve
 
     cache = tmp_path_factory.mktemp("cache")
     env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
            "HF_HOME": str(cache / "hf")}
-    saved = {k: os.environ.get(k) for k in [*env, SERVE_PORT_ENV]}
+    saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000}, runtime_env={"env_vars": env})
     try:
-        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
-        yield
+        yield start_serve(SERVE_PORT)  # the port Serve's proxy listens on
     finally:
         ray.shutdown()
         for k, v in saved.items():
@@ -64,7 +63,10 @@ def study_doc(tmp_path, mode: str) -> dict:
         "objectives": ["maximize capacity_rps"],
         "constraints": ["ttft_p99_ms <= 400"],
         "capacity": {"start_rate": 40, "tolerance": 0.2, "max_levels": 6, "level_duration_s": 3, "min_requests": 12,
-                     "saturation": {"window_s": 0.5, "check_interval_s": 0.1, "min_growth": 4}},
+                     "saturation": {"window_s": 0.5, "check_interval_s": 0.1, "min_growth": 4,
+                                                    # one window of growth: a 3 s level on a busy machine
+                                                    # has room for one window of twice the service time
+                                                    "confirm": 1}},
         "output": str(tmp_path / "out"),
     }
 
@@ -75,7 +77,8 @@ def test_served_sim_capacity_search(tmp_path, ray_serve):
     from orchestrator.results.schema import requests_to_table
 
     study = parse_study(study_doc(tmp_path, "served"))
-    out = execute_trial(study, {"max_num_seqs": 4}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    out = run_trial(study, {"max_num_seqs": 4}, trial_id="t1", trial_number=0,
+                    ctx=TrialContext("r1", serve_port=ray_serve))
     row = out.row
     assert row["status"] == "completed", row.get("failure_message")
     kw = dict(study=study.name, run_id="r1", trial_id="t1")
@@ -105,6 +108,6 @@ def test_served_sim_capacity_search(tmp_path, ray_serve):
     # wake-ups), so the served capacity is at most the virtual one (+ the search's tolerance), and
     # on an idle machine close to it.
     virtual = parse_study(study_doc(tmp_path, "virtual"))
-    v = execute_trial(virtual, {"max_num_seqs": 4}, trial_id="v", trial_number=0, ctx=TrialContext("v"))
+    v = run_trial(virtual, {"max_num_seqs": 4}, trial_id="v", trial_number=0, ctx=TrialContext("v"))
     assert 0.4 * v.row["capacity_rps"] <= row["capacity_rps"] <= 1.25 * v.row["capacity_rps"], \
         (row["capacity_rps"], v.row["capacity_rps"], levels[["rate", "slo_met", "ttft_p99_ms"]])

@@ -7,8 +7,8 @@ every start; on an H200 that warning used to become the trial's failure message.
 
 from pathlib import Path
 
-from orchestrator.engines.vllm_serve import _best_message
 from orchestrator.failures import FailureKind, classify_start_error
+from orchestrator.failures import best_message as _best_message
 
 LOG = (Path(__file__).parent / "data" / "vllm_invalid_args.log").read_text()
 

@@ -21,8 +21,8 @@ from orchestrator.engines.sim_metrics import SimRequestMetrics
 from orchestrator.harness import TTFT_FLOOR_MS, harness_bound_mask, harness_verdict
 from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, known_metric_names
 from orchestrator.sim.core import TokenOutput
-from orchestrator.telemetry import (EngineSnapshot, Histogram, engine_snapshot, engine_window_metrics,
-                                    iter_samples, parse_prometheus)
+from orchestrator.engine_window import EngineSnapshot, Histogram, engine_snapshot, engine_window_metrics
+from orchestrator.prometheus_text import iter_samples, parse_prometheus
 
 LABELS = 'model_name="m",engine="{e}"'
 

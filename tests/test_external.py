@@ -12,7 +12,8 @@ from orchestrator.results import ResultsStore
 from orchestrator.results.definition import write_study_definition
 from orchestrator.results.schema import requests_to_table
 from orchestrator.study import StudyFileError, parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 from test_loadgen import API_KEY, fake, server  # noqa: F401 - the fake OpenAI server fixtures
 
 
@@ -29,7 +30,7 @@ def external_study(base_url: str, tmp_path, **engine):
 
 
 def run(study):
-    return execute_trial(study, {"max_num_seqs": 256}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    return run_trial(study, {"max_num_seqs": 256}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
 
 
 def test_measures_the_endpoint_and_never_records_the_key(fake, tmp_path, monkeypatch, caplog):

@@ -146,3 +146,58 @@ def test_bad_files_through_the_real_command(tmp_path, study_doc):
                        timeout=120)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.splitlines() == lines[:1]
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+# ------------------------------------------------------------------ accepted files run
+NUMERIC_KEYS = ["workload.arrival.rate", "workload.timeout_s", "workload.output_len", "workload.num_requests",
+                "workload.warmup_s", "engine.startup_s", "max_error_rate", "seed"]
+ODD_NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**12, 10**12),
+                        st.sampled_from([0, 1, 2, 0.5, 1e-9, 1e308]))
+
+
+@st.composite
+def runnable_candidates(draw):
+    """A small virtual-time study with non-finite or extreme numbers, out-of-space initial points, and
+    perhaps a key given twice in the YAML text."""
+    doc = copy.deepcopy(BASE_STUDY)
+    doc["engine"] = {"kind": "sim", "mode": "virtual"}
+    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "output_len": 8}
+    for key in draw(st.lists(st.sampled_from(NUMERIC_KEYS), max_size=3, unique=True)):
+        _set(doc, key, draw(ODD_NUMBERS))
+    if draw(st.booleans()):
+        point = {"max_num_seqs": draw(st.one_of(st.integers(-5, 100000), st.floats(allow_nan=True),
+                                                st.just("lots"))),
+                 "max_num_batched_tokens": draw(st.sampled_from([2048, 8192, 4096, "x"]))}
+        doc["search"] = {"initial_points": [point]}
+    text = yaml.safe_dump(doc)
+    if draw(st.booleans()):
+        text += "seed: 7\n"  # a key given twice
+    return text
+
+
+def _set(doc: dict, dotted: str, value) -> None:
+    node = doc
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(text=runnable_candidates())
+def test_every_accepted_file_runs_a_trial_without_an_internal_error(tmp_path, capsys, text):
+    from orchestrator.study import load_study
+    from orchestrator.trial import TrialContext, execute_trial
+
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    rc = main(["validate", str(path)])
+    captured = capsys.readouterr()
+    _check_outcome(rc, captured.out, captured.err, str(path))
+    if rc != 0:
+        return
+    study = load_study(path)
+    point = dict(study.search.initial_points[0]) if study.search.initial_points else study.space.grid()[0]
+    result = execute_trial(study, point, trial_id="f-0000", trial_number=0, ctx=TrialContext("f"))
+    assert result.status.value != "error", result.failure

@@ -22,7 +22,8 @@ import pytest
 
 from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -36,20 +37,12 @@ def ray_serve():
     """A Ray cluster of our own (never one another job on the machine started) with Serve."""
     import ray
 
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.runtime import start_serve
-
-    saved = os.environ.get(SERVE_PORT_ENV)
+    from orchestrator.cluster import start_serve
     ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator")
     try:
-        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
-        yield
+        yield start_serve(SERVE_PORT)  # the port Serve's proxy listens on
     finally:
         ray.shutdown()
-        if saved is None:
-            os.environ.pop(SERVE_PORT_ENV, None)
-        else:
-            os.environ[SERVE_PORT_ENV] = saved
 
 
 def study_doc(tmp_path, faults=(), capacity=None) -> dict:
@@ -69,8 +62,8 @@ def study_doc(tmp_path, faults=(), capacity=None) -> dict:
     return doc
 
 
-def run(study, trial_id: str):
-    out = execute_trial(study, PARAMS, trial_id=trial_id, trial_number=int(trial_id[1:]), ctx=TrialContext("r1"))
+def run(port, study, trial_id: str):
+    out = run_trial(study, PARAMS, trial_id=trial_id, trial_number=int(trial_id[1:]), ctx=TrialContext("r1", serve_port=port))
     assert out.row["status"] == "completed", out.row.get("failure_message")
     return out
 
@@ -81,7 +74,7 @@ def test_engine_columns_and_a_throttled_ingress(tmp_path, ray_serve):
     from orchestrator.results.schema import requests_to_table
 
     study = parse_study(study_doc(tmp_path))
-    plain = run(study, "t0").row
+    plain = run(ray_serve, study, "t0").row
     missing = [c for c in ENGINE_WINDOW_METRIC_NAMES if plain.get(c) is None]
     assert not missing, missing
     shown = {k: round(plain[k], 1) for k in ("ttft_mean_ms", "engine_ttft_mean_ms", "ttft_p50_ms",
@@ -100,7 +93,7 @@ def test_engine_columns_and_a_throttled_ingress(tmp_path, ray_serve):
     assert plain["harness_bound"] is False and plain["harness_bound_reason"] is None, shown
 
     slow = parse_study(study_doc(tmp_path, faults=[{"kind": "ingress_delay", "after_s": 0.05}]))
-    throttled = run(slow, "t1")
+    throttled = run(ray_serve, slow, "t1")
     row = throttled.row
     shown = {k: round(row[k], 1) for k in shown}
     assert row["harness_bound"] is True, shown
@@ -135,7 +128,7 @@ def test_engine_columns_and_a_throttled_ingress(tmp_path, ray_serve):
 def test_capacity_levels_carry_engine_columns(tmp_path, ray_serve):
     study = parse_study(study_doc(tmp_path, capacity={
         "start_rate": 3, "max_levels": 2, "level_duration_s": 2, "min_requests": 6, "tolerance": 0.5}))
-    out = run(study, "t2")
+    out = run(ray_serve, study, "t2")
     assert len(out.levels) == 2
     for lv in out.levels:
         assert lv["engine_ttft_mean_ms"] is not None and lv["engine_ttft_mean_ms"] <= lv["ttft_mean_ms"], lv

@@ -13,7 +13,8 @@ from orchestrator.results import ResultsStore, load_requests, load_trials
 from orchestrator.results.definition import write_study_definition
 from orchestrator.results.schema import requests_to_table
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "vllm_bench_rate64_S256.json"  # written by vllm bench serve 0.26 on an H200
@@ -30,7 +31,7 @@ def stored(tmp_path_factory):
                      "input_len": {"kind": "uniform", "min": 100, "max": 900}, "output_len": 48},
         "space": {"max_num_seqs": [16, 64]}, "objectives": ["maximize output_throughput"],
         "constraints": ["ttft_p99_ms <= 2000"], "output": str(out)})
-    o = execute_trial(study, {"max_num_seqs": 16}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    o = run_trial(study, {"max_num_seqs": 16}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
     ResultsStore(out, "ix").write_trial(o.row, requests_to_table(o.records, study="ix", run_id="r1", trial_id="t1"),
                                         param_types=study.space.column_types())
     write_study_definition(study)

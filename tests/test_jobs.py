@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -114,3 +115,45 @@ def test_quickstart_through_ray_job_submit(ray_head, tmp_path):
     requests = pd.read_parquet(output / "quickstart" / "requests")
     assert set(requests["trial_id"]) == set(completed["trial_id"])
     assert (output / "quickstart" / "study.json").exists()
+
+
+def _run_on(ray_head, tmp_path, study_doc, space, faults=()):
+    """``orchestrator run`` of a small served-sim study against the head; (result, output folder)."""
+    _, env, _, _ = ray_head
+    study_doc.update(name="tiny-cluster", seed=1)
+    study_doc["engine"] = {"kind": "sim", "faults": list(faults), "start_timeout_s": 30}
+    study_doc["hardware"] = {"gpu": "H100-80GB", "gpus_per_node": 8}
+    study_doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "output_len": 8}
+    study_doc["space"] = space
+    study_doc["budget"] = {"trials": 2, "max_concurrent_trials": 1}
+    study_doc["output"] = str(tmp_path / "out")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(study_doc))
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(path), "--address",
+                        f"127.0.0.1:{PORTS['gcs']}", "--port", str(PORTS["serve"])], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    return r, tmp_path / "out"
+
+
+def test_a_cluster_that_can_never_place_a_trial_stops_before_the_first(ray_head, tmp_path, study_doc):
+    """The head has 2 GPUs; every configuration needs 4 or 8 on one node."""
+    t0 = time.monotonic()
+    r, out = _run_on(ray_head, tmp_path, study_doc, {"max_num_seqs": 8, "tensor_parallel_size": [4, 8]})
+    text = r.stdout + r.stderr
+    assert r.returncode == 1, text[-3000:]
+    assert "Traceback" not in text
+    assert ("stopped before any trial: every configuration needs at least 4 GPU on one node, but its largest "
+            "node has 2 GPU") in r.stderr, text[-3000:]
+    assert "--num-gpus" in r.stderr and "clusters/local.sh" in r.stderr
+    assert not list(out.rglob("*.parquet"))
+    assert time.monotonic() - t0 < 120  # no trial waited out its start timeout
+
+
+def test_a_study_in_which_no_trial_completed_exits_non_zero(ray_head, tmp_path, study_doc):
+    r, out = _run_on(ray_head, tmp_path, study_doc, {"max_num_seqs": [8, 16]},
+                     faults=[{"kind": "start_crash"}])
+    text = r.stdout + r.stderr
+    assert r.returncode == 1, text[-3000:]
+    assert "Traceback" not in text
+    assert "no trial completed" in r.stderr, text[-3000:]
+    assert len(list((out / "tiny-cluster" / "trials").rglob("*.parquet"))) == 2

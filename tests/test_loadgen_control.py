@@ -103,3 +103,19 @@ def test_saturation_detector_stops_a_server_that_falls_behind(fake):
     assert det.saturated_at is not None and det.saturated_at < 4.0
     assert time.perf_counter() - t < 6.0 and len(recs) < 300
     assert any(r.error_kind == RequestErrorKind.ABORTED for r in recs)
+
+
+def test_warmup_length_reaches_the_start_of_the_measured_window(fake):
+    """A slow ``on_measure_start`` (the engine's /metrics snapshot on a busy machine) is part of the
+    warm-up: its first send is at exactly ``-warmup_s_used`` on the measured clock."""
+    import time as _time
+
+    from orchestrator.loadgen import run_load_sync
+    from orchestrator.warmup import WarmupOutcome
+
+    report = WarmupOutcome()
+    recs = run_load_sync(endpoint(fake), make_set(4, warmup=2), timeout_s=5,
+                         on_measure_start=lambda warm: _time.sleep(0.4), warmup_report=report)
+    warm = [r for r in recs if r.warmup]
+    assert len(warm) == 2 and report.seconds >= 0.4
+    assert min(r.sent_s for r in warm) == pytest.approx(-report.seconds, abs=0.02)

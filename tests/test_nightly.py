@@ -14,7 +14,8 @@ from orchestrator.nightly import (NightlyPolicy, NightlySummary, compare_nights,
                                   previous_run, summarise_night)
 from orchestrator.results.schema import trial_row_to_table, trials_schema
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def _night(study, run_id: str, points) -> pd.DataFrame:
     """Trials of one night, measured by the real virtual-time engine and stored through the real schema."""
     tables = []
     for i, params in enumerate(points):
-        outcome = execute_trial(study, params, trial_id=f"{run_id}-{i:04d}", trial_number=i,
+        outcome = run_trial(study, params, trial_id=f"{run_id}-{i:04d}", trial_number=i,
                                 ctx=TrialContext(run_id=run_id))
         tables.append(trial_row_to_table(outcome.row, trials_schema(study.space.column_types())))
     return pd.concat([t.to_pandas() for t in tables], ignore_index=True)

@@ -53,3 +53,21 @@ def test_heartbeat_off(study_doc, monkeypatch):
     p, out = _printer(study_doc, monkeypatch, interval="0")
     p.heartbeat(now=p.t0 + 10_000)
     assert out.getvalue() == ""
+
+
+def test_a_resumed_run_starts_from_its_recorded_best(study_doc, monkeypatch):
+    """The first line after a resume shows the best recorded trial that meets the SLOs, not "-"."""
+    import pandas as pd
+
+    p, out = _printer(study_doc, monkeypatch)
+    p.done = 3
+    p.recorded(pd.DataFrame([
+        {"status": "completed", "output_throughput_per_gpu": 900.0, "ttft_p99_ms": 150.0},
+        {"status": "completed", "output_throughput_per_gpu": 2000.0, "ttft_p99_ms": 9000.0},  # misses the SLO
+        {"status": "pruned", "output_throughput_per_gpu": None, "ttft_p99_ms": None},
+    ]))
+    p.trial_started()
+    p.trial_finished({"status": "completed", "tid": "r-0003", "feasible": True,
+                      "output_throughput_per_gpu": 500.0, "ttft_p99_ms": 100.0}, {"max_num_seqs": 64})
+    line = out.getvalue().splitlines()[1]
+    assert "best output_throughput_per_gpu 900" in line and "not completed 1" in line, line

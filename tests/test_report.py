@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.results.report import _in_flight_at_send, level_curves, load_curves
+from orchestrator.results.report import level_curves, load_curves
+from orchestrator.results.report_tables import _in_flight_at_send
 
 REPO = Path(__file__).resolve().parents[1]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -11,7 +11,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from orchestrator.resume import (INTERRUPTED_ATTR, RunInProgress, RunLock, RunState, reconcile, repair_journal,
+from orchestrator.search.reconcile import reconcile
+from orchestrator.resume import (INTERRUPTED_ATTR, RunInProgress, RunLock, RunState, repair_journal,
                                  stop_orphans)
 from orchestrator.search import optuna_storage
 from orchestrator.study import parse_study

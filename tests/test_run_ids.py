@@ -24,7 +24,8 @@ import yaml
 from orchestrator.results import load_requests, load_trials, requests_to_table
 from orchestrator.search import ResultsSinkActor, new_run_id
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 from test_query_docs import _RUNNER, python_blocks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def _write_run(output: Path, study, run_id: str) -> None:
     sink = ResultsSinkActor(str(output), study.name, study.space.column_types())
     for i, params in enumerate(POINTS):
         trial_id = f"{run_id}-{i:04d}"
-        outcome = execute_trial(study, params, trial_id=trial_id, trial_number=i, ctx=TrialContext(run_id=run_id))
+        outcome = run_trial(study, params, trial_id=trial_id, trial_number=i, ctx=TrialContext(run_id=run_id))
         sink.write(outcome.row, requests_to_table(outcome.records, study=study.name, run_id=run_id, trial_id=trial_id))
 
 

@@ -13,9 +13,12 @@ import copy
 import optuna
 import pytest
 
-from orchestrator.sampling import ask_distinct, make_sampler, sampler_seed, tell
+from orchestrator.search.optuna_search import ask_distinct, tell
+from orchestrator.search.samplers import make_sampler, sampler_seed
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial, optuna_values
+from orchestrator.results.rows import trial_row
+from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.trial import TrialContext, execute_trial, judge_result
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SAMPLERS = ["tpe", "nsga2", "gp", "random", "grid"]  # gp: torch's import + first fit take ~15 s (slow)
@@ -86,12 +89,10 @@ def test_pruned_configuration_reaches_the_sampler_as_a_violated_constraint(study
     rows = {}
     for _ in range(2):
         trial, params = ask_distinct(ostudy, study.space)
-        row = execute_trial(study, params, trial_id=f"t{trial.number}", trial_number=trial.number,
-                            ctx=TrialContext(run_id="r")).row
-        values, constraints = optuna_values(study, row)
-        for k, v in constraints.items():
-            trial.set_constraint(k, v)
-        tell(ostudy, trial, values)
+        result = execute_trial(study, params, trial_id=f"t{trial.number}", trial_number=trial.number,
+                               ctx=TrialContext(run_id="r"))
+        row = trial_row(study, result)
+        tell_report(ostudy, trial, SamplerReport.of(judge_result(study, result), row["status"]))
         rows[params["max_model_len"]] = (row, ostudy.trials[trial.number])
     pruned, pruned_trial = rows[131072]
     assert pruned["status"] == "pruned" and pruned["failure_kind"] == "preflight"

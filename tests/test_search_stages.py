@@ -7,7 +7,9 @@ import copy
 import optuna
 import pytest
 
-from orchestrator.sampling import StagedSearch, ask_distinct, baseline_values, make_sampler, plan_stages, tell
+from orchestrator.search.optuna_search import ask_distinct, tell
+from orchestrator.search.samplers import make_sampler
+from orchestrator.search.stages import StagedSearch, baseline_values, plan_stages
 from orchestrator.study import StudyFileError, parse_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

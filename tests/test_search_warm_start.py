@@ -9,10 +9,12 @@ import optuna
 import pytest
 
 from orchestrator.results import ResultsStore, load_trials
-from orchestrator.sampling import ask_distinct, make_sampler
+from orchestrator.search.optuna_search import ask_distinct
+from orchestrator.search.samplers import make_sampler
 from orchestrator.space import SearchSpace
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 from orchestrator.warm_start import front_params, map_point, warm_start_points
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -58,7 +60,7 @@ def earlier_results(tmp_path, study_doc):
     old = parse_study(doc)
     store = ResultsStore(old.output, old.name)
     for i, params in enumerate(old.space.grid()):
-        row = execute_trial(old, params, trial_id=f"r-{i:04d}", trial_number=i, ctx=TrialContext(run_id="r")).row
+        row = run_trial(old, params, trial_id=f"r-{i:04d}", trial_number=i, ctx=TrialContext(run_id="r")).row
         store.write_trial(row, None, param_types=old.space.column_types())
     return old, store.study_path
 

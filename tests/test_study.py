@@ -7,7 +7,9 @@ import sys
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from orchestrator.space import SearchSpace
 from orchestrator.study import StudyFileError, load_study, parse_study
 
 
@@ -68,6 +70,22 @@ def test_unknown_engine_argument_suggests(study_doc):
     study_doc["space"]["max_num_seq"] = 8
     (line,) = problems_of(study_doc)
     assert "did you mean 'max_num_seqs'" in line
+
+
+@pytest.mark.parametrize("space", [
+    {"max_num_seq": 8},  # unknown engine argument
+    {"gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 1.5}},  # value the argument does not allow
+    {"max_num_seqs": {"type": "int", "low": 8, "high": 64, "when": {"enforce_eager": True}}},  # unknown parent
+    {"enforce_eager": {"type": "categorical", "choices": [True, False], "when": {"enforce_eager": True}}},
+    {"enforce_eager": {"type": "categorical", "choices": [True, False], "when": {"max_num_seqs": 8}},
+     "max_num_seqs": {"type": "int", "low": 8, "high": 64, "when": {"enforce_eager": True}}},  # a cycle
+])
+def test_search_space_and_study_file_report_the_same_problems(study_doc, space):
+    study_doc["space"] = space
+    lines = problems_of(study_doc)
+    with pytest.raises(ValidationError) as info:
+        SearchSpace.model_validate(space)
+    assert lines and all(line in str(info.value) for line in lines)
 
 
 def test_unknown_metric_and_bad_constraint(study_doc):

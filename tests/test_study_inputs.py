@@ -193,3 +193,41 @@ def test_trial_counts_must_be_positive(tmp_path, study_doc, args, option):
         last = r.stderr.strip().splitlines()[-1]
         assert f"argument {option}: expected a positive integer" in last, last
         assert not (tmp_path / "results").exists()  # nothing was run or written
+
+
+# ------------------------------------------------------------------ non-finite numbers and trace limits
+@pytest.mark.parametrize("text, key", [
+    ("  arrival: {kind: poisson, rate: .inf}\n", "workload.arrival.rate"),
+    ("  timeout_s: .inf\n", "workload.timeout_s"),
+    ("  arrival: {kind: gamma, rate: 4, burstiness: .nan}\n", "workload.arrival.burstiness"),
+])
+def test_infinite_or_nan_numbers_are_a_validate_error(tmp_path, study_doc, text, key):
+    study_doc.pop("workload")
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc) + "workload:\n" + text)
+    r = validate(f)
+    assert r.returncode == 2
+    (line,) = problem_lines(r)
+    assert line.startswith(f"{f}: {key}: Input should be a finite number"), line
+
+
+@pytest.mark.parametrize("entries, expected", [
+    ([(0, 100, 10), (1e9, 100, 10)], "line 2: 1e+09 s after the request before it, more than 86400 s"),
+    ([(0, 100, 10), (1, 10 ** 8, 10)], "line 2: input_len 100000000 + output_len 10 is more than the largest "
+                                       "max_model_len any configuration has (4096)"),
+    ([(0, 100, 10 ** 9)], "line 1: input_len 100 + output_len 1000000000 is more than"),
+])
+def test_trace_gaps_and_lengths_are_checked_against_the_study(tmp_path, study_doc, entries, expected):
+    import json
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_len": i, "output_len": o}) + "\n"
+                             for t, i, o in entries))
+    study_doc["workload"] = {"trace": {"path": str(trace)}}
+    study_doc["space"]["max_model_len"] = [2048, 4096]
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    r = validate(f)
+    assert r.returncode == 2
+    (line,) = problem_lines(r)
+    assert line.startswith(f"{f}: workload.trace.path: {expected}"), line

@@ -114,9 +114,10 @@ def virtual_study(study_doc, **workload):
 
 
 def run(study):
-    from orchestrator.trial import TrialContext, execute_trial
+    from orchestrator.trial import TrialContext
+    from recorded_trial import run_trial
 
-    out = execute_trial(study, {"max_num_seqs": 32}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
+    out = run_trial(study, {"max_num_seqs": 32}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
     assert out.row["status"] == "completed", out.row.get("failure_message")
     return out
 

@@ -20,7 +20,8 @@ from orchestrator.results import ResultsStore, load_requests, load_trials
 from orchestrator.results.levels import levels_to_table, load_levels
 from orchestrator.results.schema import requests_to_table
 from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial
+from orchestrator.trial import TrialContext
+from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -33,31 +34,23 @@ def ray_serve():
     """A Ray cluster of our own (never one another job on the machine started) with Serve."""
     import ray
 
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.runtime import start_serve
-
-    saved = os.environ.get(SERVE_PORT_ENV)
+    from orchestrator.cluster import start_serve
     ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000})
     try:
-        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
-        yield
+        yield start_serve(SERVE_PORT)  # the port Serve's proxy listens on
     finally:
         ray.shutdown()
-        if saved is None:
-            os.environ.pop(SERVE_PORT_ENV, None)
-        else:
-            os.environ[SERVE_PORT_ENV] = saved
 
 
-def run(tmp_path, name, workload, max_num_seqs=32, **extra):
+def run(port, tmp_path, name, workload, max_num_seqs=32, **extra):
     study = parse_study({
         "name": name, "seed": 5, "engine": {"kind": "sim"}, "model": {"name": "llama-3.1-8b"},
         "hardware": {"gpu": "H100-80GB"}, "workload": {"timeout_s": 30, **workload},
         "space": {"max_num_seqs": max_num_seqs}, "objectives": ["maximize output_throughput"],
         "output": str(tmp_path / "out"), **extra})
-    out = execute_trial(study, {"max_num_seqs": max_num_seqs}, trial_id=name, trial_number=0,
-                        ctx=TrialContext("r1"))
+    out = run_trial(study, {"max_num_seqs": max_num_seqs}, trial_id=name, trial_number=0,
+                        ctx=TrialContext("r1", serve_port=port))
     assert out.row["status"] == "completed", out.row.get("failure_message")
     kw = dict(study=study.name, run_id="r1", trial_id=name)
     ResultsStore(study.output, study.name).write_trial(
@@ -68,7 +61,7 @@ def run(tmp_path, name, workload, max_num_seqs=32, **extra):
 
 
 def test_a_steady_load_warms_up_past_its_floor_then_measures(tmp_path, ray_serve):
-    _, row, requests, _ = run(tmp_path, "steady", {
+    _, row, requests, _ = run(ray_serve, tmp_path, "steady", {
         "arrival": {"kind": "poisson", "rate": 8}, "num_requests": 16, "warmup_requests": 1,
         "input_len": 200, "output_len": 8, "warmup": {"min_s": 3, "window_s": 0.5, "max_s": 15}})
     assert row["warmup_converged"] == 1 and 3.0 <= row["warmup_s_used"] < 16
@@ -86,7 +79,7 @@ def test_a_steady_load_warms_up_past_its_floor_then_measures(tmp_path, ray_serve
 
 
 def test_an_overload_does_not_converge_and_ends_within_max_s(tmp_path, ray_serve):
-    out, row, requests, _ = run(tmp_path, "overload", {
+    out, row, requests, _ = run(ray_serve, tmp_path, "overload", {
         "arrival": {"kind": "poisson", "rate": 40}, "num_requests": 10, "warmup_requests": 0,
         "input_len": {"kind": "uniform", "min": 200, "max": 1200}, "output_len": 32,
         "warmup": {"min_s": 1, "window_s": 0.5, "max_s": 4}}, max_num_seqs=2)
@@ -100,7 +93,7 @@ def test_an_overload_does_not_converge_and_ends_within_max_s(tmp_path, ray_serve
 
 
 def test_capacity_levels_hit_the_prefix_cache_only_for_the_shared_prefixes(tmp_path, ray_serve):
-    out, row, requests, study_dir = run(tmp_path, "prefix-levels", {
+    out, row, requests, study_dir = run(ray_serve, tmp_path, "prefix-levels", {
         "arrival": {"kind": "poisson", "rate": 4}, "warmup_requests": 1,
         "input_len": {"kind": "uniform", "min": 100, "max": 300}, "output_len": 8,
         "shared_prefix": {"groups": 2, "length": PREFIX},

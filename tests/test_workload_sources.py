@@ -155,12 +155,13 @@ def test_warmup_and_cooldown_seconds_are_not_measured():
 ])
 def test_trial_reports_requested_and_achieved_rate_for_every_arrival_kind(study_doc, kw, requested):
     from orchestrator.study import parse_study
-    from orchestrator.trial import TrialContext, execute_trial
+    from orchestrator.trial import TrialContext
+    from recorded_trial import run_trial
 
     study_doc.update(engine={"kind": "sim", "mode": "virtual"}, space={"max_num_seqs": 64})
     study_doc["workload"] = {"arrival": kw, "num_requests": 60, "input_len": 64, "output_len": 8}
     study = parse_study(study_doc)
-    row = execute_trial(study, {"max_num_seqs": 64}, trial_id="t", trial_number=0, ctx=TrialContext("r")).row
+    row = run_trial(study, {"max_num_seqs": 64}, trial_id="t", trial_number=0, ctx=TrialContext("r")).row
     assert row["status"] == "completed"
     rs = build_requests(study.workload, study.seed, 128_256)
     if kw["kind"] == "ramp":

@@ -56,7 +56,7 @@ def cmd_import_bench(args) -> int:
     from orchestrator.results import ResultsStore
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.schema import requests_to_table
-    from orchestrator.trial import finish_row
+    from orchestrator.judge import judge_row
 
     target = Path(args.into)
     study = read_study_definition(str(target))
@@ -79,7 +79,7 @@ def cmd_import_bench(args) -> int:
             bad += 1
             continue
         if study is not None:
-            finish_row(study, row)
+            row.update(judge_row(study, row).columns())
         table = None
         if records is not None:
             table = requests_to_table(records, study=name, run_id=row["run_id"], trial_id=row["trial_id"])
@@ -95,9 +95,9 @@ def cmd_import_bench(args) -> int:
 
 
 def cmd_export_workload(args) -> int:
-    from orchestrator.trial import study_requests
+    from orchestrator.load_phase import study_requests
     from orchestrator.workload.datasets import write_vllm_custom
-    from orchestrator.workload.generate import token_ids_to_text
+    from orchestrator.workload.tokens import token_ids_to_text
     from orchestrator.workload.trace import TraceError
 
     study = load_study_or_report(args.study)

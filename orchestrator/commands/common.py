@@ -37,6 +37,20 @@ def load_study_or_report(path: str):
         return None
 
 
+def load_study_with_overrides(args):
+    """The study file of ``args.study`` with the command line's ``--output`` and ``--trials``
+    applied, or None after reporting its problems."""
+    study = load_study_or_report(args.study)
+    if study is None:
+        return None
+    updates = {}
+    if args.output:
+        updates["output"] = args.output
+    if args.trials is not None:
+        updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
+    return study.model_copy(update=updates) if updates else study
+
+
 def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     import pandas as pd
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, positive_int
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_with_overrides, positive_int
 
 # Distinct from 1 (the command failed) and 2 (bad usage): the run worked and found a slowdown.
 EXIT_REGRESSION = 3
@@ -14,16 +14,9 @@ EXIT_REGRESSION = 3
 def cmd_nightly(args) -> int:
     from orchestrator.nightly import NightlyPolicy, run_nightly
 
-    study = load_study_or_report(args.study)
+    study = load_study_with_overrides(args)
     if study is None:
         return EXIT_USAGE
-    updates = {}
-    if args.output:
-        updates["output"] = args.output
-    if args.trials is not None:
-        updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
-    if updates:
-        study = study.model_copy(update=updates)
     try:
         policy = NightlyPolicy(threshold=args.threshold, remeasure=args.remeasure,
                                capacity_metric=args.capacity_metric,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err, load_study_or_report, positive_int, print_front
+from orchestrator.commands.common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, load_study_or_report,
+                                         load_study_with_overrides, positive_int, print_front)
 
 
 def cmd_validate(args) -> int:
@@ -20,16 +21,9 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    study = load_study_or_report(args.study)
+    study = load_study_with_overrides(args)
     if study is None:
         return EXIT_USAGE
-    updates = {}
-    if args.output:
-        updates["output"] = args.output
-    if args.trials is not None:
-        updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
-    if updates:
-        study = study.model_copy(update=updates)
     from orchestrator.results.definition import write_study_definition
     from orchestrator.search import StudyStopped, run_study
 
@@ -48,6 +42,21 @@ def cmd_run(args) -> int:
     print(f"trials:   {run.trials_dir}")
     print(f"requests: {run.requests_dir}")
     print(f"read them: python -c \"import pandas as pd; print(pd.read_parquet('{run.trials_dir}'))\"")
+    return _exit_code(run)
+
+
+def _exit_code(run) -> int:
+    """Non-zero when trials ran in this run and not one of them was measured: a study that measured
+    nothing has failed, whatever the reason (``ray job submit`` and cron see it)."""
+    from orchestrator.results import load_trials
+
+    if run.trials_run == 0:
+        return EXIT_OK
+    rows = load_trials(run.study_dir)
+    rows = rows[rows["run_id"] == run.run_id] if len(rows) else rows
+    if len(rows) and not (rows["status"] == "completed").any():
+        err(f"run {run.run_id}: no trial completed; see the reasons above (trials: {run.trials_dir})")
+        return EXIT_FAILURE
     return EXIT_OK
 
 

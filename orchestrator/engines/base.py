@@ -1,9 +1,39 @@
-"""What every engine offers a trial: resources, a deployment with an endpoint, teardown.
+"""What every engine offers a trial, and in which order a trial calls it.
 
 An engine turns one :class:`~orchestrator.engine_args.EngineArgs` into something
 that serves the OpenAI streaming API (``sim`` and ``vllm`` as Ray Serve
 applications, ``external`` as an endpoint that already runs), or, for the virtual
 simulator, measures a request set directly without HTTP.
+:mod:`orchestrator.engines.registry` says which class runs which ``engine.kind``.
+
+Call order (``orchestrator.trial.execute_trial``), one engine object per trial:
+
+1. ``create_engine(study)``: reads the study; starts nothing.
+2. :meth:`Engine.resolve`: the trial's arguments with the defaults the engine would
+   choose on the study's hardware filled in. These are the arguments recorded in the
+   row and checked by the pre-flight (:mod:`orchestrator.feasibility`).
+3. Engines with ``serves_http``:
+
+   a. :meth:`Engine.resources`: what one replica holds (``resource`` x ``amount`` on
+      one node, ``amount`` = TP x PP for engines that deploy); the trial leases it
+      from the run's ledger before deploying, and returns it after teardown.
+   b. :meth:`Engine.deploy`: start the engine and return once its endpoint answers.
+      A configuration that cannot start raises
+      :class:`~orchestrator.failures.EngineStartError` with nothing left running.
+   c. Inside ``with deployment:`` the trial reads :attr:`Deployment.endpoint`, warms
+      the engine up and runs the load (every load level of a capacity search) against
+      ``endpoint.base_url``, sampling ``endpoint.metrics_url``; the engine object is
+      not called meanwhile.
+   d. :meth:`Deployment.health` once after the load (None: alive).
+   e. Leaving the ``with`` block tears the engine down and waits until it is gone
+      (application deleted, processes exited, resources released); it never raises.
+      :meth:`Deployment.teardown_problems` then says what was not released.
+
+4. Engines without ``serves_http`` (virtual time): :meth:`Engine.measure` once per
+   load level instead of 3; it raises ``EngineStartError`` where the real engine
+   would not start.
+
+``tests/test_engine_conformance.py`` holds every engine to this contract.
 """
 
 from __future__ import annotations
@@ -50,7 +80,10 @@ class EngineEndpoint:
 
 
 class Deployment(AbstractContextManager):
-    """A started engine; leaving the ``with`` block tears it down and verifies it is gone."""
+    """A started engine; leaving the ``with`` block tears it down and verifies it is gone.
+
+    ``__exit__`` must not raise: what it could not release goes to :meth:`teardown_problems`.
+    """
 
     endpoint: EngineEndpoint
 
@@ -63,47 +96,49 @@ class Deployment(AbstractContextManager):
         return []
 
 
+@dataclass(frozen=True)
+class EngineContext:
+    """What a study run tells its engines (picklable; built from the trial context): where Serve's
+    proxy listens, and the run's GPU ledger a replica is pinned by. Passed in, never read from
+    the environment."""
+
+    serve_host: str = "127.0.0.1"
+    serve_port: int = 8000
+    ledger_name: Optional[str] = None  # the run's GPU ledger actor (None: no pinning)
+    namespace: str = "orchestrator"
+
+    def serve_url(self, route_prefix: str) -> str:
+        return f"http://{self.serve_host}:{self.serve_port}{route_prefix}"
+
+
 class Engine(abc.ABC):
-    kind: ClassVar[str]
+    """One study's engine; the module docstring gives the order a trial calls it in."""
+
+    kind: ClassVar[str]  # the study file's engine.kind
     #: True: ``deploy`` gives an HTTP endpoint. False: ``measure`` computes records directly.
     serves_http: ClassVar[bool] = True
 
-    def __init__(self, study: "Study"):
+    def __init__(self, study: "Study", context: Optional[EngineContext] = None):
         self.study = study
+        self.context = context or EngineContext()
 
     @abc.abstractmethod
     def resolve(self, args: EngineArgs) -> EngineArgs:
         """Fill the defaults the real engine would choose on the study's hardware."""
 
     def resources(self, args: EngineArgs) -> ResourceRequest:
+        """What one replica holds while the trial runs (``amount`` 0: nothing to lease)."""
         return ResourceRequest("GPU", args.gpus)
 
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
-        """Start the engine and wait until it answers; raise EngineStartError if it cannot."""
+        """Start the engine and wait until it answers; raise EngineStartError if it cannot.
+
+        ``trial_id`` names what is deployed (one Serve application per trial), so that
+        concurrent trials never share an engine.
+        """
         raise NotImplementedError
 
     def measure(self, args: EngineArgs, requests: "RequestSet") -> tuple[list["RequestRecord"], dict[str, Any]]:
         """Direct measurement without HTTP (virtual engines): records and telemetry."""
         raise NotImplementedError
 
-
-def create_engine(study: "Study") -> Engine:
-    """The engine the study names (imports lazily: vLLM is optional)."""
-    kind = study.engine.kind
-    if kind == "sim":
-        if study.engine.mode == "virtual":
-            from orchestrator.engines.sim_virtual import VirtualSimEngine
-
-            return VirtualSimEngine(study)
-        from orchestrator.engines.sim_serve import ServedSimEngine
-
-        return ServedSimEngine(study)
-    if kind == "vllm":
-        from orchestrator.engines.vllm_serve import VllmServeEngine
-
-        return VllmServeEngine(study)
-    if kind == "external":
-        from orchestrator.engines.external import ExternalEngine
-
-        return ExternalEngine(study)
-    raise ValueError(f"unknown engine kind {kind!r}; allowed: sim, vllm, external")

@@ -10,27 +10,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from typing import Callable, Optional
 
-from orchestrator.failures import EngineStartError, FailureKind, classify_start_error
+from orchestrator.engines.base import Deployment, EngineEndpoint
+from orchestrator.failures import EngineStartError, FailureKind, classify_start_error, engine_message
 
 log = logging.getLogger(__name__)
 
 # The Serve HTTP proxy trials talk to (a proxy runs on every node by default).
-SERVE_HOST_ENV = "ORCHESTRATOR_SERVE_HOST"
-SERVE_PORT_ENV = "ORCHESTRATOR_SERVE_PORT"
 
 
 def app_name_for(trial_id: str) -> str:
     return f"tune-{trial_id}"
-
-
-def serve_base_url(route_prefix: str) -> str:
-    host = os.environ.get(SERVE_HOST_ENV, "127.0.0.1")
-    port = int(os.environ.get(SERVE_PORT_ENV, "8000"))
-    return f"http://{host}:{port}{route_prefix}"
 
 
 def submit_app(app, *, name: str, route_prefix: str) -> None:
@@ -59,30 +51,8 @@ def _failure_text(app_status) -> str:
     return "\n".join(p for p in parts if p)
 
 
-# vLLM's log prefixes: "(APIServer pid=12) " / "(EngineCore pid=3) " and "ERROR 12-03 09:40:01 [core.py:1374] ".
-_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
-_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)")
-
-
-def engine_message(text: str) -> str:
-    """The engine's own error from a failure text (Serve's message, a server log): the last line
-    that starts with an exception, log prefixes removed. A pydantic ``ValidationError`` (how vLLM
-    rejects engine arguments) is followed by the reason on the next line, which is kept."""
-    lines = [_LOG_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln]
-    for i in range(len(lines) - 1, -1, -1):
-        m = _EXCEPTION.match(lines[i])
-        if m and "ray.exceptions" not in lines[i] and "RayActorError" not in lines[i]:
-            message = m.group(2).strip()
-            if m.group(1) == "ValidationError" and i + 1 < len(lines):
-                message += ": " + lines[i + 1].removeprefix("Value error, ")
-            return message[:2000]
-    return (lines[-1] if lines else "deployment failed")[:2000]
-
-
 def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
-                       on_wait: Optional[Callable[[float], None]] = None,
-                       classify: Callable[[str], FailureKind] = classify_start_error) -> float:
+                       on_wait: Optional[Callable[[float], None]] = None) -> float:
     """Wait for the app to be RUNNING; return seconds waited. Raise EngineStartError otherwise."""
     t0 = time.monotonic()
     last = None
@@ -96,7 +66,7 @@ def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
                 return elapsed
             if status in ("DEPLOY_FAILED", "UNHEALTHY"):
                 text = _failure_text(st)
-                raise EngineStartError(classify(text), engine_message(text))
+                raise EngineStartError(classify_start_error(text), engine_message(text))
         if elapsed > timeout_s:
             detail = _failure_text(last) if last is not None else "application never appeared"
             raise EngineStartError(FailureKind.START_TIMEOUT,
@@ -123,3 +93,41 @@ def delete_app(name: str, *, timeout_s: float = 120) -> Optional[str]:
             return f"serve.status failed during teardown: {e}"
         time.sleep(0.1)
     return f"application {name} still present {timeout_s:.0f} s after delete"
+
+
+def app_messages(name: str) -> str:
+    """Serve's status messages for an application (why its replica died or was replaced), or ""."""
+    try:
+        st = _app_status(name)
+        return _failure_text(st)[-2000:] if st is not None else ""
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def knows_label_selector() -> bool:
+    """Ray >= 2.49 places replicas by node label; older Serve rejects the option."""
+    try:
+        from ray.serve.schema import RayActorOptionsSchema
+
+        return "label_selector" in RayActorOptionsSchema.model_fields
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class AppDeployment(Deployment):
+    """A deployment that is one Serve application: leaving it deletes the application and
+    waits until Serve no longer lists it."""
+
+    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float):
+        self.name = name
+        self.endpoint = endpoint
+        self.teardown_timeout_s = teardown_timeout_s
+        self._problems: list[str] = []
+
+    def teardown_problems(self) -> list[str]:
+        return self._problems
+
+    def __exit__(self, *exc) -> None:
+        problem = delete_app(self.name, timeout_s=self.teardown_timeout_s)
+        if problem:
+            self._problems.append(problem)

@@ -1,4 +1,5 @@
-"""vLLM's request-latency histograms, kept by the simulated engine for its ``/metrics``.
+"""The simulated engine's ``/metrics``: vLLM's gauges and counters (:func:`metrics_text`) and
+its request-latency histograms.
 
 The simulated replica records the timestamps vLLM's ``RequestStateStats`` records
 (``vllm/v1/metrics/stats.py``) and observes the same intervals into histograms with
@@ -145,3 +146,34 @@ class SimRequestMetrics:
                 lines.append(f"# TYPE {name} histogram")
                 lines += self.histograms[name].exposition(name, labels)
         return lines
+
+
+def metrics_text(runtime, model_name: str) -> str:
+    """A simulated replica's ``/metrics`` (``runtime``: its :class:`~orchestrator.engines.sim_loop.SimRuntime`):
+    vLLM's gauges, counters and histograms, with vLLM's names and labels."""
+    s = runtime.core.stats()
+    m = runtime.core.memory
+    labels = f'{{model_name="{model_name}",engine="0"}}'
+    rows = [
+        ("vllm:num_requests_running", "gauge", s.num_requests_running),
+        ("vllm:num_requests_waiting", "gauge", s.num_requests_waiting),
+        ("vllm:kv_cache_usage_perc", "gauge", s.kv_cache_usage),
+        ("vllm:num_preemptions_total", "counter", s.num_preemptions_total),
+        ("vllm:prefix_cache_queries_total", "counter", s.prefix_cache_queries_total),
+        ("vllm:prefix_cache_hits_total", "counter", s.prefix_cache_hits_total),
+        ("vllm:prompt_tokens_total", "counter", s.prompt_tokens_total),
+        ("vllm:generation_tokens_total", "counter", s.generation_tokens_total),
+    ]
+    out = []
+    for name, kind, value in rows:
+        out.append(f"# TYPE {name.removesuffix('_total')} {kind}")
+        out.append(f"{name}{labels} {float(value)}")
+    # The simulated requests all end at max_tokens (ignore_eos): finished_reason "length".
+    out.append("# TYPE vllm:request_success counter")
+    out.append(f'vllm:request_success_total{{model_name="{model_name}",engine="0",finished_reason="length"}} '
+               f"{float(runtime.request_success)}")
+    out += runtime.metrics.exposition(f'model_name="{model_name}",engine="0"')
+    out.append("# TYPE vllm:cache_config_info gauge")
+    out.append(f'vllm:cache_config_info{{block_size="{m.block_size}",num_gpu_blocks="{m.num_blocks}",'
+               f'engine="0"}} 1.0')
+    return "\n".join(out) + "\n"

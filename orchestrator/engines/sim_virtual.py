@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines.base import Engine, ResourceRequest
-from orchestrator.engines.sim_serve import sim_resolve
+from orchestrator.engines.sim_served import sim_resolve
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape, find_model_config
 
@@ -21,8 +21,8 @@ class VirtualSimEngine(Engine):
     kind = "sim"
     serves_http = False
 
-    def __init__(self, study):
-        super().__init__(study)
+    def __init__(self, study, context=None):
+        super().__init__(study, context)
         with open(find_model_config(study.model.name, study.base_dir)) as f:
             self.model = ModelShape.from_config(json.load(f), name=study.model.name)
         self.gpu = get_gpu(study.hardware.gpu)

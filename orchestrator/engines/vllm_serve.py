@@ -12,19 +12,22 @@ the replica's log, the replica's log lines.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
-import re
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.accelerator import is_cpu_study, with_study_defaults
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
-from orchestrator.failures import EngineStartError, FailureKind, classify_runtime_error, classify_start_error
+from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
+from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
+from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +35,18 @@ RAY_METRIC_PREFIX = "ray_vllm_"  # vLLM's "vllm:x" metrics as Ray exports them
 
 
 def _has_cuda() -> bool:
-    from orchestrator.runtime import _local_gpu_count
+    from orchestrator.cluster import _local_gpu_count
 
     return _local_gpu_count() > 0
 
 
 def resolve_platform(study) -> str:
-    spec = study.engine
-    if spec.platform != "auto":
-        return spec.platform
-    if study.hardware.gpu == "CPU":
+    """``cpu`` for a CPU study (:func:`~orchestrator.accelerator.is_cpu_study`); else ``cuda`` when
+    ``engine.platform`` says so, or (``auto``) when this node has a GPU or the cluster is remote."""
+    if is_cpu_study(study):
         return "cpu"
+    if study.engine.platform == "cuda":
+        return "cuda"
     return "cuda" if _has_cuda() or os.environ.get("RAY_ADDRESS") else "cpu"
 
 
@@ -59,7 +63,7 @@ def model_directory(study) -> str:
         raise EngineStartError(FailureKind.INVALID_ARGS,
                                "engine.model_source is required unless engine.load_format is 'dummy'")
     from orchestrator.modelgen import make_model_dir
-    from orchestrator.search import local_state_dir
+    from orchestrator.state_dir import local_state_dir
 
     target = local_state_dir(study) / "models" / Path(study.model.name).stem
     if not (target / "tokenizer.json").is_file():
@@ -79,260 +83,22 @@ def node_metrics_url() -> Optional[str]:
     return None
 
 
-class ReleaseCheck:
-    """What "released" means after a teardown: Ray's free units back to at least their level
-    before the deploy, and (GPU nodes) device memory back near its level before the deploy."""
-
-    def __init__(self, resource: str, gpu_slack_gib: float = 2.0):
-        import ray
-
-        self.resource = resource
-        self.free_before = ray.available_resources().get(resource, 0.0)
-        self.gpu_slack_gib = gpu_slack_gib
-        self.mem_before = _gpu_memory_used_gib() if resource == "GPU" else None
-
-    def wait(self, timeout_s: float) -> Optional[str]:
-        import ray
-
-        deadline = time.monotonic() + timeout_s
-        free = mem = None
-        while time.monotonic() < deadline:
-            free = ray.available_resources().get(self.resource, 0.0)
-            mem = _gpu_memory_used_gib() if self.mem_before is not None else None
-            ray_ok = free + 1e-6 >= self.free_before
-            mem_ok = mem is None or mem <= self.mem_before + self.gpu_slack_gib
-            if ray_ok and mem_ok:
-                return None
-            time.sleep(1.0)
-        parts = []
-        if free is not None and free + 1e-6 < self.free_before:
-            parts.append(f"Ray shows {free:g} free {self.resource}(s), {self.free_before:g} before the deploy")
-        if mem is not None and mem > self.mem_before + self.gpu_slack_gib:
-            parts.append(f"GPU memory in use {mem:.1f} GiB, {self.mem_before:.1f} GiB before the deploy")
-        return f"not released {timeout_s:.0f} s after delete: " + "; ".join(parts)
-
-
-def _gpu_memory_used_gib() -> Optional[float]:
-    try:
-        from orchestrator.nvml import load_pynvml
-
-        nv = load_pynvml()
-        return sum(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used
-                   for i in range(nv.nvmlDeviceGetCount())) / 2**30
-    except Exception:  # noqa: BLE001 - no NVML here
-        return None
-
-
-class _VllmDeployment(Deployment):
-    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float,
-                 release: Optional[ReleaseCheck] = None):
-        self.name = name
-        self.endpoint = endpoint
-        self.teardown_timeout_s = teardown_timeout_s
-        self.release = release
-        self._problems: list[str] = []
-
-    def health(self) -> Optional[str]:
-        """Why the engine is not healthy now (replica died or restarted), or None."""
-        from ray import serve
-
-        st = serve.status().applications.get(self.name)
-        if st is None:
-            return "application disappeared"
-        status = str(getattr(st.status, "value", st.status))
-        bad = [f"{name}: {getattr(d.status, 'value', d.status)} {d.message or ''}".strip()
-               for name, d in (st.deployments or {}).items()
-               if str(getattr(d.status, "value", d.status)) != "HEALTHY"]
-        if status == "RUNNING" and not bad:
-            try:
-                with urllib.request.urlopen(self.endpoint.base_url + "/v1/models", timeout=10) as r:
-                    if r.status == 200:
-                        return None
-            except Exception as e:  # noqa: BLE001
-                bad.append(f"/v1/models failed: {e}")
-        text = "; ".join(bad) or f"application {status}"
-        logs = replica_log_tail(self.name, marker=self.endpoint.model)
-        return (text + ("\n" + logs if logs else ""))[-6000:]
-
-    def teardown_problems(self) -> list[str]:
-        return self._problems
-
-    def __exit__(self, *exc) -> None:
-        problem = serve_app.delete_app(self.name, timeout_s=self.teardown_timeout_s)
-        if problem:
-            self._problems.append(problem)
-        if self.release is not None:
-            leak = self.release.wait(timeout_s=self.teardown_timeout_s)
-            if leak:
-                self._problems.append(leak)
-
-
-class _EngineModeDeployment(_VllmDeployment):
-    """Ingress ``engine``: health is the server's own; teardown also waits for its processes."""
-
-    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float,
-                 release: Optional[ReleaseCheck], handle, log_path: Optional[Path]):
-        super().__init__(name, endpoint, teardown_timeout_s, release)
-        self.handle = handle
-        self.log_path = log_path
-
-    def _log_tail(self) -> str:
-        from orchestrator.engines.vllm_process import tail
-
-        if self.log_path is not None:
-            return tail(self.log_path, 80)
-        try:
-            return self.handle.log_tail.remote(80).result(timeout_s=10)
-        except Exception:  # noqa: BLE001 - the replica is gone with its log
-            return ""
-
-    def health(self) -> Optional[str]:
-        """None while ``vllm serve`` answers /health (vLLM says 503 once its engine core died)."""
-        try:
-            with urllib.request.urlopen(self.endpoint.base_url + "/health", timeout=20) as r:
-                if r.status == 200:
-                    return None
-                why = f"/health answered {r.status}"
-        except Exception as e:  # noqa: BLE001 - the server is gone or its engine is dead
-            why = f"vllm serve /health failed: {e}"
-        from orchestrator.engines.serve_app import _app_status, _failure_text
-
-        st = _app_status(self.name)
-        serve_says = _failure_text(st) if st is not None else "application disappeared"
-        return "\n".join(x for x in (why, serve_says, self._log_tail()) if x)[-6000:]
-
-    def __exit__(self, *exc) -> None:
-        from orchestrator.engines.vllm_process import group_gone
-
-        super().__exit__(*exc)
-        for pid in self.endpoint.pids:
-            if not group_gone(pid, timeout_s=self.teardown_timeout_s):
-                self._problems.append(f"vllm serve (pid {pid}) or its engine still running "
-                                      f"{self.teardown_timeout_s:.0f} s after delete")
-
-
-def _this_node_ip() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
-def _local_logs_dir() -> Path:
-    from orchestrator.engines.vllm_process import ray_logs_dir
-
-    return ray_logs_dir()
-
-
-def replica_log_tail(app_name: str, lines: int = 400, *, marker: Optional[str] = None,
-                     since: Optional[float] = None) -> str:
-    """Lines of the app's replica logs that say why (errors, memory, KV cache), best effort:
-    through Ray's state API (needs the dashboard), else this node's Ray log files."""
-    text = _state_api_log_tail(app_name, lines)
-    if not text and marker:
-        text = _local_log_tail(marker, since=since)
-    return text
-
-
-def _local_log_tail(marker: str, *, since: Optional[float] = None, max_bytes: int = 4_000_000) -> str:
-    """Worker log files of this node's Ray session that mention ``marker`` (e.g. the model id,
-    which vLLM prints at start-up); the engine core writes to its replica's files."""
-    try:
-        import ray
-
-        logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # noqa: SLF001 - no public API
-    except Exception:  # noqa: BLE001 - not the driver's node / no session
-        return ""
-    out: list[str] = []
-    for path in sorted(logs.glob("worker-*"), key=lambda p: p.stat().st_mtime):
-        try:
-            if since is not None and path.stat().st_mtime < since:
-                continue
-            data = path.read_bytes()[-max_bytes:].decode("utf-8", "replace")
-        except OSError:
-            continue
-        if marker in data:
-            out += [ln for ln in data.splitlines() if _interesting(ln)]
-    return "\n".join(out[-80:])
-
-
-def _state_api_log_tail(app_name: str, lines: int) -> str:
-    try:
-        from ray.util.state import get_log, list_actors
-
-        # The state API filters by equality only; replica class names carry the deployment
-        # name ray.serve.llm derives ("ServeReplica:<app>:LLMServer:<model id>").
-        prefix = f"ServeReplica:{app_name}:"
-        actors = [a for a in list_actors(detail=False, limit=5000, raise_on_missing_output=False)
-                  if str(_field(a, "class_name") or "").startswith(prefix)]
-        out: list[str] = []
-        for a in actors:
-            aid = _field(a, "actor_id")
-            for suffix in ("err", "out"):
-                try:
-                    text = "".join(get_log(actor_id=aid, tail=lines, suffix=suffix, timeout=10))
-                except Exception:  # noqa: BLE001 - log not available on this node/version
-                    continue
-                out += [ln for ln in text.splitlines() if _interesting(ln)]
-        return "\n".join(out[-60:])
-    except Exception as e:  # noqa: BLE001
-        log.debug("no replica logs for %s: %s", app_name, e)
-        return ""
-
-
-def kv_cache_facts(log_text: str) -> dict[str, float]:
-    """The KV-cache size vLLM logged at start-up ("GPU KV cache size: N tokens", "Available
-    KV cache memory: X GiB"): the numbers the pre-flight estimate is checked against."""
-    out: dict[str, float] = {}
-    tokens = re.findall(r"KV cache size: ([\d,]+) tokens", log_text)
-    if tokens:
-        out["kv_cache_tokens"] = float(tokens[-1].replace(",", ""))
-    gib = re.findall(r"Available KV cache memory: ([\d.]+) GiB", log_text)
-    if gib:
-        out["kv_cache_gib"] = float(gib[-1])
-    return out
-
-
-def _field(obj, name: str):
-    return getattr(obj, name, None) if not isinstance(obj, dict) else obj.get(name)
-
-
-def _interesting(line: str) -> bool:
-    keys = ("Error", "error", "memory", "Memory", "KV cache", "max seq len", "Traceback", "raise ", "divisible",
-            "not supported", "Killed", "died", "exited")
-    return any(k in line for k in keys)
-
-
 class VllmServeEngine(Engine):
     kind = "vllm"
 
-    def __init__(self, study):
-        super().__init__(study)
+    def __init__(self, study, context=None):
+        super().__init__(study, context)
         self.platform = resolve_platform(study)
 
     # ---- configuration
     def resolve(self, args: EngineArgs) -> EngineArgs:
-        from orchestrator.sim.models import ModelShape
-
-        model = ModelShape.load(self.study.model.name, self.study.base_dir)
-        if self.platform == "cpu":
-            import dataclasses
-
-            ram_gib = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30
-            # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
-            dtype = args.dtype if args.dtype != "auto" else (
-                self.study.model.dtype if self.study.model.dtype != "auto" else "float32")
-            args = dataclasses.replace(args, dtype=dtype)
-            return args.resolved(device_memory_gib=ram_gib, platform="cpu",
-                                 model_max_len=model.max_position_embeddings)
-        from orchestrator.sim.hardware import get_gpu
-
-        gpu = get_gpu(self.study.hardware.gpu)
-        if self.study.model.dtype != "auto" and args.dtype == "auto":
-            import dataclasses
-
+        cpu = self.platform == "cpu"
+        if args.dtype == "auto" and self.study.model.dtype != "auto":
             args = dataclasses.replace(args, dtype=self.study.model.dtype)
-        return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
-                             model_max_len=model.max_position_embeddings)
+        elif args.dtype == "auto" and cpu:
+            # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
+            args = dataclasses.replace(args, dtype="float32")
+        return with_study_defaults(self.study, args, cpu=cpu)
 
     def resources(self, args: EngineArgs) -> ResourceRequest:
         if self.platform == "cpu":
@@ -424,9 +190,8 @@ class VllmServeEngine(Engine):
         """Ingress ``engine``: a Serve replica runs ``vllm serve``; the load goes to it directly."""
         from ray import serve
 
-        from orchestrator.engines.sim_serve import _serve_knows_label_selector
         from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
-        from orchestrator.scheduling import leased_node
+        from orchestrator.gpu_ledger import leased_node
 
         spec = self.study.engine
         name = serve_app.app_name_for(trial_id)
@@ -436,8 +201,8 @@ class VllmServeEngine(Engine):
         # One bundle of TP x PP accelerators: one node, visible to the server and its workers.
         options: dict[str, Any] = ({"num_cpus": units} if self.platform == "cpu"
                                    else {"num_gpus": units, "num_cpus": 1})
-        node = leased_node(trial_id)
-        if node is not None and _serve_knows_label_selector():
+        node = leased_node(trial_id, self.context.ledger_name, self.context.namespace)
+        if node is not None and serve_app.knows_label_selector():
             options["label_selector"] = {"ray.io/node-id": node}
         log_name = f"vllm_server-{name}"
         app = serve.deployment(
@@ -448,22 +213,20 @@ class VllmServeEngine(Engine):
         ).bind(argv=self.server_argv(trial_id, args, model_dir), env=self.engine_env(args), log_name=log_name,
                ready_timeout_s=spec.start_timeout_s + 30)
         release = ReleaseCheck(self.resources(args).resource)
-        local_log = _local_logs_dir() / f"{log_name}.log"
+        local_log = local_logs_dir() / f"{log_name}.log"
         t0 = time.monotonic()
         serve_app.submit_app(app, name=name, route_prefix=None)
         try:
-            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=1.0,
-                                         classify=lambda text: classify_start_error(text))
+            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=1.0)
             handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=name)
             info = handle.info.remote().result(timeout_s=60)
         except EngineStartError as e:
             # The replica's node may be this one: its server log says why, line by line.
             text = e.message + "\n" + tail(local_log, 200)
-            kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
             release.wait(timeout_s=spec.teardown_timeout_s)
-            raise EngineStartError(kind, _best_message(text, kind)) from None
-        same_node = info["node_ip"] == _this_node_ip()
+            raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
+        same_node = info["node_ip"] == this_node_ip()
         base = f"http://{'127.0.0.1' if same_node else info['node_ip']}:{info['port']}"
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "ingress": "engine", "model_dir": model_dir,
@@ -477,7 +240,7 @@ class VllmServeEngine(Engine):
             gpu_indices=[int(g) for g in gpus.split(",")] if same_node and gpus and gpus.replace(",", "").isdigit()
             else None,
             pids=[info["pid"]] if same_node else [])
-        return _EngineModeDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release,
+        return EngineModeDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release,
                                      handle=handle, log_path=Path(info["log_path"]) if same_node else None)
 
     def _deploy_serve_llm(self, trial_id: str, args: EngineArgs) -> Deployment:
@@ -504,17 +267,15 @@ class VllmServeEngine(Engine):
         t0 = time.monotonic()
         serve_app.submit_app(app, name=name, route_prefix=route)
         try:
-            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0,
-                                         classify=lambda text: classify_start_error(text))
+            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0)
         except EngineStartError as e:
             logs = replica_log_tail(name, marker=served, since=t_wall)
             text = e.message + ("\n" + logs if logs else "")
-            kind = e.kind if e.kind == FailureKind.START_TIMEOUT else classify_start_error(text)
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
             # The next trial must not start while this engine's memory is still held.
             release.wait(timeout_s=spec.teardown_timeout_s)
-            raise EngineStartError(kind, _best_message(text, kind)) from None
-        base = serve_app.serve_base_url(route)
+            raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
+        base = self.context.serve_url(route)
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
                                  "llm_config": json.loads(json.dumps(cfg, default=str))}
@@ -523,26 +284,7 @@ class VllmServeEngine(Engine):
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),
                                   metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
                                   metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
-        return _VllmDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release)
-
-
-def _best_message(text: str, kind: FailureKind) -> str:
-    """The line of ``text`` that says why, as the engine wrote it."""
-    # Invalid arguments have no marker of their own: the last exception line says why (a marker
-    # such as "error" would pick warnings like "failed to increase ulimit with error [Errno 24]").
-    markers = {
-        FailureKind.KV_CACHE_TOO_SMALL: "max seq len",
-        FailureKind.NO_KV_MEMORY: "No available memory for the cache blocks",
-        FailureKind.WEIGHTS_OOM: "out of memory",
-    }
-    key = markers.get(kind)
-    if key:
-        for line in text.splitlines():
-            if key.lower() in line.lower():
-                # "(EngineCore pid=1) ERROR 12-02 16:40:43 [core.py:1374] ValueError: To serve..." -> the message
-                m = re.search(r"(?:\w+(?:Error|Exception)): (.*)$", line)
-                return (m.group(1) if m else line).strip()[:4000]
-    return serve_app.engine_message(text)
+        return VllmDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release)
 
 
 def _wait_models(base: str, timeout_s: float) -> None:
@@ -557,7 +299,3 @@ def _wait_models(base: str, timeout_s: float) -> None:
             last = e
         time.sleep(1.0)
     raise EngineStartError(FailureKind.START_TIMEOUT, f"{base}/v1/models did not answer: {last}")
-
-
-def runtime_failure_kind(text: str) -> FailureKind:
-    return classify_runtime_error(text)

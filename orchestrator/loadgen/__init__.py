@@ -1,17 +1,14 @@
-"""HTTP load generation against OpenAI-compatible servers (see :mod:`.client`)."""
+"""HTTP load generation against OpenAI-compatible servers.
 
-from orchestrator.loadgen.client import (
-    APIS,
-    MAX_ERROR_CHARS,
-    ApiFormat,
-    Endpoint,
-    LoadMonitor,
-    ProgressFn,
-    run_load,
-    run_load_sync,
-    send_request,
-    wait_ready,
-)
+:mod:`.api` (the two streaming APIs and the :class:`Endpoint`), :mod:`.sse` (the event
+stream parser), :mod:`.request` (one streaming request, the readiness probe) and
+:mod:`.load_window` (a whole :class:`~orchestrator.workload.requests.RequestSet` over one
+load window: warm-up, open or closed loop, a monitor that may stop it).
+"""
+
+from orchestrator.loadgen.api import APIS, MAX_ERROR_CHARS, ApiFormat, Endpoint
+from orchestrator.loadgen.load_window import LoadMonitor, ProgressFn, run_load, run_load_sync
+from orchestrator.loadgen.request import send_request, wait_ready
 from orchestrator.loadgen.sse import DONE, SSEParser
 
 __all__ = [

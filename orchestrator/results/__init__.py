@@ -5,6 +5,14 @@ per trial) and ``.../requests/...`` (one row per request), hive-partitioned, one
 schema per study, readable with ``pandas.read_parquet`` and no project code.
 """
 
+from orchestrator.results.analysis import (
+    best_per_gpu,
+    best_under_slos,
+    capacity_by_night,
+    config_history,
+    config_key,
+    param_importance,
+)
 from orchestrator.results.pareto import (
     constraints_mask,
     dominated_mask,
@@ -16,9 +24,7 @@ from orchestrator.results.pareto import (
     pareto_front,
     pareto_mask,
 )
-from orchestrator.results.query import best_under_slos, list_data_files, load_requests, load_trials
-from orchestrator.results.query import (best_per_gpu, capacity_by_night, config_history, config_key,
-                                        param_importance)
+from orchestrator.results.query import list_data_files, load_requests, load_trials
 from orchestrator.results.schema import (
     REQUESTS_SCHEMA,
     SCHEMA_VERSION,

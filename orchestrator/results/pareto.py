@@ -11,34 +11,31 @@ comparisons in a few dozen numpy calls even when nearly every point is on the fr
 fate: all on the front or none.
 
 A row is a candidate when its ``status`` is ``"completed"`` (when the frame has a
-status column), every constraint is met (:meth:`Constraint.met`; a missing value
+status column), every constraint is met (:mod:`orchestrator.judge`: a missing value
 never meets one) and every objective value is present.
 """
 
 from __future__ import annotations
 
-import operator
 from typing import Sequence, Union
 
 import numpy as np
 import pandas as pd
 
-from orchestrator.failures import TrialStatus
-from orchestrator.metrics import HIGHER_IS_BETTER
-from orchestrator.study import Constraint, Objective
+from orchestrator import judge
+from orchestrator.metrics import DIRECTIONS, default_direction
+from orchestrator.study import Constraint, Objective, parse_objective
 
 ObjectiveLike = Union[Objective, tuple[str, str], str]
 ConstraintLike = Union[Constraint, str]
-DIRECTIONS = ("minimize", "maximize")
-
-_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
 
 
 def normalize_objectives(objectives: Sequence[ObjectiveLike]) -> list[tuple[str, str]]:
     """``(column, direction)`` pairs from Objectives, ``(column, direction)`` tuples or strings.
 
-    A string is ``"maximize col"``/``"minimize col"`` or a bare column, whose
-    direction comes from :data:`orchestrator.metrics.HIGHER_IS_BETTER`. Columns of
+    A string is ``"maximize col"``/``"minimize col"`` or a bare column, read as a
+    study's objective is (:func:`orchestrator.study.parse_objective`); a bare column's
+    direction comes from :func:`orchestrator.metrics.default_direction`. Columns of
     tuples and strings need not be known metrics (any numeric column works).
     """
     if isinstance(objectives, (str, Objective)) or (
@@ -49,14 +46,8 @@ def normalize_objectives(objectives: Sequence[ObjectiveLike]) -> list[tuple[str,
         if isinstance(o, Objective):
             name, direction = o.metric, o.resolved_direction
         elif isinstance(o, str):
-            parts = o.split()
-            if len(parts) == 2 and parts[0] in DIRECTIONS:
-                direction, name = parts
-            elif len(parts) == 1:
-                name = parts[0]
-                direction = "maximize" if name in HIGHER_IS_BETTER else "minimize"
-            else:
-                raise ValueError(f"cannot read objective {o!r}; expected 'COLUMN' or 'maximize|minimize COLUMN'")
+            name, direction = parse_objective(o)
+            direction = direction or default_direction(name)
         else:
             name, direction = o
         if direction not in DIRECTIONS:
@@ -84,21 +75,13 @@ def _numeric(df: pd.DataFrame, column: str) -> np.ndarray:
 
 
 def constraints_mask(df: pd.DataFrame, constraints: Sequence[ConstraintLike]) -> np.ndarray:
-    """Rows meeting every constraint (vectorised :meth:`Constraint.met`; null never meets)."""
-    ok = np.ones(len(df), dtype=bool)
-    for c in normalize_constraints(constraints):
-        values = _numeric(df, c.metric)
-        with np.errstate(invalid="ignore"):
-            ok &= _OPS[c.op](values, c.value) & ~np.isnan(values)
-    return ok
+    """Rows meeting every constraint, by the one judge (:func:`orchestrator.judge.constraints_mask`)."""
+    return judge.constraints_mask(df, normalize_constraints(constraints))
 
 
 def feasible_mask(df: pd.DataFrame, constraints: Sequence[ConstraintLike] = ()) -> np.ndarray:
     """Completed rows (if ``df`` has a ``status`` column) that meet every constraint."""
-    ok = constraints_mask(df, constraints)
-    if "status" in df.columns:
-        ok &= (df["status"].astype(object) == TrialStatus.COMPLETED.value).to_numpy(dtype=bool)
-    return ok
+    return judge.feasible_mask(df, normalize_constraints(constraints))
 
 
 def to_losses(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:

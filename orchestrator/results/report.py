@@ -11,17 +11,16 @@ against load per configuration, parameter importance, the trial timeline, failur
 by kind, the table of the front, the recommended deployment and, when nightly runs
 exist, the latest nightly comparison.
 
-Layers: pure functions turn DataFrames into tables (``point_categories``,
-``failure_breakdown``, ``load_curves``...), figure functions turn tables into
-matplotlib ``Figure`` objects (no pyplot, no global state), ``render_html`` turns
-sections into text, and only ``write_report`` touches files.
+Layers: pure functions turn DataFrames into tables (:mod:`.report_tables`), figure
+functions turn tables into matplotlib ``Figure`` objects (:mod:`.figures`), this
+module turns sections into HTML, and only ``write_report`` touches files. The
+tables and figures stay importable from here.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import io
 import logging
 import os
 from dataclasses import dataclass, field
@@ -32,25 +31,29 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.harness import harness_bound_mask
-from orchestrator.results.pareto import pareto_front
+from orchestrator.nightly import load_summaries
+from orchestrator.recommend import RecommendError, recommend
+from orchestrator.results.definition import read_study_definition
+from orchestrator.results.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
+                                          importance_figure, level_figure, nightly_figure, pareto_figure,
+                                          timeline_figure)
+from orchestrator.results.query import load_requests, load_trials, resolve_location
+from orchestrator.results.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table,
+                                                curve_trials, failure_breakdown, front_of, front_table, importances,
+                                                level_curves, load_curves, point_categories)
 from orchestrator.study import Study
+
+__all__ = [
+    "CSS", "HARNESS_COLUMNS", "LEVEL_X_COLUMNS", "LEVEL_Y_COLUMNS", "REPORT_DIR", "STATUS_COLOURS", "STYLES",
+    "ReportFiles", "ReportOptions", "Section", "axes_metrics", "build_report", "config_table", "curve_trials",
+    "curves_figure", "esc", "failure_breakdown", "failures_figure", "figure_png", "front_of", "front_table",
+    "img_tag", "importance_figure", "importances", "level_curves", "level_figure", "load_curves", "nightly_figure",
+    "pareto_figure", "point_categories", "render_html", "table_html", "timeline_figure", "write_report",
+]
 
 log = logging.getLogger(__name__)
 
 REPORT_DIR = "report"
-
-# How each kind of point is drawn: (label, marker, face colour, edge colour).
-STYLES: dict[str, tuple[str, str, str, str]] = {
-    "front": ("on the Pareto front", "*", "#d62728", "#7f0000"),
-    "feasible": ("meets the SLOs", "o", "#1f77b4", "#1f77b4"),
-    "slo_missed": ("misses an SLO", "o", "none", "#7f7f7f"),
-    "failed": ("failed under load", "X", "#ff7f0e", "#ff7f0e"),
-    "infeasible": ("could not start (infeasible)", "x", "#9467bd", "#9467bd"),
-    "pruned": ("pruned before start", "v", "#8c564b", "#8c564b"),
-    "error": ("orchestrator error", "s", "#e377c2", "#e377c2"),
-}
-STATUS_COLOURS = {"completed": "#2ca02c", "infeasible": "#9467bd", "failed": "#ff7f0e", "pruned": "#8c564b",
-                  "error": "#e377c2"}
 
 
 @dataclass(frozen=True)
@@ -76,354 +79,6 @@ class Section:
     id: str
     title: str
     body: list[str]
-
-
-# ================================================================== analysis (pure)
-def point_categories(trials: pd.DataFrame, study: Study) -> pd.Series:
-    """The :data:`STYLES` key of every trial: front / feasible / slo_missed / failed / infeasible / pruned / error."""
-    front = pareto_front(trials, study.objectives, study.constraints)
-    cats = trials["status"].map({"completed": "slo_missed", "failed": "failed", "infeasible": "infeasible",
-                                 "pruned": "pruned", "error": "error"}).fillna("error")
-    feasible = (trials["status"] == "completed") & trials["feasible"].fillna(False).astype(bool)
-    cats[feasible] = "feasible"
-    cats[trials.index.isin(front.index)] = "front"
-    return cats.rename("category")
-
-
-def axes_metrics(study: Study) -> tuple[str, list[str]]:
-    """The throughput (y) and the latencies (x) of the front figures.
-
-    y: the study's first maximised objective (throughput per GPU in practice); x: the
-    study's TTFT metric (else ``ttft_p99_ms``) and its TPOT metric (else ``tpot_p50_ms``),
-    taken from objectives first, then constraints.
-    """
-    named = [o.metric for o in study.objectives] + [c.metric for c in study.constraints]
-    maximised = [o.metric for o in study.objectives if o.resolved_direction == "maximize"]
-    y = maximised[0] if maximised else "output_throughput_per_gpu"
-    ttft = next((m for m in named if m.startswith("ttft_")), "ttft_p99_ms")
-    tpot = next((m for m in named if m.startswith("tpot_")), "tpot_p50_ms")
-    return y, [ttft, tpot]
-
-
-def failure_breakdown(trials: pd.DataFrame) -> pd.DataFrame:
-    """Trials that did not complete cleanly, by status and failure kind, with a count and an example message."""
-    bad = trials[(trials["status"] != "completed") | trials["failure_kind"].notna()]
-    if bad.empty:
-        return pd.DataFrame(columns=["status", "failure_kind", "trials", "example"])
-    rows = []
-    for (status, kind), group in bad.groupby([bad["status"], bad["failure_kind"].fillna("-")], sort=True):
-        message = next((m for m in group["failure_message"] if isinstance(m, str) and m), "")
-        rows.append({"status": status, "failure_kind": kind, "trials": len(group),
-                     "example": message.strip().splitlines()[0][:240] if message.strip() else ""})
-    return pd.DataFrame(rows).sort_values("trials", ascending=False, kind="stable").reset_index(drop=True)
-
-
-def _in_flight_at_send(sent: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """For each request, how many requests were in flight when it was sent (itself excluded)."""
-    starts, ends = np.sort(sent), np.sort(end)
-    return np.searchsorted(starts, sent, side="left") - np.searchsorted(ends, sent, side="right")
-
-
-def load_curves(requests: pd.DataFrame, trials: pd.DataFrame, trial_ids: Sequence[str],
-                bins: int = 6) -> pd.DataFrame:
-    """Latency against load for each given trial, from the requests table.
-
-    A trial measured at several load levels (the ``level`` column) gets one point per
-    level: x = output tokens/s per GPU achieved at that level, ``source="level"``. A
-    trial measured at one level gets ``bins`` points from inside its load window: the
-    requests are binned by how many requests were in flight when each was sent (x),
-    ``source="in_flight"``. y: TTFT p99 and TPOT p50 of the successful requests of the point.
-    """
-    cols = ["trial_id", "source", "x", "ttft_p99_ms", "tpot_p50_ms", "requests"]
-    out: list[dict[str, Any]] = []
-    if requests.empty:
-        return pd.DataFrame(out, columns=cols)
-    gpus = trials.set_index("trial_id")["gpus"] if "gpus" in trials else pd.Series(dtype=float)
-    measured = requests[(~requests["warmup"]) & requests["trial_id"].isin(trial_ids)]
-    for trial_id, reqs in measured.groupby("trial_id", sort=False):
-        ok = reqs[reqs["success"] & reqs["sent_s"].notna() & reqs["end_s"].notna()]
-        if len(ok) < 2:
-            continue
-        n_gpus = float(gpus.get(trial_id, 1) or 1)
-        if reqs["level"].nunique() >= 2:
-            for _, lv in ok.groupby("level", sort=True):
-                span = lv["end_s"].max() - lv["sent_s"].min()
-                if span <= 0:
-                    continue
-                out.append({"trial_id": trial_id, "source": "level",
-                            "x": lv["output_tokens"].sum() / span / n_gpus,
-                            "ttft_p99_ms": lv["ttft_ms"].quantile(0.99), "tpot_p50_ms": lv["tpot_ms"].median(),
-                            "requests": len(lv)})
-            continue
-        load = _in_flight_at_send(ok["sent_s"].to_numpy(float), ok["end_s"].to_numpy(float))
-        distinct = np.unique(load)
-        if len(distinct) <= bins:  # few load values: one point each
-            which = np.searchsorted(distinct, load)
-        else:  # equal-count bins
-            edges = np.unique(np.quantile(load, np.linspace(0, 1, bins + 1)))
-            which = np.clip(np.searchsorted(edges, load, side="right") - 1, 0, max(len(edges) - 2, 0))
-        for b in np.unique(which):
-            sel = ok[which == b]
-            out.append({"trial_id": trial_id, "source": "in_flight", "x": float(load[which == b].mean()),
-                        "ttft_p99_ms": sel["ttft_ms"].quantile(0.99), "tpot_p50_ms": sel["tpot_ms"].median(),
-                        "requests": len(sel)})
-    return pd.DataFrame(out, columns=cols)
-
-
-# The levels table (one row per trial and load level of a capacity search): load and latency columns.
-LEVEL_X_COLUMNS = ("rate", "output_throughput_per_gpu")
-LEVEL_Y_COLUMNS = ("ttft_p99_ms", "ttft_p90_ms", "ttft_p50_ms")
-
-
-def level_curves(levels: pd.DataFrame, trial_ids: Optional[Sequence[str]] = None) -> Optional[pd.DataFrame]:
-    """Latency per load level of each trial from a levels table, or None when it lacks the columns.
-
-    Columns: ``trial_id``, the load columns of :data:`LEVEL_X_COLUMNS` present, ``latency``
-    (the first of :data:`LEVEL_Y_COLUMNS` present, named in ``latency_metric``) and
-    ``slo_met`` when recorded. Sorted by trial and load.
-    """
-    xs = [c for c in LEVEL_X_COLUMNS if c in levels.columns]
-    y = next((c for c in LEVEL_Y_COLUMNS if c in levels.columns), None)
-    if levels.empty or not xs or y is None or "trial_id" not in levels.columns:
-        return None
-    if trial_ids is not None:
-        levels = levels[levels["trial_id"].isin(trial_ids)]
-    keep = ["trial_id", *xs, y] + (["slo_met"] if "slo_met" in levels.columns else [])
-    out = levels[keep].dropna(subset=[y]).sort_values(["trial_id", xs[0]], kind="stable")
-    return out.rename(columns={y: "latency"}).assign(latency_metric=y).reset_index(drop=True)
-
-
-def curve_trials(trials: pd.DataFrame, categories: pd.Series, study: Study, limit: int) -> list[str]:
-    """Which configurations get a latency-load curve: the front first, then the best other completed ones."""
-    y, _ = axes_metrics(study)
-    order = {"front": 0, "feasible": 1, "slo_missed": 2}
-    cand = trials[categories.isin(order.keys())].assign(_rank=categories.map(order))
-    cand = cand.sort_values(["_rank", y], ascending=[True, False], kind="stable")
-    return list(cand["trial_id"].head(limit))
-
-
-def importances(trials: pd.DataFrame, study: Study) -> dict[str, Union[pd.Series, str]]:
-    """Parameter importance per objective over completed trials, or why it could not be computed."""
-    from orchestrator.results.query import param_importance
-
-    out: dict[str, Union[pd.Series, str]] = {}
-    for o in study.objectives:
-        try:
-            out[f"{o.resolved_direction} {o.metric}"] = param_importance(
-                trials, o.metric, o.resolved_direction, space=study.space)
-        except (ValueError, RuntimeError) as e:
-            out[f"{o.resolved_direction} {o.metric}"] = str(e)
-    return out
-
-
-# ================================================================== figures (data -> Figure)
-def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def _maybe_log(ax, values: pd.Series, axis: str) -> None:
-    """Log scale when the values span more than 20x, labelled 200, 500, 1,000... (no 10^x notation)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    v = pd.to_numeric(values, errors="coerce").dropna()
-    v = v[v > 0]
-    if len(v) >= 2 and v.max() / v.min() > 20:
-        target = ax.xaxis if axis == "x" else ax.yaxis
-        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
-        target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.10g}"))
-        target.set_minor_formatter(NullFormatter())
-
-
-def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
-    """Throughput per GPU against each latency of :func:`axes_metrics`, plus a strip of unmeasured trials."""
-    y, xs = axes_metrics(study)
-    fig = _figure(11, 6.2)
-    grid = fig.add_gridspec(2, len(xs), height_ratios=[5, 1.3])
-    measured = trials[trials[y].notna()]
-    feasible_any = (categories == "front").any()
-    for i, x in enumerate(xs):
-        ax = fig.add_subplot(grid[0, i])
-        pts = measured[measured[x].notna()] if x in measured else measured.iloc[0:0]
-        for cat in ("slo_missed", "failed", "feasible", "front"):
-            sel = pts[categories.loc[pts.index] == cat]
-            if sel.empty:
-                continue
-            label, marker, face, edge = STYLES[cat]
-            ax.scatter(sel[x], sel[y], marker=marker, s=130 if cat == "front" else 45, facecolors=face,
-                       edgecolors=edge, linewidths=1.2, label=f"{label} ({len(sel)})", zorder=3)
-        # The front on these two axes: a staircase through the non-dominated points
-        # (among the trials meeting the SLOs; among all measured ones when none does).
-        constraints = study.constraints if feasible_any else []
-        front2 = pareto_front(pts, [(y, "maximize"), (x, "minimize")], constraints) if len(pts) else pts
-        if len(front2):
-            f = front2.sort_values(x)
-            colour = "#d62728" if feasible_any else "#555555"
-            ax.step(f[x], f[y], where="post", color=colour, linestyle="-" if feasible_any else "--",
-                    linewidth=1.2, zorder=2)
-            ax.scatter(f[x], f[y], marker="D", s=70, facecolors="none", edgecolors=colour, linewidths=1.0, zorder=4,
-                       label="front on these axes" + ("" if feasible_any else " ignoring SLOs") + f" ({len(f)})")
-        for c in study.constraints:
-            if c.metric == x:
-                ax.axvline(c.value, color="#2ca02c", linestyle=":", linewidth=1.5, label=f"SLO {c}")
-            elif c.metric == y:
-                ax.axhline(c.value, color="#2ca02c", linestyle=":", linewidth=1.5, label=f"SLO {c}")
-        _maybe_log(ax, pts[x] if x in pts else pd.Series(dtype=float), "x")
-        ax.set_xlabel(f"{x} (lower is better)")
-        ax.set_ylabel(f"{y} (higher is better)")
-        ax.set_title(f"{y} vs {x}")
-        ax.grid(True, alpha=0.3)
-        if len(pts):
-            ax.legend(fontsize=7, loc="best")
-        else:
-            ax.text(0.5, 0.5, "no trial measured", ha="center", va="center", transform=ax.transAxes)
-    strip = fig.add_subplot(grid[1, :])
-    unmeasured = trials[~trials.index.isin(measured.index)]
-    kinds = [k for k in ("failed", "infeasible", "pruned", "error") if (categories.loc[unmeasured.index] == k).any()]
-    for row, cat in enumerate(kinds):
-        sel = unmeasured[categories.loc[unmeasured.index] == cat]
-        label, marker, face, edge = STYLES[cat]
-        strip.scatter(sel["trial_number"], [row] * len(sel), marker=marker, s=50, c=edge,
-                      label=f"{label} ({len(sel)})")
-    strip.set_yticks(range(len(kinds)), [STYLES[k][0] for k in kinds], fontsize=8)
-    strip.set_ylim(-0.7, max(len(kinds), 1) - 0.3)
-    numbers = pd.to_numeric(trials["trial_number"], errors="coerce")
-    strip.set_xlim(numbers.min() - 0.5, numbers.max() + 0.5)
-    from matplotlib.ticker import MaxNLocator
-
-    strip.xaxis.set_major_locator(MaxNLocator(integer=True))
-    strip.set_xlabel("trial number")
-    strip.set_title("not measured (no latency or throughput to plot)", fontsize=9)
-    if not kinds:
-        strip.text(0.5, 0.5, "every trial was measured", ha="center", va="center", transform=strip.transAxes)
-    strip.grid(True, axis="x", alpha=0.3)
-    return fig
-
-
-def curves_figure(curves: pd.DataFrame, labels: dict[str, str]):
-    """TTFT p99 and TPOT p50 against load, one line per configuration."""
-    fig = _figure(11, 5.0)
-    axes = fig.subplots(1, 2)
-    if curves.empty:
-        for ax in axes:
-            ax.text(0.5, 0.5, "no request measurements", ha="center", va="center", transform=ax.transAxes)
-        return fig
-    by_level = (curves["source"] == "level").any()
-    xlabel = ("output tokens/s per GPU at each load level" if by_level
-              else "requests in flight when a request was sent (binned)")
-    for ax, metric in zip(axes, ("ttft_p99_ms", "tpot_p50_ms")):
-        for trial_id, c in curves.groupby("trial_id", sort=False):
-            c = c.sort_values("x")
-            ax.plot(c["x"], c[metric], marker="o", markersize=4, label=labels.get(trial_id, trial_id))
-        _maybe_log(ax, curves[metric], "y")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(metric)
-        ax.set_title(f"{metric} vs load")
-        ax.grid(True, alpha=0.3)
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 8), fontsize=8, frameon=False)
-    return fig
-
-
-def level_figure(levels: pd.DataFrame, labels: dict[str, str]):
-    """Latency against each load column of a :func:`level_curves` table; hollow markers: SLO missed at that level."""
-    xs = [c for c in LEVEL_X_COLUMNS if c in levels.columns]
-    fig = _figure(11, 4.8)
-    axes = np.atleast_1d(fig.subplots(1, len(xs)))
-    metric = str(levels["latency_metric"].iloc[0])
-    for ax, x in zip(axes, xs):
-        for trial_id, c in levels.groupby("trial_id", sort=False):
-            line, = ax.plot(c[x], c["latency"], linewidth=1.2, label=labels.get(trial_id, trial_id))
-            met = c["slo_met"].fillna(False).astype(bool) if "slo_met" in c else pd.Series(True, index=c.index)
-            ax.scatter(c[x][met], c["latency"][met], color=line.get_color(), s=25, zorder=3)
-            ax.scatter(c[x][~met], c["latency"][~met], facecolors="none", edgecolors=line.get_color(), s=25, zorder=3)
-        _maybe_log(ax, levels["latency"], "y")
-        ax.set_xlabel({"rate": "requested rate of the level (req/s)"}.get(x, f"{x} achieved at the level"))
-        ax.set_ylabel(metric)
-        ax.set_title(f"{metric} vs {x} (capacity-search levels)")
-        ax.grid(True, alpha=0.3)
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 8), fontsize=8, frameon=False)
-    return fig
-
-
-def importance_figure(scores: dict[str, Union[pd.Series, str]]):
-    fig = _figure(11, 3.6)
-    axes = np.atleast_1d(fig.subplots(1, max(1, len(scores))))
-    for ax, (title, s) in zip(axes, scores.items()):
-        ax.set_title(f"importance for {title}", fontsize=10)
-        if isinstance(s, str):
-            ax.text(0.5, 0.5, s, ha="center", va="center", wrap=True, fontsize=8, transform=ax.transAxes)
-            ax.set_axis_off()
-            continue
-        s = s.sort_values()
-        ax.barh(s.index, s.to_numpy(), color="#1f77b4")
-        ax.set_xlim(0, 1)
-        ax.set_xlabel("share of importance (PED-ANOVA)")
-        ax.grid(True, axis="x", alpha=0.3)
-    return fig
-
-
-def timeline_figure(trials: pd.DataFrame):
-    """One bar per trial of the latest run, from start to finish, coloured by status."""
-    fig = _figure(11, 0.9 + 0.22 * min(len(trials), 60))
-    ax = fig.subplots()
-    t = trials.sort_values("started_at").tail(60)
-    start = pd.to_datetime(t["started_at"], utc=True)
-    end = pd.to_datetime(t["finished_at"], utc=True).fillna(start)
-    t0 = start.min()
-    left = (start - t0).dt.total_seconds().to_numpy()
-    width = np.maximum((end - start).dt.total_seconds().to_numpy(), 0.5)
-    colours = [STATUS_COLOURS.get(s, "#7f7f7f") for s in t["status"]]
-    ax.barh(range(len(t)), width, left=left, color=colours, edgecolor="black", linewidth=0.3)
-    ax.set_yticks(range(len(t)), [str(n) for n in t["trial_number"]], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel(f"seconds since {t0:%Y-%m-%d %H:%M:%S} UTC")
-    ax.set_ylabel("trial number")
-    from matplotlib.patches import Patch
-
-    present = [s for s in STATUS_COLOURS if s in set(t["status"])]
-    ax.legend(handles=[Patch(color=STATUS_COLOURS[s], label=s) for s in present], fontsize=7, ncol=len(present),
-              loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
-    ax.grid(True, axis="x", alpha=0.3)
-    return fig
-
-
-def failures_figure(breakdown: pd.DataFrame):
-    fig = _figure(7, 0.8 + 0.35 * max(len(breakdown), 1))
-    ax = fig.subplots()
-    if breakdown.empty:
-        ax.text(0.5, 0.5, "every trial completed cleanly", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return fig
-    labels = [f"{s}: {k}" for s, k in zip(breakdown["status"], breakdown["failure_kind"])]
-    ax.barh(labels, breakdown["trials"], color=[STATUS_COLOURS.get(s, "#7f7f7f") for s in breakdown["status"]])
-    ax.invert_yaxis()
-    ax.set_xlabel("trials")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(True, axis="x", alpha=0.3)
-    return fig
-
-
-def nightly_figure(history: pd.DataFrame, metric: str):
-    fig = _figure(7, 3.4)
-    ax = fig.subplots()
-    colours = ["#d62728" if r else "#1f77b4" for r in history["regression"]]
-    ax.plot(history["night"], history["best"], color="#1f77b4", linewidth=1)
-    ax.scatter(history["night"], history["best"], c=colours, zorder=3)
-    ax.set_ylabel(f"best {metric}")
-    ax.set_title("best capacity per nightly run (red: regression flagged)")
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    ax.grid(True, alpha=0.3)
-    return fig
-
-
-def figure_png(fig, dpi: int = 100) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
 
 
 # ================================================================== HTML (pure)
@@ -492,33 +147,6 @@ def _labels(trials: pd.DataFrame) -> dict[str, str]:
     return {r["trial_id"]: f"#{r['trial_number']}" for _, r in trials.iterrows()}
 
 
-def config_table(trials: pd.DataFrame, study: Study, trial_ids: Sequence[str]) -> pd.DataFrame:
-    """Trial number, id and searched parameters of the given trials, in that order."""
-    names = [n for n in study.space.sampled_names() if n in trials.columns]
-    rows = trials.set_index("trial_id").loc[list(trial_ids)].reset_index()
-    return rows[["trial_number", "trial_id", *names]].rename(columns={"trial_number": "#"})
-
-
-def front_of(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
-    """The study's Pareto front under its SLOs, or (when no trial met them) ignoring them; and which it is."""
-    front = pareto_front(trials, study.objectives, study.constraints)
-    if len(front) or not study.constraints:
-        return front, True
-    return pareto_front(trials, study.objectives), False
-
-
-def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
-    """The rows of :func:`front_of` with the columns people compare: parameters, objectives, SLO metrics."""
-    front, under_slos = front_of(trials, study)
-    y, _ = axes_metrics(study)
-    cols = ["trial_id"] + [n for n in study.space.sampled_names() if n in trials.columns]
-    cols += [m for m in dict.fromkeys([o.metric for o in study.objectives] + [c.metric for c in study.constraints]
-                                      + [y]) if m in trials.columns]
-    if "harness_bound" in front.columns and front["harness_bound"].notna().any():
-        cols.append("harness_bound")
-    return front.sort_values(y, ascending=False)[cols], under_slos
-
-
 HARNESS_COLUMNS = ("trial_id", "ttft_p50_ms", "engine_ttft_p50_ms", "output_throughput", "engine_output_throughput",
                    "harness_bound_reason")
 
@@ -559,8 +187,6 @@ def _summary_section(trials: pd.DataFrame, study: Study, categories: pd.Series) 
 
 
 def _recommendation_section(trials: pd.DataFrame, study: Study) -> Section:
-    from orchestrator.recommend import RecommendError, recommend
-
     try:
         rec = recommend(trials, study)
     except RecommendError as e:
@@ -578,8 +204,6 @@ def _recommendation_section(trials: pd.DataFrame, study: Study) -> Section:
 
 
 def _nightly_section(study_dir: str, fs) -> Optional[tuple[Section, Optional[bytes]]]:
-    from orchestrator.nightly import load_summaries
-
     summaries = load_summaries(study_dir, filesystem=fs)
     if not summaries:
         return None
@@ -710,9 +334,6 @@ def write_report(path: Union[str, os.PathLike], out: Optional[Union[str, os.Path
 
     ``out``: the report directory (default ``<path>/report``), local or URI.
     """
-    from orchestrator.results.definition import read_study_definition
-    from orchestrator.results.query import load_requests, load_trials, resolve_location
-
     study = read_study_definition(os.fspath(path))
     if study is None:
         raise FileNotFoundError(f"{path}: no study definition (study.json); is this a study's result directory?")

@@ -36,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from orchestrator.failures import TrialStatus
+from orchestrator.judge import judge_against
 from orchestrator.metrics import known_metric_names
 from orchestrator.records import RequestRecord
 
@@ -244,20 +245,14 @@ def trial_row_to_table(row: Mapping[str, Any], schema: pa.Schema) -> pa.Table:
 
 def constraint_summary(status: Any, metrics: Mapping[str, Any],
                        constraints: Sequence[Any]) -> tuple[Optional[bool], Optional[float]]:
-    """``(feasible, constraint_violation)`` for a trials row.
+    """``(feasible, constraint_violation)`` for a trials row, as :mod:`orchestrator.judge` decides.
 
-    ``feasible``: the trial completed and every constraint is met. The violation is
-    the largest :meth:`Constraint.violation` (<= 0 when all are met); None when the
-    trial did not complete or the study has no constraints.
+    ``feasible``: the trial completed and every constraint is met. The violation is the
+    largest constraint margin (<= 0 when all are met, 0 without constraints); None when
+    the trial did not complete.
     """
-    status = status.value if isinstance(status, Enum) else status
-    if status != TrialStatus.COMPLETED.value:
-        return False, None
-    values = {c.metric: (None if _is_missing(metrics.get(c.metric)) else float(metrics[c.metric]))
-              for c in constraints}
-    feasible = all(c.met(values[c.metric]) for c in constraints)
-    violation = max((c.violation(values[c.metric]) for c in constraints), default=None)
-    return feasible, violation
+    verdict = judge_against((), constraints, metrics, status)
+    return verdict.feasible, verdict.constraint_violation
 
 
 # ------------------------------------------------------------------ requests
@@ -303,10 +298,9 @@ def _nullable(arr: np.ndarray, type_: pa.DataType) -> pa.Array:
 def requests_to_table(records: Sequence[RequestRecord], *, study: str, run_id: str, trial_id: str) -> pa.Table:
     """Request records as a :data:`REQUESTS_SCHEMA` table (column-wise, no per-row dicts).
 
-    ``ttft_ms``, ``tpot_ms``, ``e2el_ms`` and ``itl_ms`` are the record's
-    ``ttft_s``, ``tpot_s``, ``latency_s`` and ``itl_s`` in milliseconds, computed
-    with the same arithmetic (null where the property is None); ``output_tokens``
-    is ``RequestRecord.output_tokens``.
+    ``ttft_ms``, ``tpot_ms``, ``e2el_ms``, ``itl_ms`` and ``output_tokens`` are the record's
+    own ``ttft_s``, ``tpot_s``, ``latency_s``, ``itl_s`` and ``output_tokens`` (the one
+    definition of each), in milliseconds; null where the property is None.
     """
     n = len(records)
     sent = _opt_floats(r.sent_s for r in records)
@@ -314,29 +308,17 @@ def requests_to_table(records: Sequence[RequestRecord], *, study: str, run_id: s
     end = _opt_floats(r.end_s for r in records)
     success = np.fromiter((r.success for r in records), dtype=bool, count=n)
     completion = [r.completion_tokens for r in records]
-    lengths = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=n)
-    output_tokens = np.array([c if c is not None else k for c, k in zip(completion, lengths.tolist())],
-                             dtype=np.int64)
+    output_tokens = np.fromiter((r.output_tokens for r in records), dtype=np.int64, count=n)
+    ttft_s = _opt_floats(r.ttft_s for r in records)
+    tpot_s = _opt_floats(r.tpot_s for r in records)
+    latency_s = _opt_floats(r.latency_s for r in records)
 
-    ttft_s = first - sent
-    latency_s = end - sent
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot_s = np.where(success & (output_tokens > 1), (latency_s - ttft_s) / (output_tokens - 1), np.nan)
-
-    # ITL: consecutive differences of each record's token times, computed on one flat
-    # array; the gaps that span two records are dropped.
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter(chain.from_iterable([r.token_times_s for r in records]), dtype=np.float64,
-                       count=int(offsets[-1]))
-    gaps = np.diff(flat)
-    starts = offsets[:-1][lengths > 0]
-    keep = np.ones(len(gaps), dtype=bool)
-    keep[starts[starts > 0] - 1] = False
-    itl = (gaps[keep] * 1000.0).astype(np.float32)
+    itl_lengths = np.fromiter((max(len(r.token_times_s) - 1, 0) for r in records), dtype=np.int32, count=n)
     itl_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.maximum(lengths - 1, 0), out=itl_offsets[1:])
-    itl_list = pa.ListArray.from_arrays(pa.array(itl_offsets), pa.array(itl, type=pa.float32()))
+    np.cumsum(itl_lengths, out=itl_offsets[1:])
+    itl = np.fromiter(chain.from_iterable(r.itl_s for r in records), dtype=np.float64, count=int(itl_offsets[-1]))
+    itl_list = pa.ListArray.from_arrays(pa.array(itl_offsets), pa.array((itl * 1000.0).astype(np.float32),
+                                                                        type=pa.float32()))
 
     def opt_ints(values: Iterable[Optional[int]]) -> pa.Array:
         return pa.array(list(values), type=pa.int64())

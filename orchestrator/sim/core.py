@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from orchestrator.accelerator import with_device_defaults
 from orchestrator.engine_args import EngineArgs, ceil_div, vllm_refusal
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.sim.cost import StepCostModel
@@ -74,8 +75,7 @@ class SimEngineCore:
 
     def __init__(self, model: ModelShape, gpu: GpuSpec, args: EngineArgs, calibration=None, dtype: str = "auto"):
         if args.max_num_seqs is None or args.max_model_len is None:
-            args = args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name,
-                                 model_max_len=model.max_position_embeddings)
+            args = with_device_defaults(args, gpu, model_max_len=model.max_position_embeddings)
         refusal = vllm_refusal(args)
         if refusal is not None:  # vLLM refuses these arguments before loading anything
             raise EngineStartError(FailureKind.INVALID_ARGS, refusal)

@@ -1,7 +1,8 @@
-"""vLLM V1's scheduler and KV cache manager, modelled step by step without timing.
+"""vLLM V1's scheduler, modelled step by step without timing.
 
-Follows ``v1/core/sched/scheduler.py`` (``schedule``), ``kv_cache_manager.py`` and
-``block_pool.py`` of vLLM 0.29 (see ``notes/vllm-v1-engine-facts.md``):
+Follows ``v1/core/sched/scheduler.py`` (``schedule``) of vLLM 0.29 (see
+``notes/vllm-v1-engine-facts.md``); the KV blocks and the prefix cache are
+:class:`~orchestrator.sim.kv_cache.KVCacheManager`:
 
 * running requests first, in admission order, each taking
   min(remaining, long_prefill_token_threshold, budget left); then FCFS (or
@@ -10,9 +11,7 @@ Follows ``v1/core/sched/scheduler.py`` (``schedule``), ``kv_cache_manager.py`` a
   whole remaining sequence (``scheduler_reserve_full_isl``) and a failed gate
   stops admission (head-of-line blocking); the last admitted prompt is chunked to
   fill the budget, or stops admission when chunked prefill is off;
-* paged KV: ``block_size`` tokens per block, one permanent null block; prefix
-  caching hashes full blocks (prompt and generated), looks up at most n-1 tokens
-  in whole blocks, and evicts free cached blocks in LRU order when reallocated;
+* paged KV and the prefix cache: see :mod:`orchestrator.sim.kv_cache`;
 * a running request that cannot get its blocks preempts the last admitted one
   (recompute: blocks freed, computed tokens reset, re-queued at the front).
 
@@ -23,246 +22,21 @@ scheduling step N+1 before processing step N. Generation ends at ``max_tokens``
 (no EOS). Counters follow vLLM's /metrics where one exists.
 
 It never looks at time: :mod:`orchestrator.sim.cost` prices the
-:class:`BatchShape` a step produces (Vidur's scheduler / predictor split).
+:class:`~orchestrator.sim.batch.BatchShape` a step produces (Vidur's scheduler / predictor split).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from collections import deque
 
 from orchestrator.engine_args import EngineArgs
+from orchestrator.sim.batch import BatchShape, SchedulerOutput
+from orchestrator.sim.kv_cache import KVCacheManager
+from orchestrator.sim.sched_request import SchedRequest
 
-_ROOT_HASH = 0x5EED_CAFE  # parent hash of a sequence's first block (vLLM's NONE_HASH)
-
-
-class SchedRequest:
-    """The scheduler's view of one request (mutable, like vLLM's ``Request``)."""
-
-    __slots__ = ("request_id", "uid", "prompt", "num_prompt_tokens", "max_tokens", "num_tokens",
-                 "num_delivered", "num_computed", "blocks", "block_hashes", "num_cached_blocks", "priority",
-                 "arrival", "num_preemptions", "num_cached_tokens", "finished", "mark")
-
-    def __init__(self, request_id: str, uid: int, prompt: Sequence[int], max_tokens: int,
-                 priority: int = 0, arrival: float = 0.0):
-        self.request_id = request_id
-        self.uid = uid
-        self.prompt = tuple(prompt)
-        self.num_prompt_tokens = len(self.prompt)
-        self.max_tokens = max_tokens
-        # Like vLLM, state advances when a step is *scheduled*: a row that reaches the
-        # sequence end adds a placeholder token at once (its value is never needed);
-        # the token is delivered when the step's output is processed.
-        self.num_tokens = self.num_prompt_tokens  # prompt + generated (placeholders included)
-        self.num_delivered = 0  # tokens returned by processed steps
-        self.num_computed = 0
-        self.blocks: list[int] = []
-        self.block_hashes: list[int] = []  # hashes of full blocks known so far
-        self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
-        self.priority = priority
-        self.arrival = arrival
-        self.num_preemptions = 0
-        self.num_cached_tokens = -1  # prefix-cache hit at first admission (-1: not yet)
-        self.finished = False
-        # Decode fast path: while num_tokens < mark, the next step is a plain decode that
-        # needs no new block, fills no block and is not the last token. 0: take the slow path.
-        self.mark = 0
-
-    @property
-    def num_output(self) -> int:
-        """Tokens generated or scheduled to be (placeholders included)."""
-        return self.num_tokens - self.num_prompt_tokens
-
-
-@dataclass(slots=True)
-class BatchShape:
-    """What one forward pass computes: the step-time predictor's only input."""
-
-    num_tokens: int = 0  # scheduled tokens (rows of the linear layers)
-    num_reqs: int = 0
-    num_decodes: int = 0  # one-token rows continuing a generation
-    decode_context: int = 0  # KV tokens the decode rows attend to (sum of contexts)
-    prefill_tokens: int = 0  # prompt / recompute tokens
-    prefill_attn_pairs: int = 0  # causal (query, key) pairs of the prefill chunks
-    prefill_context: int = 0  # KV tokens the prefill chunks read (cached prefix + chunk)
-    num_sampled: int = 0  # rows that reach the sequence end and sample a token
-
-    @property
-    def is_uniform_decode(self) -> bool:
-        return self.prefill_tokens == 0 and self.num_decodes > 0
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's rows: plain decodes (1 row, samples) apart from every other chunk, for speed."""
-
-    decodes: list  # [SchedRequest]
-    chunks: list  # [(SchedRequest, num_new_tokens, samples_a_token)]
-    shape: BatchShape
-    preempted: list = field(default_factory=list)  # SchedRequests preempted this step
-
-    @property
-    def scheduled(self) -> list:
-        """[(request, num_new_tokens, samples_a_token)]: decodes first, then chunks in batch order."""
-        return [(r, 1, True) for r in self.decodes] + self.chunks
-
-    def __len__(self) -> int:
-        return len(self.decodes) + len(self.chunks)
-
-
-class KVCacheManager:
-    """Block pool + prefix cache of one KV cache group (full attention)."""
-
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool):
-        if num_blocks < 2:
-            raise ValueError("need at least 2 KV blocks (one is the null block)")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.caching = enable_caching
-        self.ref = [0] * num_blocks
-        self.ref[0] = 1  # block 0: the permanent null block, never free
-        self.bhash: list[Optional[int]] = [None] * num_blocks
-        # The free queue is [unhashed blocks][hashed blocks, LRU first]: unhashed ones are
-        # prepended, hashed ones appended, so the two parts never interleave.
-        self.free_plain: list[int] = list(range(num_blocks - 1, 0, -1))  # pop() = front
-        self.free_cached: OrderedDict[int, None] = OrderedDict()
-        self.cached: dict[int, list[int]] = {}  # hash -> blocks holding it (first is returned)
-
-    # ---------------------------------------------------------------- pool
-    @property
-    def num_free(self) -> int:
-        return len(self.free_plain) + len(self.free_cached)
-
-    def usage(self) -> float:
-        return 1.0 - self.num_free / (self.num_blocks - 1)
-
-    def _pop_free(self, n: int) -> list[int]:
-        out = []
-        plain, fc, ref = self.free_plain, self.free_cached, self.ref
-        for _ in range(n):
-            if plain:
-                b = plain.pop()
-            else:
-                b, _ = fc.popitem(last=False)  # evict the least recently freed cached block
-                self._evict(b)
-            ref[b] = 1
-            out.append(b)
-        return out
-
-    def _evict(self, b: int) -> None:
-        h = self.bhash[b]
-        self.bhash[b] = None
-        holders = self.cached.get(h)
-        if holders is not None:
-            holders.remove(b)
-            if not holders:
-                del self.cached[h]
-
-    def free(self, req: SchedRequest) -> None:
-        """Release a request's blocks tail first (so its tail is evicted first)."""
-        ref, bhash = self.ref, self.bhash
-        plain, fc = self.free_plain, self.free_cached
-        for b in reversed(req.blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
-                if bhash[b] is None:
-                    plain.append(b)
-                else:
-                    fc[b] = None
-        req.blocks = []
-        req.num_cached_blocks = 0
-
-    # ---------------------------------------------------------------- prefix cache
-    def block_hash(self, req: SchedRequest, i: int, parent: int) -> int:
-        """Hash of block ``i``: (parent, its prompt token ids, its generated tokens).
-
-        Generated tokens are not simulated as ids: they are named by (request uid,
-        position), so they hash uniquely per request, as sampled text would.
-        """
-        bs = self.block_size
-        lo, hi = i * bs, (i + 1) * bs
-        p = req.num_prompt_tokens
-        if hi <= p:
-            return hash((parent, req.prompt[lo:hi]))
-        if lo < p:
-            return hash((parent, req.prompt[lo:p], req.uid, p, hi))
-        return hash((parent, (), req.uid, lo, hi))
-
-    def extend_hashes(self, req: SchedRequest, num_tokens: int) -> None:
-        hashes = req.block_hashes
-        for i in range(len(hashes), num_tokens // self.block_size):
-            hashes.append(self.block_hash(req, i, hashes[-1] if hashes else _ROOT_HASH))
-
-    def lookup(self, req: SchedRequest) -> list[int]:
-        """Cached blocks of the longest prefix hit, capped at num_tokens - 1 in whole blocks."""
-        if not self.caching:
-            return []
-        max_blocks = (req.num_tokens - 1) // self.block_size
-        self.extend_hashes(req, max_blocks * self.block_size)
-        hits = []
-        cached = self.cached
-        for h in req.block_hashes[:max_blocks]:
-            holders = cached.get(h)
-            if holders is None:
-                break
-            hits.append(holders[0])
-        return hits
-
-    def cache_blocks(self, req: SchedRequest, num_tokens: int) -> None:
-        """Register the request's full blocks up to ``num_tokens`` in the prefix cache."""
-        full = num_tokens // self.block_size
-        if full <= req.num_cached_blocks:
-            return
-        self.extend_hashes(req, num_tokens)
-        bhash, cached = self.bhash, self.cached
-        for i in range(req.num_cached_blocks, full):
-            b = req.blocks[i]
-            if bhash[b] is None:
-                h = req.block_hashes[i]
-                bhash[b] = h
-                holders = cached.get(h)
-                if holders is None:
-                    cached[h] = [b]
-                else:
-                    holders.append(b)
-        req.num_cached_blocks = full
-
-    # ---------------------------------------------------------------- allocation
-    def admit(self, req: SchedRequest, hits: list[int], num_new: int) -> bool:
-        """Allocate for a waiting request (``allocate_slots(full_sequence_must_fit=True)``).
-
-        Fails unless blocks for the whole sequence fit, counting hit blocks that must
-        leave the free queue. On success the hits are taken and the first chunk's
-        blocks allocated.
-        """
-        bs, ref = self.block_size, self.ref
-        evictable = sum(1 for b in hits if ref[b] == 0)
-        need_full = -(-req.num_tokens // bs) - len(hits) + evictable
-        if need_full > self.num_free:
-            return False
-        for b in hits:  # touch: a hit on a free cached block takes it off the queue
-            if ref[b] == 0:
-                del self.free_cached[b]
-            ref[b] += 1
-        req.blocks = list(hits)
-        req.num_cached_blocks = len(hits)
-        computed = len(hits) * bs
-        need = -(-(computed + num_new) // bs) - len(hits)
-        if need > 0:
-            req.blocks += self._pop_free(need)
-        if self.caching:
-            self.cache_blocks(req, min(computed + num_new, req.num_tokens))
-        return True
-
-    def grow(self, req: SchedRequest, need: int) -> bool:
-        """Give a running request ``need`` more blocks, or fail without side effects."""
-        if need > self.num_free:
-            return False
-        req.blocks += self._pop_free(need)
-        return True
+__all__ = ["BatchShape", "KVCacheManager", "SchedRequest", "Scheduler", "SchedulerOutput"]
 
 
 class Scheduler:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from orchestrator.workload.generate import WarmupStream
+    from orchestrator.workload.warmup_stream import WarmupStream
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- lengths
@@ -278,12 +279,3 @@ class WorkloadSpec(_Strict):
                 raise ValueError(f"dataset gives prompts and output lengths; remove {', '.join(clash)} "
                                  "(dataset.output_len replaces the file's output lengths)")
         return self
-
-    @property
-    def requested_rate(self) -> Optional[float]:
-        """The nominal request rate (None: unbounded, closed loop, or a trace: see ``RequestSet``)."""
-        if self.trace is not None:
-            return None
-        from orchestrator.workload.arrivals import nominal_rate
-
-        return nominal_rate(self.arrival, self.num_requests)

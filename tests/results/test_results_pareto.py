@@ -17,6 +17,7 @@ from orchestrator.results import (
     feasible_mask,
     is_dominated,
     knee_point,
+    normalize_objectives,
     pareto_front,
     pareto_mask,
 )
@@ -137,6 +138,18 @@ def test_objective_forms_and_errors():
         pareto_front(df, [("ttft_p99_ms", "lower")])
     with pytest.raises(ValueError, match="at most once"):
         pareto_front(df, [("ttft_p99_ms", "minimize"), ("ttft_p99_ms", "maximize")])
+
+
+@pytest.mark.parametrize("text", ["maximize output_throughput", "minimize output_throughput", "output_throughput",
+                                  "ttft_p99_ms", "  maximize   goodput  "])
+def test_objective_strings_read_as_the_study_reads_them(text):
+    study_objective = Objective.model_validate(text)
+    assert normalize_objectives([text]) == [(study_objective.metric, study_objective.resolved_direction)]
+
+
+def test_unreadable_objective_string():
+    with pytest.raises(ValueError, match="cannot read objective"):
+        normalize_objectives(["maximize two columns"])
 
 
 def test_single_objective_front_is_the_best_value():

@@ -144,7 +144,7 @@ def test_constraint_summary():
     assert feasible is False and violation == pytest.approx(0.5)
     assert constraint_summary("completed", {"output_throughput": 120}, cs) == (False, 1.0)  # missing metric
     assert constraint_summary(TrialStatus.FAILED, {}, cs) == (False, None)
-    assert constraint_summary("completed", {}, []) == (True, None)
+    assert constraint_summary("completed", {}, []) == (True, 0.0)  # no SLO: met, as the trials row says
 
 
 # ------------------------------------------------------------------ requests

@@ -56,7 +56,8 @@ def workloads(draw):
         budget = max(budget, max_len)  # what EngineArgs.resolved guarantees
     args = make_args(max_num_seqs=draw(st.integers(1, 12)), max_num_batched_tokens=budget, max_model_len=max_len,
                      block_size=bs, enable_chunked_prefill=chunked, enable_prefix_caching=draw(st.booleans()),
-                     long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 40])),
+                     # vLLM refuses a threshold above max_model_len (engine_args.vllm_refusal): only valid ones here
+                     long_prefill_token_threshold=min(draw(st.sampled_from([0, 0, 8, 40])), max_len),
                      scheduling_policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
                      extra={"async_scheduling": draw(st.booleans())})
     min_blocks = -(-max_len // bs) + 1

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from orchestrator.accelerator import is_cpu_study
 from orchestrator.study import Study
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class ClusterInfo:
 
 
 def engine_resource(study: Study) -> str:
-    if study.engine.kind == "vllm" and (study.engine.platform == "cpu" or study.hardware.gpu == "CPU"):
+    if study.engine.kind == "vllm" and is_cpu_study(study):  # only vLLM has a CPU build
         return "CPU"
     return "GPU"
 
@@ -64,7 +65,10 @@ def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optiona
     runtime_env = {"env_vars": env_vars}
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, logging_level=logging.WARNING)
+        # Replica and controller logs stay in Ray's log folder (the trial rows carry the engine's own
+        # error); ORCHESTRATOR_RAY_LOGS=1 streams them here, as for a local Ray.
+        ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, logging_level=logging.WARNING,
+                 log_to_driver=os.environ.get("ORCHESTRATOR_RAY_LOGS") == "1")
         return False
     cpus = num_cpus or max(os.cpu_count() or 2, study.budget.max_concurrent_trials + 2, 4)
     gpus = _local_gpu_count()
@@ -110,7 +114,7 @@ def _alive_nodes() -> list[dict]:
 
 
 def cluster_info(study: Study, *, started_locally: bool, serve_port: int) -> ClusterInfo:
-    from orchestrator.scheduling import units_per_node
+    from orchestrator.gpu_ledger import units_per_node
 
     resource = engine_resource(study)
     return ClusterInfo(started_locally, resource, units_per_node(resource), serve_port)

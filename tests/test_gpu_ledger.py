@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from orchestrator.scheduling import Ledger, NodeCapacity, max_concurrent_use
+from orchestrator.gpu_ledger import Ledger, NodeCapacity, max_concurrent_use
 
 
 def ledger(**nodes) -> Ledger:

@@ -1,8 +1,9 @@
-"""The simulated engine as an OpenAI-compatible streaming server inside a Ray Serve replica.
+"""The simulated engine's HTTP front end: an OpenAI-compatible streaming server in a Ray Serve replica.
 
-The engine (simulator core + a loop that sleeps each step's simulated duration)
-runs on its own thread and event loop, like vLLM's engine core beside its API
-server. Two HTTP front doors share it:
+The engine (:mod:`orchestrator.engines.sim_loop`: the simulator core stepping in real
+time) runs on its own thread and event loop, like vLLM's engine core beside its API
+server. :class:`OpenAIFrontend` parses requests and writes responses once; two HTTP
+front doors serve it:
 
 * the Serve ingress (FastAPI routes behind Ray Serve's proxy), and
 * a direct aiohttp server in the replica (``transport: direct``). Serve's proxy
@@ -17,26 +18,25 @@ gauges, counters and request-latency histograms, see
 :mod:`orchestrator.engines.sim_metrics`) and ``/engine_facts``.
 """
 
-
-
 import asyncio
-import itertools
 import json
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Optional
 
+from aiohttp import web
 from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
 from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.engine_args import EngineArgs
-from orchestrator.engines.sim_metrics import SimRequestMetrics
-from orchestrator.sim.core import SimEngineCore, SimRequest
+from orchestrator.engines.sim_loop import FINISHED, Mailbox, SimRuntime
+from orchestrator.engines.sim_metrics import metrics_text
+from orchestrator.sim.core import SimEngineCore
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape
 from orchestrator.workload.generate import text_token_ids
 
-_FINISHED = "finished"
+NOT_JSON = "request body is not JSON"
 
 
 def words_to_ids(text: str, vocab_size: int) -> list[int]:
@@ -69,153 +69,6 @@ def _int_field(body: dict, name: str) -> Optional[int]:
         label = "error" if len(errors) == 1 else "errors"
         message = f"{len(errors)} validation {label}:\n" + "".join(f"  {err}\n" for err in errors)
         raise BadRequest(message.rstrip(), param=f"body.{name}", err_type="Bad Request") from None
-
-
-class _Mailbox:
-    """Tokens for one request, delivered into the caller's event loop."""
-
-    __slots__ = ("queue", "loop", "prompt_tokens", "cached_tokens", "generated", "pending")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.loop = loop
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
-        self.generated = 0
-        self.pending = 0  # generated but not yet streamed (stream_interval)
-
-
-class SimRuntime:
-    """Owns the simulator core; all core calls happen on the engine thread."""
-
-    def __init__(self, core: SimEngineCore, stream_interval: int = 1):
-        self.core = core
-        self.stream_interval = max(1, stream_interval)
-        self.loop = asyncio.new_event_loop()
-        self.mailboxes: dict[str, _Mailbox] = {}
-        self.ids = itertools.count()
-        self.error: Optional[BaseException] = None
-        self.request_success = 0
-        self.metrics = SimRequestMetrics()  # vLLM's request-latency histograms (engine thread)
-        self.on_accept: Optional[Callable[[], None]] = None  # per accepted request (fault injection)
-        self._pending_failure: Optional[BaseException] = None
-        self._wake: Optional[asyncio.Event] = None
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._thread_main, args=(ready,), name="sim-engine", daemon=True)
-        self.thread.start()
-        ready.wait()
-
-    def _thread_main(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self._wake = asyncio.Event()
-        self.loop.create_task(self._engine_loop())
-        ready.set()
-        self.loop.run_forever()
-
-    def _deliver(self, box: _Mailbox, item) -> None:
-        if box.loop is self.loop:
-            box.queue.put_nowait(item)
-        else:
-            box.loop.call_soon_threadsafe(box.queue.put_nowait, item)
-
-    async def _engine_loop(self) -> None:
-        loop = self.loop
-        next_free = loop.time()
-        try:
-            while True:
-                if self._pending_failure is not None:
-                    raise self._pending_failure
-                if not self.core.has_work():
-                    self._wake.clear()
-                    await self._wake.wait()
-                    next_free = loop.time()
-                    continue
-                start = max(loop.time(), next_free)
-                result = self.core.step()
-                # Step boundaries stay on a wall-clock timeline: a late wake-up shortens
-                # the next sleep instead of shifting every later token.
-                next_free = start + result.duration_s
-                delay = next_free - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                # Recorded before any token reaches a client: a scrape after the client saw a
-                # request end always counts it.
-                self.metrics.step(result.outputs, start, loop.time())
-                for out in result.outputs:
-                    box = self.mailboxes.get(out.request_id)
-                    if box is None:
-                        continue
-                    box.prompt_tokens = out.num_prompt_tokens
-                    box.cached_tokens = out.num_cached_tokens
-                    if out.new_tokens:
-                        # vLLM's stream_interval: the first token at once, then every N tokens.
-                        first = box.generated == 0
-                        box.generated += out.new_tokens
-                        box.pending += out.new_tokens
-                        if first or out.finished or box.pending >= self.stream_interval:
-                            self._deliver(box, box.pending)
-                            box.pending = 0
-                    if out.finished:
-                        if box.pending:
-                            self._deliver(box, box.pending)
-                            box.pending = 0
-                        self.mailboxes.pop(out.request_id, None)
-                        self.request_success += 1
-                        self._deliver(box, _FINISHED)
-        except BaseException as e:  # noqa: BLE001 - every waiting request must learn of it
-            self.error = e
-            for box in list(self.mailboxes.values()):
-                self._deliver(box, e)
-            raise
-
-    # ---- called from any thread / loop
-    def submit(self, prompt_ids: list[int], max_tokens: int):
-        """Queue a request on the engine thread; returns (request id, mailbox, accepted future)."""
-        if self.error is not None:
-            raise RuntimeError(f"engine dead: {self.error!r}")
-        arrival = time.monotonic()  # vLLM's arrival_time: the front end has the request
-        rid = f"cmpl-{next(self.ids)}"
-        box = _Mailbox(asyncio.get_running_loop())
-        box.prompt_tokens = len(prompt_ids)
-        fut: "asyncio.Future" = asyncio.get_running_loop().create_future()
-        caller = asyncio.get_running_loop()
-
-        def _add():
-            queued = time.monotonic()
-            try:
-                self.core.add_request(SimRequest(rid, prompt_ids, max_tokens, arrival_s=queued))
-            except ValueError as e:  # too long for max_model_len: vLLM answers 400
-                caller.call_soon_threadsafe(fut.set_exception, BadRequest(str(e)))
-                return
-            self.metrics.add(rid, arrival, queued)
-            self.mailboxes[rid] = box
-            self._wake.set()
-            caller.call_soon_threadsafe(fut.set_result, None)
-            if self.on_accept is not None:
-                self.on_accept()
-
-        self.loop.call_soon_threadsafe(_add)
-        return rid, box, fut
-
-    def inject_failure(self, error: BaseException) -> None:
-        """Make the engine loop die of ``error`` at its next step, as a failing engine core would."""
-
-        def _fail():
-            self._pending_failure = error
-            self._wake.set()
-
-        self.loop.call_soon_threadsafe(_fail)
-
-    def abort(self, rid: str) -> None:
-        def _abort():
-            self.metrics.abort(rid)
-            if self.mailboxes.pop(rid, None) is not None:
-                try:
-                    self.core.abort_request(rid)
-                except Exception:  # noqa: BLE001 - it finished meanwhile
-                    pass
-
-        self.loop.call_soon_threadsafe(_abort)
 
 
 class OpenAIFrontend:
@@ -275,15 +128,39 @@ class OpenAIFrontend:
             raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}. "
                              f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
         rid, box, accepted = self.rt.submit(ids, max_tokens)
-        await accepted
+        try:
+            await accepted
+        except ValueError as e:  # the core refused it (e.g. longer than max_model_len): vLLM answers 400
+            raise BadRequest(str(e)) from None
         return rid, box
 
-    async def tokens(self, rid: str, box: _Mailbox) -> AsyncIterator[int]:
+    async def respond(self, body: Any, chat: bool) -> tuple[int, Any]:
+        """A completion request's answer, the same through either door: ``(status, JSON body)``,
+        or ``(200, SSE chunks)`` (an async iterator of bytes) for a streamed one."""
+        try:
+            rid, box = await self.start(body, chat)
+        except BadRequest as e:
+            return e.status, e.body()
+        except RuntimeError as e:  # the engine is dead
+            return 500, error_body(500, str(e))
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return 200, self.sse(rid, box, chat, include_usage)
+        try:
+            return 200, await self.full(rid, box, chat)
+        except RuntimeError as e:
+            return 500, error_body(500, str(e))
+
+    def health_error(self) -> Optional[dict]:
+        """None while the engine loop runs, else the body of ``/health``'s 500."""
+        return None if self.rt.error is None else error_body(500, f"engine dead: {self.rt.error!r}")
+
+    async def tokens(self, rid: str, box: Mailbox) -> AsyncIterator[int]:
         finished = False
         try:
             while True:
                 item = await box.queue.get()
-                if item == _FINISHED:
+                if item == FINISHED:
                     finished = True
                     return
                 if isinstance(item, BaseException):
@@ -310,7 +187,7 @@ class OpenAIFrontend:
             self._ingress_free_at = done
         await asyncio.sleep(done - now)
 
-    async def sse(self, rid: str, box: _Mailbox, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    async def sse(self, rid: str, box: Mailbox, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
         created, name = int(time.time()), self.name
         obj = "chat.completion.chunk" if chat else "text_completion"
         prefix = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
@@ -341,7 +218,7 @@ class OpenAIFrontend:
             yield ("data: " + prefix + "]," + f'"usage":{json.dumps(usage)}}}' + "\n\n").encode()
         yield b"data: [DONE]\n\n"
 
-    async def full(self, rid: str, box: _Mailbox, chat: bool) -> dict:
+    async def full(self, rid: str, box: Mailbox, chat: bool) -> dict:
         async for _ in self.tokens(rid, box):
             pass
         await self._through_ingress()
@@ -354,32 +231,7 @@ class OpenAIFrontend:
                 "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage}
 
     def metrics_text(self) -> str:
-        s = self.rt.core.stats()
-        m = self.rt.core.memory
-        labels = f'{{model_name="{self.name}",engine="0"}}'
-        rows = [
-            ("vllm:num_requests_running", "gauge", s.num_requests_running),
-            ("vllm:num_requests_waiting", "gauge", s.num_requests_waiting),
-            ("vllm:kv_cache_usage_perc", "gauge", s.kv_cache_usage),
-            ("vllm:num_preemptions_total", "counter", s.num_preemptions_total),
-            ("vllm:prefix_cache_queries_total", "counter", s.prefix_cache_queries_total),
-            ("vllm:prefix_cache_hits_total", "counter", s.prefix_cache_hits_total),
-            ("vllm:prompt_tokens_total", "counter", s.prompt_tokens_total),
-            ("vllm:generation_tokens_total", "counter", s.generation_tokens_total),
-        ]
-        out = []
-        for name, kind, value in rows:
-            out.append(f"# TYPE {name.removesuffix('_total')} {kind}")
-            out.append(f"{name}{labels} {float(value)}")
-        # The simulated requests all end at max_tokens (ignore_eos): finished_reason "length".
-        out.append("# TYPE vllm:request_success counter")
-        out.append(f'vllm:request_success_total{{model_name="{self.name}",engine="0",finished_reason="length"}} '
-                   f"{float(self.rt.request_success)}")
-        out += self.rt.metrics.exposition(f'model_name="{self.name}",engine="0"')
-        out.append("# TYPE vllm:cache_config_info gauge")
-        out.append(f'vllm:cache_config_info{{block_size="{m.block_size}",num_gpu_blocks="{m.num_blocks}",'
-                   f'engine="0"}} 1.0')
-        return "\n".join(out) + "\n"
+        return metrics_text(self.rt, self.name)
 
     def facts(self) -> dict[str, Any]:
         m = self.rt.core.memory
@@ -394,81 +246,62 @@ def error_body(status: int, message: str, kind: Optional[str] = None, param: Opt
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def _not_found_json():
-    """aiohttp middleware: an unknown route or method answers FastAPI's JSON (what vLLM's server
-    answers: 404 ``{"detail": "Not Found"}``, 405 ``{"detail": "Method Not Allowed"}`` with ``Allow``)."""
-    from aiohttp import web
-
-    @web.middleware
-    async def middleware(request, handler):
-        try:
-            return await handler(request)
-        except web.HTTPMethodNotAllowed as e:
-            allow = ", ".join(sorted(m for m in e.allowed_methods if m != "HEAD"))
-            return web.json_response({"detail": "Method Not Allowed"}, status=405, headers={"Allow": allow})
-        except web.HTTPNotFound:
-            return web.json_response({"detail": "Not Found"}, status=404)
-
-    return middleware
+@web.middleware
+async def _not_found_json(request, handler):
+    """An unknown route or method answers FastAPI's JSON (what vLLM's server answers: 404
+    ``{"detail": "Not Found"}``, 405 ``{"detail": "Method Not Allowed"}`` with ``Allow``)."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as e:
+        allow = ", ".join(sorted(m for m in e.allowed_methods if m != "HEAD"))
+        return web.json_response({"detail": "Method Not Allowed"}, status=405, headers={"Allow": allow})
+    except web.HTTPNotFound:
+        return web.json_response({"detail": "Not Found"}, status=404)
 
 
 async def start_direct_server(front: OpenAIFrontend, host: str = "127.0.0.1") -> int:
     """aiohttp server on the engine loop; returns its port."""
-    from aiohttp import web
 
     async def completions(request: web.Request, chat: bool):
         try:
             body = await request.json()
         except Exception:  # noqa: BLE001
-            return web.json_response(error_body(400, "request body is not JSON"), status=400)
-        try:
-            rid, box = await front.start(body, chat)
-        except BadRequest as e:
-            return web.json_response(e.body(), status=e.status)
-        except RuntimeError as e:
-            return web.json_response(error_body(500, str(e)), status=500)
-        if not body.get("stream"):
-            try:
-                return web.json_response(await front.full(rid, box, chat))
-            except RuntimeError as e:
-                return web.json_response(error_body(500, str(e)), status=500)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return web.json_response(error_body(400, NOT_JSON), status=400)
+        status, answer = await front.respond(body, chat)
+        if isinstance(answer, dict):
+            return web.json_response(answer, status=status)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        async for chunk in front.sse(rid, box, chat, include_usage):
+        async for chunk in answer:
             await resp.write(chunk)
         await resp.write_eof()
         return resp
 
     async def health(_):
-        if front.rt.error is not None:
-            return web.json_response(error_body(500, f"engine dead: {front.rt.error!r}"), status=500)
-        return web.Response(status=200)
+        error = front.health_error()
+        return web.Response(status=200) if error is None else web.json_response(error, status=500)
 
-    app = web.Application(client_max_size=64 * 2**20, middlewares=[_not_found_json()])
+    async def models(_):
+        return web.json_response(front.models_body())
+
+    async def metrics(_):
+        return web.Response(text=front.metrics_text(), content_type="text/plain")
+
+    async def engine_facts(_):
+        return web.json_response(front.facts())
+
+    app = web.Application(client_max_size=64 * 2**20, middlewares=[_not_found_json])
     app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", lambda _: _json(front.models_body()))
+    app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", lambda r: completions(r, False))
     app.router.add_post("/v1/chat/completions", lambda r: completions(r, True))
-    app.router.add_get("/metrics", lambda _: _text(front.metrics_text()))
-    app.router.add_get("/engine_facts", lambda _: _json(front.facts()))
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/engine_facts", engine_facts)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()
     return site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the bound ephemeral port
-
-
-async def _json(body: dict):
-    from aiohttp import web
-
-    return web.json_response(body)
-
-
-async def _text(text: str):
-    from aiohttp import web
-
-    return web.Response(text=text, content_type="text/plain")
 
 
 def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_args: dict, calibration: dict,
@@ -480,15 +313,6 @@ def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_
     args = EngineArgs(**{k: v for k, v in engine_args.items() if k != "extra"})
     core = SimEngineCore(model, get_gpu(gpu), args, SimCalibration(**calibration), dtype=dtype)
     return OpenAIFrontend(SimRuntime(core, args.stream_interval), model, args, served_model_name)
-
-
-def _ray_node_id() -> Optional[str]:
-    try:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - outside Ray
-        return None
 
 
 def build_ingress_class():
@@ -523,9 +347,8 @@ def build_ingress_class():
 
         @api.get("/health")
         async def health(self):
-            if self.front.rt.error is not None:
-                return JSONResponse(error_body(500, f"engine dead: {self.front.rt.error!r}"), status_code=500)
-            return Response(status_code=200)
+            error = self.front.health_error()
+            return Response(status_code=200) if error is None else JSONResponse(error, status_code=500)
 
         @api.get("/v1/models")
         async def models(self):
@@ -535,21 +358,11 @@ def build_ingress_class():
             try:
                 body = await request.json()
             except Exception:  # noqa: BLE001
-                return JSONResponse(error_body(400, "request body is not JSON"), status_code=400)
-            try:
-                rid, box = await self.front.start(body, chat)
-            except BadRequest as e:
-                return JSONResponse(e.body(), status_code=e.status)
-            except RuntimeError as e:
-                return JSONResponse(error_body(500, str(e)), status_code=500)
-            if body.get("stream"):
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return StreamingResponse(self.front.sse(rid, box, chat, include_usage),
-                                         media_type="text/event-stream")
-            try:
-                return JSONResponse(await self.front.full(rid, box, chat))
-            except RuntimeError as e:
-                return JSONResponse(error_body(500, str(e)), status_code=500)
+                return JSONResponse(error_body(400, NOT_JSON), status_code=400)
+            status, answer = await self.front.respond(body, chat)
+            if isinstance(answer, dict):
+                return JSONResponse(answer, status_code=status)
+            return StreamingResponse(answer, media_type="text/event-stream")
 
         @api.post("/v1/completions")
         async def completions(self, request: Request):
@@ -565,11 +378,11 @@ def build_ingress_class():
 
         @api.get("/engine_facts")
         async def engine_facts(self):
-            facts = self.front.facts()
-            facts["direct_url"] = self.direct_url
-            facts["node_ip"] = getattr(self, "node_ip", None)
-            facts["node_id"] = _ray_node_id()
-            return JSONResponse(facts)
+            import ray
+
+            return JSONResponse({**self.front.facts(), "direct_url": self.direct_url,
+                                 "node_ip": getattr(self, "node_ip", None),
+                                 "node_id": ray.get_runtime_context().get_node_id()})
 
         def check_health(self):
             if self.front.rt.error is not None:

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 # Set in a trial's process: the named ledger actor of its run (see leased_node).
-LEDGER_ENV = "ORCHESTRATOR_LEDGER"
-NAMESPACE_ENV = "ORCHESTRATOR_NAMESPACE"
 # How often a waiting acquire re-reads the cluster's nodes.
 REFRESH_S = 2.0
 
@@ -205,15 +203,14 @@ class GpuLedgerActor:
         return list(self.ledger.events)
 
 
-def leased_node(holder: str) -> Optional[str]:
-    """The node id of ``holder``'s lease in this process's run ledger, or None (no ledger / no lease)."""
-    name = os.environ.get(LEDGER_ENV)
-    if not name:
+def leased_node(holder: str, ledger_name: Optional[str], namespace: str = "orchestrator") -> Optional[str]:
+    """The node id of ``holder``'s lease in the run's ledger ``ledger_name``, or None (no ledger / no lease)."""
+    if not ledger_name:
         return None
     import ray
 
     try:
-        ledger = ray.get_actor(name, namespace=os.environ.get(NAMESPACE_ENV, "orchestrator"))
+        ledger = ray.get_actor(ledger_name, namespace=namespace)
         return ray.get(ledger.holding.remote(holder), timeout=30)
     except Exception:  # noqa: BLE001 - no pinning is still a valid (if less exact) placement
         return None

@@ -1,337 +1,44 @@
-"""Streaming HTTP load generator for OpenAI-compatible servers (asyncio + aiohttp).
-
-One request is one call of :func:`send_request`, whatever the API: the differences
-between ``/v1/completions`` and ``/v1/chat/completions`` (request body, which chunk
-carries a token) live in the small :data:`APIS` registry, and the SSE parsing is
-:class:`~orchestrator.loadgen.sse.SSEParser`, written once.
+"""Playing a :class:`RequestSet` against a server over one load window (asyncio + aiohttp).
 
 :func:`run_load` plays a :class:`RequestSet`: warm-up first (the burst all at once,
 awaited; then the steady warm-up at the trial's own load until the engine is steady,
 see :mod:`orchestrator.warmup`), then the measured requests, open loop at their
 precomputed arrival times (or closed loop with N workers when the set says so), over
-one shared session.
+one shared session. Each request is :func:`~orchestrator.loadgen.request.send_request`.
 
-Records (see :mod:`orchestrator.records`) are raw observations on one clock: seconds
-since the start of the load window (the moment the first measured request was due;
-warm-up times are therefore negative). Every request gets exactly one record and no
-exception escapes for a failed request. Error kinds:
-
-* ``HTTP_STATUS``: a non-200 answer (status, reason and the start of the body), or an
-  ``error`` object sent inside a 200 stream (vLLM reports errors raised after the
-  headers were sent this way; it is the server saying "failed", not a garbled reply);
-* ``CONNECTION``: refused, reset, or the stream ended before ``data: [DONE]``;
-* ``TIMEOUT``: no end of stream within ``timeout_s`` of starting the request;
-* ``BAD_RESPONSE``: unparsable JSON, a body that is not an event stream, or a
-  complete stream without a single token;
-* ``CLIENT``: the load generator itself failed (e.g. a body that cannot be serialised);
-* ``ABORTED``: the load generator cancelled it (a :class:`LoadMonitor` stopped the load,
-  e.g. a capacity-search level that saturated the server).
-
-A stream that ends with ``[DONE]`` but without a ``usage`` chunk (a server that ignores
-``stream_options.include_usage``) still succeeds; its token count falls back to the
-number of token-carrying chunks (:attr:`RequestRecord.output_tokens`). Tokens and
-times received before a failure are kept in the record. Error texts are at most
-:data:`MAX_ERROR_CHARS` characters, and the API key is sent only in the
-``Authorization`` header: it is scrubbed from any error text and never stored.
+Records are on one clock: seconds since the start of the load window (the moment the
+first measured request was due; warm-up times are therefore negative). A
+:class:`LoadMonitor` may stop the window; what is in flight is then aborted.
 
 The generator measures its own cost: ``scheduled_s`` vs ``sent_s`` is its send lag,
-and :attr:`RequestRecord.client_s` sums the time spent handling each request's
-chunks (timestamp, SSE parsing, JSON decoding), so a trial can show that the client
-was not the bottleneck (``sched_lag_*`` and ``client_us_per_token`` metrics).
+and :attr:`RequestRecord.client_s` its time handling each request's chunks, so a
+trial can show that the client was not the bottleneck (``sched_lag_*`` and
+``client_us_per_token`` metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
-import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import aiohttp
 
-from orchestrator.loadgen.sse import SSEParser
+from orchestrator.loadgen.api import MAX_ERROR_CHARS, Endpoint
+from orchestrator.loadgen.request import AbortFlag, Clock, send_request
 from orchestrator.records import RequestErrorKind, RequestRecord
 from orchestrator.warmup import SteadyJudge, WarmupOutcome
-from orchestrator.workload.generate import token_ids_to_text
 from orchestrator.workload.requests import Request, RequestSet
 
-__all__ = [
-    "APIS", "ApiFormat", "Endpoint", "LoadMonitor", "MAX_ERROR_CHARS", "ProgressFn",
-    "run_load", "run_load_sync", "send_request", "wait_ready",
-]
+__all__ = ["LoadMonitor", "ProgressFn", "run_load", "run_load_sync"]
 
 log = logging.getLogger(__name__)
 
-MAX_ERROR_CHARS = 500
-_BODY_SNIPPET_BYTES = 2048
-
-ApiName = Literal["completions", "chat"]
-Clock = Callable[[], float]
 ProgressFn = Callable[[int, int], None]  # (measured requests finished, measured requests in all)
 
 
-# ---------------------------------------------------------------- API formats
-@dataclass(frozen=True)
-class ApiFormat:
-    """What differs between two OpenAI-style streaming APIs."""
-
-    path: str  # appended to Endpoint.base_url
-    build_body: Callable[["Endpoint", Request, bool], dict]  # (endpoint, request, ignore_eos) -> JSON body
-    carries_token: Callable[[dict], bool]  # choices[0] of a chunk -> does it carry generated tokens?
-
-
-def _common(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
-    return {
-        "model": endpoint.model,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": ignore_eos,
-        "temperature": 0,
-    }
-
-
-def _completions_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
-    body = _common(endpoint, req, ignore_eos)
-    # Token ids (the server does not tokenize), or a trace's / dataset's own text.
-    body["prompt"] = req.prompt_token_ids if req.prompt_text is None else req.prompt_text
-    body["max_tokens"] = req.output_len
-    body.update(endpoint.extra_body)
-    return body
-
-
-def _chat_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
-    body = _common(endpoint, req, ignore_eos)
-    text = token_ids_to_text(req.prompt_token_ids) if req.prompt_text is None else req.prompt_text
-    body["messages"] = [{"role": "user", "content": text}]
-    # The chat API's name for the output limit (``max_tokens`` is deprecated there),
-    # as ``vllm bench serve`` sends it.
-    body["max_completion_tokens"] = req.output_len
-    body.update(endpoint.extra_body)
-    return body
-
-
-def _completions_token(choice: dict) -> bool:
-    # ``text`` may be "" for a token that detokenizes to nothing; it still is a token.
-    return choice.get("text") is not None
-
-
-def _chat_token(choice: dict) -> bool:
-    delta = choice.get("delta")
-    if not delta:
-        return False
-    content = delta.get("content")
-    if content is not None:
-        # vLLM's first chunk is {"role": "assistant", "content": ""}: no token yet.
-        return content != "" or "role" not in delta
-    # Reasoning parsers stream thinking tokens outside ``content``.
-    return delta.get("reasoning_content") is not None or delta.get("reasoning") is not None
-
-
-APIS: dict[str, ApiFormat] = {
-    "completions": ApiFormat("/v1/completions", _completions_body, _completions_token),
-    "chat": ApiFormat("/v1/chat/completions", _chat_body, _chat_token),
-}
-
-
-@dataclass
-class Endpoint:
-    """Where to send requests: ``base_url`` (e.g. ``http://127.0.0.1:8000/trial-3``) + API path."""
-
-    base_url: str
-    model: str
-    api: ApiName = "completions"
-    api_key: Optional[str] = field(default=None, repr=False)
-    extra_body: dict = field(default_factory=dict)  # merged into every request body (overrides ours)
-
-    def __post_init__(self) -> None:
-        if self.api not in APIS:
-            raise ValueError(f"unknown api {self.api!r}; valid: {sorted(APIS)}")
-
-    @property
-    def url(self) -> str:
-        return self.base_url.rstrip("/") + APIS[self.api].path
-
-    @property
-    def models_url(self) -> str:
-        return self.base_url.rstrip("/") + "/v1/models"
-
-    def headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
-
-    def scrub(self, text: str) -> str:
-        """``text`` without the API key, cut to :data:`MAX_ERROR_CHARS`."""
-        if self.api_key and self.api_key in text:
-            text = text.replace(self.api_key, "***")
-        return text[:MAX_ERROR_CHARS]
-
-
-# ---------------------------------------------------------------- one request
-async def _with_timeout(aw: Awaitable[Any], timeout_s: float) -> Any:
-    """Await ``aw`` under a deadline; raises ``asyncio.TimeoutError`` when it passes."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(timeout_s):
-            return await aw
-    return await asyncio.wait_for(aw, timeout_s)  # pragma: no cover - Python 3.10
-
-
-def _fail(rec: RequestRecord, kind: RequestErrorKind, text: str) -> None:
-    rec.error_kind = kind
-    rec.error = text or kind.value
-
-
-_json_decode = json.JSONDecoder().decode  # json.loads minus its per-call type and encoding checks
-
-
-def _consume(events: list[bytes], t: float, carries_token: Callable[[dict], bool], rec: RequestRecord) -> bool:
-    """Apply the events of one network read (arrived at ``t``); True if one was an error.
-
-    Raises ``ValueError`` for a payload that is not a JSON object.
-    """
-    decode = _json_decode
-    for payload in events:
-        try:
-            data = decode(payload.decode())
-        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-            raise ValueError(f"{e}; payload: {payload[:200]!r}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"payload is not a JSON object: {payload[:200]!r}")
-        choices = data.get("choices")
-        if choices and carries_token(choices[0]):
-            rec.token_times_s.append(t)
-        usage = data.get("usage")
-        if usage:
-            if usage.get("prompt_tokens") is not None:
-                rec.prompt_tokens = usage["prompt_tokens"]
-            if usage.get("completion_tokens") is not None:
-                rec.completion_tokens = usage["completion_tokens"]
-        err = data.get("error")
-        if err is not None:
-            if isinstance(err, dict):
-                msg = f"error in stream (code {err.get('code')}, {err.get('type')}): {err.get('message')}"
-            else:
-                msg = f"error in stream: {err}"
-            _fail(rec, RequestErrorKind.HTTP_STATUS, msg)
-            return True
-    return False
-
-
-async def _exchange(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
-                    fmt: ApiFormat, rec: RequestRecord, parser: SSEParser, clock: Clock) -> None:
-    """POST and read the stream into ``rec``; failures are written to ``rec``, not raised."""
-    carries_token = fmt.carries_token
-    try:
-        rec.sent_s = clock()
-        async with session.post(url, data=body, headers=headers) as resp:
-            if resp.status != 200:
-                snippet = (await resp.content.read(_BODY_SNIPPET_BYTES)).decode("utf-8", "replace")
-                _fail(rec, RequestErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason or ''}: {snippet}")
-                return
-            async for chunk in resp.content.iter_any():
-                if parser.done:
-                    continue  # drain to the end of the body so the connection can be reused
-                t = clock()  # one timestamp per network read: its events arrived together
-                events = parser.feed(chunk)
-                failed = bool(events) and _consume(events, t, carries_token, rec)
-                rec.client_s += clock() - t
-                if failed:
-                    return
-        if not parser.done:
-            events = parser.flush()  # an event missing only its final blank line
-            if events:
-                _consume(events, clock(), carries_token, rec)
-    except (aiohttp.ClientError, OSError) as e:
-        if parser.done:
-            return  # everything arrived; only the close after [DONE] went wrong
-        _fail(rec, RequestErrorKind.CONNECTION, f"{type(e).__name__}: {e}")
-    except ValueError as e:
-        _fail(rec, RequestErrorKind.BAD_RESPONSE, str(e))
-
-
-def _finish(rec: RequestRecord, parser: SSEParser) -> None:
-    """Judge a stream that ended without an error of its own."""
-    if not parser.done:
-        if not rec.token_times_s and parser.invalid_lines:
-            _fail(rec, RequestErrorKind.BAD_RESPONSE,
-                  f"not an event stream ({parser.invalid_lines} invalid lines); first: {parser.first_invalid!r}")
-        else:
-            _fail(rec, RequestErrorKind.CONNECTION,
-                  f"stream ended before [DONE] after {len(rec.token_times_s)} token chunks")
-    elif not rec.token_times_s:
-        _fail(rec, RequestErrorKind.BAD_RESPONSE, "complete stream without any token")
-
-
-class _Flag:
-    __slots__ = ("on",)
-
-    def __init__(self) -> None:
-        self.on = False
-
-
-async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: Request, *, clock: Clock,
-                       timeout_s: float, ignore_eos: bool = True,
-                       scheduled_s: Optional[float] = None, aborting: Optional[_Flag] = None,
-                       on_record: Optional[Callable[[RequestRecord], None]] = None) -> RequestRecord:
-    """Send one streaming request and record what happened; never raises for a failed request.
-
-    ``clock()`` gives the record's time axis (seconds). ``scheduled_s`` defaults to
-    ``req.arrival_s``. ``timeout_s`` bounds the whole request, connection included.
-    A cancellation while ``aborting.on`` is our own abort: the request is recorded as
-    ``ABORTED`` (what arrived until then is kept); any other cancellation propagates.
-    ``on_record(record)`` is called with the record as soon as it exists (before the send),
-    for a watcher that reads its tokens as they arrive (the steady warm-up's judge).
-    """
-    rec = RequestRecord(
-        index=req.index,
-        scheduled_s=req.arrival_s if scheduled_s is None else scheduled_s,
-        expected_prompt_tokens=req.prompt_len,
-        expected_output_tokens=req.output_len,
-        warmup=req.warmup,
-        prefix_group=req.prefix_group,
-    )
-    if on_record is not None:
-        on_record(rec)
-    fmt = APIS[endpoint.api]
-    parser = SSEParser()
-    try:
-        body = json.dumps(fmt.build_body(endpoint, req, ignore_eos), separators=(",", ":")).encode()
-        await _with_timeout(_exchange(session, endpoint.url, body, endpoint.headers(), fmt, rec, parser, clock),
-                            timeout_s)
-        if rec.error is None:
-            _finish(rec, parser)
-    except asyncio.TimeoutError:
-        if rec.error is None:
-            if parser.done:  # complete, but the server did not close the stream after [DONE]
-                _finish(rec, parser)
-            else:
-                _fail(rec, RequestErrorKind.TIMEOUT,
-                      f"no end of stream within {timeout_s:g} s ({len(rec.token_times_s)} token chunks received)")
-    except asyncio.CancelledError:
-        if aborting is None or not aborting.on:
-            raise
-        task = asyncio.current_task()
-        if task is not None and hasattr(task, "uncancel"):
-            task.uncancel()  # the cancellation is handled here (Python 3.11+ bookkeeping)
-        _fail(rec, RequestErrorKind.ABORTED,
-              f"aborted by the load generator after {len(rec.token_times_s)} token chunks (load stopped)")
-    except Exception as e:  # a bug of ours, not the server's
-        _fail(rec, RequestErrorKind.CLIENT, f"{type(e).__name__}: {e}")
-    if rec.token_times_s:
-        rec.first_token_s = rec.token_times_s[0]
-        rec.end_s = rec.token_times_s[-1]
-    rec.finished_s = clock()
-    if rec.error is not None:
-        rec.error = endpoint.scrub(rec.error)
-    return rec
-
-
-# ---------------------------------------------------------------- a whole load window
 def _raise_fd_limit(wanted: int) -> None:
     """Let the process open ``wanted`` sockets (soft RLIMIT_NOFILE up to the hard limit)."""
     try:
@@ -460,10 +167,14 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
         # walking them (a big process can otherwise pause the loop for 100+ ms mid-load).
         gc.freeze()
         tasks: list[asyncio.Task] = []
-        aborting = _Flag()  # set once the monitor stops the load: no new sends, in-flight aborted
+        aborting = AbortFlag()  # set once the monitor stops the load: no new sends, in-flight aborted
         watcher: Optional[asyncio.Task] = None
         try:
             t0 = now()
+            if warmup_report is not None and warm:
+                # To the start of the measured window, the wait in on_measure_start included (a busy
+                # engine's /metrics can take a while): the warm-up's first send is at -seconds.
+                warmup_report.seconds = t0 - tw
             for rec in warm:  # onto the measured clock
                 _shift(rec, tw - t0)
 
@@ -578,7 +289,7 @@ async def _warm_until_steady(session: aiohttp.ClientSession, endpoint: Endpoint,
     judge = SteadyJudge(stream.settings, start)
     sent: list[RequestRecord] = []
     tasks: list[asyncio.Task] = []
-    aborting = _Flag()
+    aborting = AbortFlag()
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     def on_record(rec: RequestRecord) -> None:
@@ -658,35 +369,3 @@ def _shift(rec: RequestRecord, dt: float) -> None:
 def run_load_sync(endpoint: Endpoint, requests: RequestSet, **kwargs: Any) -> list[RequestRecord]:
     """:func:`run_load` from synchronous code (starts and closes its own event loop)."""
     return asyncio.run(run_load(endpoint, requests, **kwargs))
-
-
-async def wait_ready(endpoint: Endpoint, timeout_s: float, *, interval_s: float = 0.5) -> None:
-    """Poll ``GET {base_url}/v1/models`` until it answers 200.
-
-    Raises ``TimeoutError`` (with the last error seen) after ``timeout_s``.
-    """
-    url = endpoint.models_url
-    headers = {k: v for k, v in endpoint.headers().items() if k == "Authorization"}
-    deadline = time.perf_counter() + timeout_s
-    last = "no attempt made"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-        while True:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                raise TimeoutError(endpoint.scrub(f"{url} not ready after {timeout_s:g} s; last error: {last}"))
-            try:
-                async def probe() -> Optional[str]:
-                    async with session.get(url, headers=headers) as resp:
-                        if resp.status == 200:
-                            return None
-                        text = (await resp.content.read(_BODY_SNIPPET_BYTES)).decode("utf-8", "replace")
-                        return f"HTTP {resp.status}: {text}"
-
-                last = await _with_timeout(probe(), min(remaining, 10.0))
-                if last is None:
-                    return
-            except asyncio.TimeoutError:
-                last = "no answer within the probe timeout"
-            except (aiohttp.ClientError, OSError) as e:
-                last = f"{type(e).__name__}: {e}"
-            await asyncio.sleep(max(0.0, min(interval_s, deadline - time.perf_counter())))

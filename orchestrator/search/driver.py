@@ -7,7 +7,7 @@ killed mid-run continues where it stopped (see :mod:`orchestrator.resume`: rows 
 the record, the journal is brought in line with them, interrupted trials run again,
 left-over Ray processes and Serve apps are removed). Constraint values reach the
 sampler through ``Trial.set_constraint`` before the trial is told
-(:mod:`orchestrator.sampling`), so it learns where the infeasible region is.
+(:mod:`orchestrator.search.optuna_search`), so it learns where the infeasible region is.
 
 Faults end a study cleanly: a trial whose process is lost (a node died) is run again
 up to ``budget.trial_retries`` times, then recorded as an ``error`` row; a result that
@@ -17,21 +17,35 @@ recorded so far for the next start.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.resume import RunState  # noqa: F401 - re-exported (older imports)
-from orchestrator.sampling import (CONSTRAINT_PREFIX, ROW_KEY, TRIAL_NUMBER_KEY,  # noqa: F401 - re-exported
-                                   WRITE_FAILED_KEY, make_sampler)
+from orchestrator import feasibility
+from orchestrator.accelerator import is_cpu_study
+from orchestrator.cluster import NAMESPACE, cluster_info, ensure_ray, local_ray, start_serve
+from orchestrator.engine_args import engine_args_from_params
+from orchestrator.engines import create_engine
+from orchestrator.engines.serve_app import delete_app
+from orchestrator.failures import root_message, storage_problem
+from orchestrator.gpu_ledger import GpuLedgerActor
+from orchestrator.progress import ProgressPrinter
+from orchestrator.results.store import ResultsStore
+from orchestrator.resume import RunInProgress, RunLock, RunState, drop_orphan_requests, process_identity, stop_orphans
+from orchestrator.search.optuna_search import searcher_class
+from orchestrator.search.reconcile import reconcile
+from orchestrator.search.samplers import make_sampler
+from orchestrator.search.screening import PreflightScreen
+from orchestrator.search.stages import StagedSearch
+from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
+from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
 from orchestrator.study import Study
-from orchestrator.trial import TrialContext, execute_trial, optuna_values
+from orchestrator.trial import TrialContext
+from orchestrator.warm_start import load_frames, warm_start_points
 
 log = logging.getLogger(__name__)
 
@@ -44,212 +58,6 @@ class StudyStopped(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_STOPPED):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-# ------------------------------------------------------------------ state locations
-# Consonants only: a random suffix never spells a word, and never reads as a number.
-_RUN_ID_LETTERS = "bcdfghjklmnpqrstvwxz"
-
-
-def new_run_id(study: Study) -> str:
-    """``r<YYYYMMDD>-<HHMMSS>-<4 letters>``, UTC start time: ids sort by time.
-
-    The run id is a hive partition value (``run=<run_id>``), which readers type by guessing:
-    the old ``20261203T071410-2711`` (a hex suffix, sometimes all digits) read as a datetime
-    in Polars. A leading letter and a letters-only suffix leave nothing to guess.
-    """
-    suffix = "".join(secrets.choice(_RUN_ID_LETTERS) for _ in range(4))
-    return datetime.now(timezone.utc).strftime("r%Y%m%d-%H%M%S-") + suffix
-
-
-def local_state_dir(study: Study) -> Path:
-    """Where the Optuna journal and Tune's experiment live (a local path, even for s3:// output)."""
-    if "://" in study.output and not study.output.startswith("file://"):
-        base = Path(os.environ.get("ORCHESTRATOR_STATE_DIR", Path.home() / ".cache" / "orchestrator"))
-    else:
-        base = Path(study.output.removeprefix("file://"))
-    return (base / study.name).resolve()
-
-
-def optuna_storage(state_dir: Path):
-    """The study's Optuna journal: repaired if a killed writer tore its last record, locked with
-    ``flock`` (released by the kernel when a driver dies, where Optuna's own lock files would make
-    the next start wait out a 30 s grace period)."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    from orchestrator.resume import JournalFlock, repair_journal
-
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / "optuna.journal"
-    repair_journal(path)
-    return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFlock(str(path) + ".flock")))
-
-
-def optuna_study_name(study: Study) -> str:
-    return f"{study.name}-{study.fingerprint()}"
-
-
-# ------------------------------------------------------------------ the trainable
-def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
-    """Runs inside a Tune trial actor: execute, write the rows, report to Tune/Optuna."""
-    import ray
-    from ray import tune
-
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.scheduling import LEDGER_ENV, NAMESPACE_ENV
-
-    os.environ[SERVE_PORT_ENV] = str(ctx.serve_port)  # this trial actor's Serve proxy port
-    if ctx.ledger_name:
-        os.environ[LEDGER_ENV] = ctx.ledger_name  # engines pin their replica to the leased node
-        os.environ[NAMESPACE_ENV] = ctx.namespace
-    number = int(config[TRIAL_NUMBER_KEY])
-    params = {k: v for k, v in config.items() if k != TRIAL_NUMBER_KEY}
-    trial_id = f"{ctx.run_id}-{number:04d}"
-    outcome = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx)
-    metrics = tune_metrics(study, outcome.row)
-    if ctx.sink_name:
-        from orchestrator.results.schema import requests_to_table
-
-        try:
-            sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
-            table = requests_to_table(outcome.records, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
-            levels = None
-            if getattr(outcome, "levels", None):  # capacity search: one row per load level
-                from orchestrator.results.levels import levels_to_table
-
-                levels = levels_to_table(outcome.levels, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
-            ray.get(sink.write.remote(outcome.row, table, levels))
-        except Exception as e:  # noqa: BLE001 - reported, and the driver stops the study
-            metrics = {"status": "not recorded", "tid": trial_id, WRITE_FAILED_KEY: _root_message(e)}
-    tune.report(metrics)
-
-
-def tune_metrics(study: Study, row: dict) -> dict[str, Any]:
-    values, constraints = optuna_values(study, row)
-    out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, values)}
-    out.update({CONSTRAINT_PREFIX + k: v for k, v in constraints.items()})
-    out["status"] = row["status"]
-    out[ROW_KEY] = row["trial_id"]  # Tune owns the key "trial_id"
-    out["feasible"] = bool(row.get("feasible"))
-    out["failure_kind"] = row.get("failure_kind") or ""
-    out["harness_bound"] = bool(row.get("harness_bound"))  # for the progress line
-    for c in study.constraints:
-        v = row.get(c.metric)
-        out["m__" + c.metric] = float(v) if v is not None else float("nan")
-    return out
-
-
-def _root_message(e: BaseException) -> str:
-    """The innermost error line of an exception that may have crossed Ray processes."""
-    text = str(getattr(e, "cause", None) or e)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if "Error" in ln or "error" in ln:
-            return ln[-500:]
-    return (lines[-1] if lines else type(e).__name__)[-500:]
-
-
-class ResultsSinkActor:
-    """The single writer of a run's Parquet files, on the driver's node."""
-
-    def __init__(self, output: str, study_name: str, param_types: dict[str, str]):
-        from orchestrator.results.store import ResultsStore
-
-        self.store = ResultsStore(output, study_name)
-        self.param_types = param_types
-
-    def write(self, row: dict, requests_table, levels_table=None) -> None:
-        extra = {"levels": levels_table} if levels_table is not None else {}
-        self.store.write_trial(row, requests_table, param_types=self.param_types, **extra)
-
-
-# ------------------------------------------------------------------ Tune hooks
-def _write_failure_stopper():
-    from ray.tune import Stopper
-
-    class WriteFailureStopper(Stopper):
-        """Stops the whole run at the first result that could not be written (disk full):
-        every later trial would be measured for nothing."""
-
-        def __init__(self):
-            self.message: Optional[str] = None
-
-        def __call__(self, trial_id: str, result: dict) -> bool:
-            if result.get(WRITE_FAILED_KEY) and self.message is None:
-                self.message = str(result[WRITE_FAILED_KEY])
-            return self.message is not None
-
-        def stop_all(self) -> bool:
-            return self.message is not None
-
-    return WriteFailureStopper()
-
-
-def _lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: str):
-    from ray.tune import Callback
-
-    class LostTrialRecorder(Callback):
-        """A trial whose process died for good (its node was lost, after ``budget.trial_retries``
-        reruns) becomes an ``error`` row, so every trial of the run is classified."""
-
-        def __init__(self):
-            self.lost = 0
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            import ray
-
-            from orchestrator.failures import FailureKind, TrialStatus
-            from orchestrator.trial import base_row, finish_row
-
-            config = dict(trial.config or {})
-            if TRIAL_NUMBER_KEY not in config:
-                return
-            number = int(config.pop(TRIAL_NUMBER_KEY))
-            row = base_row(study, trial_id=f"{run_id}-{number:04d}", trial_number=number, run_id=run_id,
-                           params=config, args=None, started_at=datetime.now(timezone.utc))
-            row.update(status=TrialStatus.ERROR.value, failure_kind=FailureKind.INTERNAL.value,
-                       failure_message=("trial process lost: " + _error_text(trial))[-4000:],
-                       finished_at=datetime.now(timezone.utc))
-            finish_row(study, row)
-            self.lost += 1
-            try:
-                sink = ray.get_actor(sink_name, namespace=namespace)
-                ray.get(sink.write.remote(row, None), timeout=60)
-            except Exception as e:  # noqa: BLE001 - without a row it is retried on the next start
-                log.warning("could not record lost trial %s: %s", row["trial_id"], e)
-
-    return LostTrialRecorder()
-
-
-def _error_text(trial) -> str:
-    try:
-        path = trial.error_file
-        if path and os.path.isfile(path):
-            lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
-            return " | ".join(lines[-3:])
-    except Exception:  # noqa: BLE001
-        pass
-    return "the trial's actor died"
-
-
-def _storage_problem(e: BaseException) -> Optional[str]:
-    """A full or read-only disk somewhere in ``e``'s chain (journal, Tune state, results), or None."""
-    seen = set()
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if x is None or id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
-            return f"{x.strerror or x}" + (f": {x.filename}" if x.filename else "")
-        stack += [x.__cause__, x.__context__, getattr(x, "cause", None)]
-    text = str(e)
-    for marker in ("No space left on device", "Disk quota exceeded", "Read-only file system", "File too large"):
-        if marker in text:
-            return marker
-    return None
 
 
 # ------------------------------------------------------------------ the driver
@@ -270,16 +78,16 @@ class StudyRun:
 def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 8000, resume: bool = True,
               quiet: bool = False, max_trials: Optional[int] = None) -> StudyRun:
     """Run (or resume) the study; returns where the results are. Raises :class:`StudyStopped`."""
-    from orchestrator import feasibility
-    from orchestrator.resume import RunInProgress, RunLock, stop_orphans
 
     t_start = time.monotonic()
+    survey_text = None
     if feasibility.survey_applies(study):
-        platform_cpu = study.hardware.gpu == "CPU" or getattr(study.engine, "platform", None) == "cpu"
-        found = feasibility.survey(study, cluster_units=None if platform_cpu else study.hardware.total_gpus,
-                                   units_per_node=None if platform_cpu else study.hardware.gpus_per_node)
+        cpu = is_cpu_study(study)
+        found = feasibility.survey(study, cluster_units=None if cpu else study.hardware.total_gpus,
+                                   units_per_node=None if cpu else study.hardware.gpus_per_node)
         if found.all_infeasible:
             raise StudyStopped(f"study {study.name}: " + found.report())
+        survey_text = found.report() if found.never else None
     state_dir = local_state_dir(study)
     stop_orphans(state_dir)
     fingerprint = study.fingerprint()
@@ -293,20 +101,17 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
                            "or start a separate run with --new-run") from None
     try:
         return _drive(study, run, resumed=previous is not None, state_dir=state_dir, address=address,
+                      survey_text=survey_text,
                       serve_port=serve_port, quiet=quiet, max_trials=max_trials, t_start=t_start)
     finally:
         lock.release()
 
 
 def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, address: Optional[str],
+           survey_text: Optional[str] = None,
            serve_port: int, quiet: bool, max_trials: Optional[int], t_start: float) -> StudyRun:
     import ray
 
-    from orchestrator.engines.base import create_engine
-    from orchestrator.progress import ProgressPrinter
-    from orchestrator.resume import drop_orphan_requests, process_identity, reconcile
-    from orchestrator.results.store import ResultsStore
-    from orchestrator.runtime import ensure_ray, local_ray
 
     store = ResultsStore(study.output, study.name)
     run.driver_pid = os.getpid()
@@ -315,13 +120,17 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     ostudy_name = optuna_study_name(study)
     fixed = reconcile(study, storage, ostudy_name, store.read_trials())
     drop_orphan_requests(store, run.run_id)
-    done_ids = store.trial_ids(run_id=run.run_id)
-    remaining = run.budget_trials - len(done_ids)
+    done = _budget_used(store, run.run_id)
+    remaining = run.budget_trials - done
     if max_trials is not None:
         remaining = min(remaining, max_trials)
-    printer = ProgressPrinter(study, total=run.budget_trials, already_done=len(done_ids), quiet=quiet)
+    printer = ProgressPrinter(study, total=run.budget_trials, already_done=done, quiet=quiet)
+    if done:
+        printer.recorded(store.read_trials(run_id=run.run_id))
     printer.header(run.run_id, resumed=resumed, stale=len(fixed.retried), state_dir=str(state_dir),
                    recovered=len(fixed.told_from_rows))
+    if survey_text:
+        printer.note(survey_text)
     if remaining <= 0:
         run.status = "finished"
         run.save(state_dir)
@@ -331,7 +140,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     try:
         started_here = ensure_ray(study, address=address)
     except Exception as e:  # noqa: BLE001 - an environment problem, not a bug: say so in one line
-        raise StudyStopped(f"study {study.name} stopped: could not start or reach Ray ({_root_message(e)}).\n"
+        raise StudyStopped(f"study {study.name} stopped: could not start or reach Ray ({root_message(e)}).\n"
                            "  Nothing was lost; run the same command again to resume.") from None
     if started_here:
         mine = local_ray()
@@ -346,7 +155,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
         if started_here:
             ray.shutdown()  # takes Serve and every replica with it
             run.ray_procs = []
-    n_done = len(store.trial_ids(run_id=run.run_id))
+    n_done = _budget_used(store, run.run_id)
     if outcome.stop_message:
         run.save(state_dir, must=False)  # still "running": the same command resumes
         raise StudyStopped(outcome.stop_message)
@@ -354,7 +163,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
         run.status = "finished"
     run.save(state_dir)
     printer.finish(store.read_trials(run_id=run.run_id))
-    result = _summary(store, run, resumed, n_done - len(done_ids), t_start, retried=fixed.retried)
+    result = _summary(store, run, resumed, n_done - done, t_start, retried=fixed.retried)
     result.lost, result.gpu_peaks = outcome.lost, outcome.gpu_peaks
     return result
 
@@ -372,11 +181,10 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchestrator.runtime import NAMESPACE, cluster_info, start_serve
-    from orchestrator.sampling import StagedSearch, searcher_class
-    from orchestrator.scheduling import GpuLedgerActor
 
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
+    if engine.serves_http:
+        _check_cluster_fits(study, engine, info)
     if engine.serves_http:
         serve_port = start_serve(serve_port)
         _cleanup_apps(_dead_run_ids(state_dir, run.run_id))  # left by killed drivers on a cluster that outlived them
@@ -409,12 +217,14 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         mode=["max" if d == "maximize" else "min" for d in study.directions],
         sampler=make_sampler(study), study_name=ostudy_name, storage=storage,
         staged=StagedSearch(study) if study.search.stages else None,
+        screen=PreflightScreen(study, engine, run.run_id, sink, printer, cluster_units=ctx.cluster_units,
+                                units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
     )
     _enqueue_initial_points(study, searcher, resumed=resumed)
     _enqueue_warm_start(study, searcher)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
-    stopper = _write_failure_stopper()
-    recorder = _lost_trial_recorder(study, run.run_id, sink_name, NAMESPACE)
+    stopper = write_failure_stopper()
+    recorder = lost_trial_recorder(study, run.run_id, sink_name, NAMESPACE)
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})
     tuner = tune.Tuner(
         trainable,
@@ -428,11 +238,12 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
                                   callbacks=[printer.tune_callback(), recorder]),
     )
     printer.start(concurrency=concurrency, cluster=info)
+    _one_line_tune_state_errors()
     out = _TuneOutcome()
     try:
         tuner.fit()
     except Exception as e:  # noqa: BLE001 - a full disk ends the study with a message, anything else is a bug
-        problem = _storage_problem(e)
+        problem = storage_problem(e)
         if problem is None:
             raise
         out.stop_message = _stopped_text(study, store, run, f"cannot write the study's state ({problem})")
@@ -456,6 +267,55 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     return out
 
 
+class _OneLine(logging.Filter):
+    """Tune's experiment-state writer logs a failed save with its traceback (a full disk); the
+    study stops with its own message, so the log keeps the error's last line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()} {record.exc_info[1]}".strip()
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+def _one_line_tune_state_errors() -> None:
+    logger = logging.getLogger("ray.tune.execution.experiment_state")
+    if not any(isinstance(f, _OneLine) for f in logger.filters):
+        logger.addFilter(_OneLine())
+
+
+def _check_cluster_fits(study: Study, engine, info) -> None:
+    """Stop before the first trial when no configuration of the space could ever be placed on this
+    cluster (no GPUs at all, or TP x PP larger than every node): each trial would only wait out its
+    start timeout."""
+    fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
+    needs = []
+    for params in feasibility.space_points(study.space, study.seed, max_points=512)[0]:
+        try:
+            req = engine.resources(engine.resolve(engine_args_from_params(params, fixed=fixed)))
+        except (ValueError, TypeError):
+            continue
+        needs.append(req.amount)
+    needs = [n for n in needs if n > 0]
+    if not needs or min(needs) <= info.largest_node:
+        return
+    have = (f"its largest node has {info.largest_node} {info.resource}" if info.largest_node
+            else f"Ray sees no {info.resource} in it")
+    advice = ("start one whose nodes have enough: `ray start --head --num-gpus N` on a GPU machine, or for the "
+              "simulated engine logical GPUs: `NUM_GPUS=N clusters/local.sh start`"
+              if info.resource == "GPU" else "give its nodes more CPUs (`ray start --num-cpus N`)")
+    raise StudyStopped(f"study {study.name} stopped before any trial: every configuration needs at least "
+                       f"{min(needs)} {info.resource} on one node, but {have}.\n  Nothing was run; {advice}, "
+                       "then run the same command again.")
+
+
+def _budget_used(store, run_id: str) -> int:
+    """Trials of the run that count against its budget: every row but the pruned (a configuration
+    the pre-flight turned away never started, and took no trial)."""
+    rows = store.read_trials(run_id=run_id)
+    return int((rows["status"] != "pruned").sum()) if len(rows) else 0
+
+
 def _stopped_text(study: Study, store, run: RunState, why: str) -> str:
     try:
         n = len(store.trial_ids(run_id=run.run_id))
@@ -468,7 +328,6 @@ def _stopped_text(study: Study, store, run: RunState, why: str) -> str:
 
 def _dead_run_ids(state_dir: Path, current: str) -> list[str]:
     """This run and every other run of the study no live driver holds (their apps are orphans)."""
-    from orchestrator.resume import RunLock
 
     ids = [current]
     for st in RunState.all(state_dir):
@@ -482,7 +341,6 @@ def _cleanup_apps(run_ids: list[str]) -> None:
     try:
         from ray import serve
 
-        from orchestrator.engines.serve_app import delete_app
 
         prefixes = tuple(f"tune-{rid}" for rid in run_ids)
         for name in list(serve.status().applications):
@@ -507,7 +365,6 @@ def _enqueue_warm_start(study: Study, searcher) -> int:
         return 0
     from optuna.trial import TrialState
 
-    from orchestrator.warm_start import load_frames, warm_start_points
 
     ostudy = searcher._ot_study  # noqa: SLF001 - OptunaSearch keeps it there
     existing = [t.system_attrs.get("fixed_params", t.params) for t in ostudy.get_trials(deepcopy=False)

@@ -1,5 +1,8 @@
 """The ``sim`` engine in served mode: one Ray Serve application per trial.
 
+Its replica is :mod:`~orchestrator.engines.sim_http`'s OpenAI server over
+:mod:`~orchestrator.engines.sim_loop`'s engine loop.
+
 The replica asks Ray for the GPUs a real vLLM replica would hold (TP x PP on one
 node), so a CPU-only cluster started with fake ``num_gpus`` packs trials exactly
 as a GPU cluster would.
@@ -14,30 +17,22 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from orchestrator.accelerator import with_study_defaults
 from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
 from orchestrator.engines.sim_faults import faults_for_trial
 from orchestrator.failures import EngineStartError, FailureKind
-from orchestrator.scheduling import leased_node
+from orchestrator.gpu_ledger import leased_node
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape, find_model_config
 
 
 def sim_resolve(study, args: EngineArgs) -> EngineArgs:
-    gpu = get_gpu(study.hardware.gpu)
-    model = ModelShape.load(study.model.name, study.base_dir)
-    return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
-                         model_max_len=model.max_position_embeddings)
+    return with_study_defaults(study, args, cpu=False)  # the simulator models GPUs only
 
 
-class _SimDeployment(Deployment):
-    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float):
-        self.name = name
-        self.endpoint = endpoint
-        self.teardown_timeout_s = teardown_timeout_s
-        self._problems: list[str] = []
-
+class _SimDeployment(serve_app.AppDeployment):
     def health(self) -> Optional[str]:
         try:
             with urllib.request.urlopen(self.endpoint.base_url + "/health", timeout=5) as r:
@@ -45,23 +40,15 @@ class _SimDeployment(Deployment):
         except urllib.error.HTTPError as e:  # the engine's own account of its death is in the body
             return f"/health answered {e.code}: {e.read()[:2000].decode(errors='replace')}"
         except Exception as e:  # noqa: BLE001 - the replica is gone: Serve may know why
-            why = _serve_messages(self.name)
+            why = serve_app.app_messages(self.name)
             return f"/health failed: {e}" + (f"; Serve: {why}" if why else "")
-
-    def teardown_problems(self) -> list[str]:
-        return self._problems
-
-    def __exit__(self, *exc) -> None:
-        problem = serve_app.delete_app(self.name, timeout_s=self.teardown_timeout_s)
-        if problem:
-            self._problems.append(problem)
 
 
 class ServedSimEngine(Engine):
     kind = "sim"
 
-    def __init__(self, study):
-        super().__init__(study)
+    def __init__(self, study, context=None):
+        super().__init__(study, context)
         with open(find_model_config(study.model.name, study.base_dir)) as f:
             self.model_config = json.load(f)
         self.model_name = ModelShape.from_config(self.model_config).name
@@ -72,7 +59,7 @@ class ServedSimEngine(Engine):
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
         from ray import serve
 
-        from orchestrator.engines.sim_server import build_ingress_class
+        from orchestrator.engines.sim_http import build_ingress_class
 
         study = self.study
         served = study.model.served_name or study.model.name
@@ -80,8 +67,8 @@ class ServedSimEngine(Engine):
         route = f"/{name}"
         cls = build_ingress_class()
         actor_options: dict = {"num_cpus": 0, "num_gpus": args.gpus}
-        node = leased_node(trial_id)
-        if node is not None and _serve_knows_label_selector():
+        node = leased_node(trial_id, self.context.ledger_name, self.context.namespace)
+        if node is not None and serve_app.knows_label_selector():
             # Exactly where the run's GPU ledger counted this replica (no fragmentation surprises).
             actor_options["label_selector"] = {"ray.io/node-id": node}
         dep = serve.deployment(
@@ -114,7 +101,7 @@ class ServedSimEngine(Engine):
         except EngineStartError:
             serve_app.delete_app(name, timeout_s=60)
             raise
-        serve_url = serve_app.serve_base_url(route)
+        serve_url = self.context.serve_url(route)
         facts = _get_json(serve_url + "/engine_facts")
         base = serve_url
         if facts.get("direct_url") and facts.get("node_ip") == _node_ip():
@@ -122,25 +109,6 @@ class ServedSimEngine(Engine):
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=base + "/metrics",
                                   startup_s=time.monotonic() - t0, facts=facts, node_ip=facts.get("node_ip"))
         return _SimDeployment(name, endpoint, teardown_timeout_s=60)
-
-
-def _serve_messages(app_name: str) -> str:
-    """Serve's status messages for an application (why its replica died or was replaced)."""
-    try:
-        st = serve_app._app_status(app_name)  # noqa: SLF001 - same package
-        return serve_app._failure_text(st)[-2000:] if st is not None else ""  # noqa: SLF001
-    except Exception:  # noqa: BLE001
-        return ""
-
-
-def _serve_knows_label_selector() -> bool:
-    """Ray >= 2.49 places replicas by node label; older Serve rejects the option."""
-    try:
-        from ray.serve.schema import RayActorOptionsSchema
-
-        return "label_selector" in RayActorOptionsSchema.model_fields
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _node_ip() -> str:

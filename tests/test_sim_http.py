@@ -34,33 +34,28 @@ MODEL = "sim-api"
 def doors(tmp_path_factory):
     import ray
 
+    from orchestrator.cluster import start_serve
     from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines import serve_app
-    from orchestrator.engines.serve_app import SERVE_PORT_ENV
-    from orchestrator.engines.sim_serve import ServedSimEngine
-    from orchestrator.runtime import start_serve
+    from orchestrator.engines import EngineContext
+    from orchestrator.engines.sim_served import ServedSimEngine
     from orchestrator.study import parse_study
 
-    saved = os.environ.get(SERVE_PORT_ENV)
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, namespace="orchestrator")
     try:
-        os.environ[SERVE_PORT_ENV] = str(start_serve(SERVE_PORT))
+        context = EngineContext(serve_port=start_serve(SERVE_PORT))
         study = parse_study({
             "name": "api", "engine": {"kind": "sim"}, "model": {"name": "tiny-llama", "served_name": MODEL},
             "hardware": {"gpu": "H100-80GB"}, "space": {"max_num_seqs": 8},
             "objectives": ["maximize output_throughput"], "output": str(tmp_path_factory.mktemp("out")),
         })
-        engine = ServedSimEngine(study)
+        engine = ServedSimEngine(study, context)
         with engine.deploy("t1", engine.resolve(engine_args_from_params({"max_num_seqs": 8}))) as dep:
             direct = dep.endpoint.facts["direct_url"]
             assert direct and dep.endpoint.base_url == direct
-            yield {"direct": direct, "serve": serve_app.serve_base_url("/" + serve_app.app_name_for("t1"))}
+            yield {"direct": direct, "serve": context.serve_url("/" + serve_app.app_name_for("t1"))}
     finally:
         ray.shutdown()
-        if saved is None:
-            os.environ.pop(SERVE_PORT_ENV, None)
-        else:
-            os.environ[SERVE_PORT_ENV] = saved
 
 
 def call(base: str, path: str, method: str = "GET", body: Any = None, raw: Optional[bytes] = None):

@@ -1,0 +1,260 @@
+"""vLLM's own latency histograms and counters over one measured window: the ``engine_*`` columns.
+
+:class:`EngineWindow` snapshots the engine's histograms when the measured requests start
+(after the warm-up) and again after they end, and :func:`engine_window_metrics` turns the
+difference into the ``engine_*`` columns: quantiles interpolated within buckets as
+Prometheus' ``histogram_quantile`` does, means exact from ``_sum`` / ``_count``,
+throughputs over the engine's active time. See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+
+from orchestrator.metrics import ENGINE_PERCENTILES, ENGINE_WINDOW_METRIC_NAMES
+
+if TYPE_CHECKING:
+    from orchestrator.telemetry import TelemetrySampler
+
+__all__ = ["EngineSnapshot", "EngineWindow", "HISTOGRAMS", "Histogram", "UNSUCCESSFUL_REASONS", "WINDOW_COUNTERS",
+           "engine_snapshot", "engine_window_metrics"]
+
+# vLLM's latency histograms (seconds), by our family name: their names, newest first.
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("time_to_first_token_seconds",),
+    "itl": ("inter_token_latency_seconds", "time_per_output_token_seconds"),  # the older name of the same
+    "tpot": ("request_time_per_output_token_seconds",),
+    "e2el": ("e2e_request_latency_seconds",),
+    "queue": ("request_queue_time_seconds",),
+    "prefill": ("request_prefill_time_seconds",),
+    "decode": ("request_decode_time_seconds",),
+}
+# Counters read over a measured window.
+WINDOW_COUNTERS = {"generation_tokens": "generation_tokens_total", "request_success": "request_success_total"}
+# vllm:request_success is labelled by finished_reason; these are not what the client counts as completed.
+UNSUCCESSFUL_REASONS = frozenset({"abort", "error"})
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One Prometheus histogram: cumulative ``(le, count)`` buckets in ascending ``le`` (the
+    last is ``+Inf``), ``sum`` and ``count`` of the observations."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+    def minus(self, earlier: Optional["Histogram"]) -> Optional["Histogram"]:
+        """The observations made after ``earlier`` (None: all of them). None when the two
+        cannot be subtracted: other bucket bounds, or a counter went down (the engine restarted)."""
+        if earlier is None:
+            return self
+        if [le for le, _ in earlier.buckets] != [le for le, _ in self.buckets]:
+            return None
+        buckets = tuple((le, c - c0) for (le, c), (_, c0) in zip(self.buckets, earlier.buckets))
+        count = self.count - earlier.count
+        if count < 0 or any(c < 0 for _, c in buckets):
+            return None
+        return Histogram(buckets, self.sum - earlier.sum, count)
+
+    @property
+    def mean(self) -> Optional[float]:
+        return self.sum / self.count if self.count > 0 else None
+
+    def _locate(self, q: float) -> Optional[tuple[int, float]]:
+        total = self.buckets[-1][1] if self.buckets else 0.0
+        if total <= 0 or not 0.0 <= q <= 1.0:
+            return None
+        rank = q * total
+        for i, (_, c) in enumerate(self.buckets):
+            if c >= rank:
+                return i, rank
+        return len(self.buckets) - 1, rank  # pragma: no cover - the +Inf bucket holds every observation
+
+    def quantile(self, q: float) -> Optional[float]:
+        """``histogram_quantile(q, ...)`` as Prometheus computes it: linear interpolation inside
+        the bucket holding rank ``q * count``; the first bucket starts at 0; a rank in the
+        ``+Inf`` bucket answers the largest finite bound. None without observations."""
+        found = self._locate(q)
+        if found is None:
+            return None
+        i, rank = found
+        le, c = self.buckets[i]
+        if math.isinf(le):
+            return self.buckets[i - 1][0] if i > 0 else None
+        lower, below = (self.buckets[i - 1][0], self.buckets[i - 1][1]) if i > 0 else (0.0, 0.0)
+        if i == 0 and le <= 0:
+            return le
+        inside = c - below
+        return lower + (le - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+
+    def quantile_upper(self, q: float) -> Optional[float]:
+        """Upper bound of the bucket holding rank ``q * count``: the true quantile of the
+        observations is at most this (``inf`` in the ``+Inf`` bucket; None without observations)."""
+        found = self._locate(q)
+        return None if found is None else self.buckets[found[0]][0]
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's histograms and window counters at one moment (``t``: ``time.monotonic()``
+    when the scrape answered)."""
+
+    t: float
+    histograms: dict[str, Histogram]  # by our family name (HISTOGRAMS)
+    counters: dict[str, float]  # by our name (WINDOW_COUNTERS); absent: not exported
+
+    @property
+    def finished_requests(self) -> Optional[float]:
+        """Requests the engine finished so far (the E2E histogram's count)."""
+        h = self.histograms.get("e2el")
+        return h.count if h is not None else None
+
+
+def engine_snapshot(samples: Iterable[tuple[str, dict[str, str], float]], prefix: str, t: float) -> EngineSnapshot:
+    """Histograms and window counters from parsed samples (``iter_samples``): each summed over
+    its label sets (several engines add up), keeping buckets apart by ``le``."""
+    by_name: dict[str, str] = {}
+    for fam, names in HISTOGRAMS.items():
+        for n in names:
+            by_name[prefix + n] = fam
+    counter_names = {prefix + theirs: ours for ours, theirs in WINDOW_COUNTERS.items()}
+    buckets: dict[tuple[str, str], dict[float, float]] = {}
+    sums: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], float] = {}
+    counters: dict[str, float] = {}
+    for name, labels, v in samples:
+        if name in counter_names:
+            if labels.get("finished_reason", "").lower() in UNSUCCESSFUL_REASONS:
+                continue
+            ours = counter_names[name]
+            counters[ours] = counters.get(ours, 0.0) + v
+            continue
+        base, _, suffix = name.rpartition("_")
+        fam = by_name.get(base)
+        if fam is None:
+            continue
+        key = (fam, base)
+        if suffix == "bucket":
+            try:
+                le = float(labels.get("le", "nan"))
+            except ValueError:
+                continue
+            if le != le:  # NaN: no bound
+                continue
+            per_le = buckets.setdefault(key, {})
+            per_le[le] = per_le.get(le, 0.0) + v
+        elif suffix == "sum":
+            sums[key] = sums.get(key, 0.0) + v
+        elif suffix == "count":
+            counts[key] = counts.get(key, 0.0) + v
+    histograms: dict[str, Histogram] = {}
+    for fam, names in HISTOGRAMS.items():
+        for n in names:  # the first name the engine exports
+            key = (fam, prefix + n)
+            if key in buckets:
+                per_le = sorted(buckets[key].items())
+                if not math.isinf(per_le[-1][0]):
+                    per_le.append((math.inf, counts.get(key, per_le[-1][1])))
+                histograms[fam] = Histogram(tuple(per_le), sums.get(key, 0.0), counts.get(key, per_le[-1][1]))
+                break
+    return EngineSnapshot(t, histograms, counters)
+
+
+def engine_window_metrics(start: Optional[EngineSnapshot], end: Optional[EngineSnapshot],
+                          series: Sequence[tuple[float, float]] = (), first_send_t: Optional[float] = None,
+                          exact_sums: bool = True) -> dict[str, Optional[float]]:
+    """The ``engine_*`` columns of one measured window, from snapshots at its start and end.
+
+    Latencies: the histograms' difference (what the engine observed in the window):
+    mean (exact, ``_sum / _count``) and p50/p90/p99 (``histogram_quantile``), in ms, plus
+    ``engine_ttft_p50_upper_ms``, the upper bound of the bucket holding the median TTFT.
+    Throughputs: the increase of ``generation_tokens`` (``request_success``, requests that
+    finished normally) over the engine's active time, from ``first_send_t`` (when the
+    client sent its first measured request; default the start snapshot) to the first
+    scrape that already saw the counter's final value (``series``: ``(t, generation
+    tokens)`` of every scrape). That end is at or after the engine's last token, so the
+    throughput is at most one scrape interval pessimistic, never optimistic.
+    Null where the engine does not export a metric or nothing was observed, and the means
+    when ``exact_sums`` is False: Ray's metrics agent re-records a histogram from its bucket
+    counts at the buckets' midpoints (``ray/_private/telemetry/open_telemetry_metric_recorder.py``),
+    so its ``_sum`` is not the observations' sum.
+    """
+    out: dict[str, Optional[float]] = {name: None for name in ENGINE_WINDOW_METRIC_NAMES}
+    if start is None or end is None:
+        return out
+    for fam, h_end in end.histograms.items():
+        d = h_end.minus(start.histograms.get(fam))
+        if d is None or d.count <= 0:
+            continue
+        out[f"engine_{fam}_mean_ms"] = d.mean * 1000.0 if exact_sums else None
+        for p in ENGINE_PERCENTILES:
+            v = d.quantile(p / 100.0)
+            out[f"engine_{fam}_p{p}_ms"] = v * 1000.0 if v is not None else None
+        if fam == "ttft":
+            upper = d.quantile_upper(0.5)
+            out["engine_ttft_p50_upper_ms"] = upper * 1000.0 if upper is not None and math.isfinite(upper) else None
+
+    tokens_end = end.counters.get("generation_tokens")
+    if tokens_end is None:
+        return out
+    tokens = tokens_end - start.counters.get("generation_tokens", 0.0)  # Ray exports a counter once it moved
+    begin = first_send_t if first_send_t is not None else start.t
+    if tokens < 0:
+        return out  # the engine restarted in the window
+    if tokens == 0:
+        out["engine_output_throughput"] = 0.0
+        out["engine_request_throughput"] = 0.0 if "request_success" in end.counters else None
+        return out
+    done = end.t
+    for t, v in sorted(series):
+        if start.t < t < done and v >= tokens_end:
+            done = t
+            break
+    active = done - begin
+    if active <= 0:
+        return out
+    out["engine_output_throughput"] = tokens / active
+    req_end = end.counters.get("request_success")
+    if req_end is not None:
+        reqs = req_end - start.counters.get("request_success", 0.0)
+        out["engine_request_throughput"] = reqs / active if reqs >= 0 else None
+    return out
+
+
+class EngineWindow:
+    """The engine's side of one measured window (a load, or one capacity level)::
+
+        window = sampler.window()                       # before the warm-up requests
+        records = run_load_sync(..., on_measure_start=window.begin)
+        columns = window.finish(records)                # the engine_* columns
+
+    ``begin`` (called by the load generator once the warm-up requests are done, right
+    before the measured clock starts) snapshots the histograms; ``finish`` snapshots
+    them again once the engine counts every request the client saw complete, and
+    returns :func:`engine_window_metrics` of the two.
+    """
+
+    def __init__(self, sampler: TelemetrySampler):
+        self.sampler = sampler
+        self.before = sampler.snapshot() if sampler.metrics_url else None
+        self.start: Optional[EngineSnapshot] = None
+        self.t0: Optional[float] = None  # time.monotonic() when the measured clock started
+
+    def begin(self, warmup_records: Sequence = ()) -> None:
+        done = sum(1 for r in warmup_records if r.success)
+        self.start = self.sampler.settled_snapshot(self.before, done) if done else self.sampler.snapshot()
+        self.t0 = time.monotonic()
+
+    def finish(self, records: Sequence) -> dict[str, Optional[float]]:
+        measured = [r for r in records if not r.warmup]
+        if self.start is None or self.t0 is None or not measured:
+            return engine_window_metrics(None, None)
+        end = self.sampler.settled_snapshot(self.start, sum(1 for r in measured if r.success))
+        sends = [r.sent_s for r in measured if r.sent_s is not None]
+        first_send = self.t0 + min(sends) if sends else None
+        return engine_window_metrics(self.start, end, list(self.sampler.series), first_send,
+                                     exact_sums=self.sampler.exact_sums)

@@ -1,0 +1,56 @@
+"""Proposals screened by the pre-flight before they take a trial.
+
+A configuration the pre-flight model says cannot start (weights that do not fit, a KV
+cache below one sequence, arguments vLLM refuses) costs nothing to know about: it is told
+to the sampler as infeasible, with its constraint values, recorded as a ``pruned`` row
+with the reason, shown in the progress, and the sampler is asked again. It takes no Tune
+trial, no GPU and no budget.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Optional
+
+from orchestrator import feasibility
+from orchestrator.engine_args import engine_args_from_params
+from orchestrator.failures import Failure, FailureKind, TrialStatus
+from orchestrator.results.rows import trial_row
+from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.study import Study
+from orchestrator.trial import judge_result
+from orchestrator.trial_result import TrialResult
+
+
+class PreflightScreen:
+    """``screen(trial, params)`` for :func:`~orchestrator.search.optuna_search.propose`: True when the
+    configuration cannot start (told, recorded and shown here). A class: Tune pickles its searcher."""
+
+    def __init__(self, study: Study, engine, run_id: str, sink, printer, *, cluster_units: Optional[int] = None,
+                 units_per_node: Optional[int] = None):
+        self.study, self.engine, self.run_id, self.sink, self.printer = study, engine, run_id, sink, printer
+        self.cluster_units, self.units_per_node = cluster_units, units_per_node
+        self.fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
+
+    def __call__(self, trial, params: dict) -> bool:
+        import ray
+
+        study = self.study
+        try:
+            args = self.engine.resolve(engine_args_from_params(params, fixed=self.fixed))
+        except (ValueError, TypeError):
+            return False  # the trial reports arguments that cannot even be built, with its own message
+        verdict = feasibility.check(study, args, cluster_units=self.cluster_units, units_per_node=self.units_per_node)
+        if verdict.ok:
+            return False
+        now = datetime.now(timezone.utc)
+        result = TrialResult(run_id=self.run_id, trial_id=f"{self.run_id}-{trial.number:04d}",
+                             trial_number=trial.number, params=dict(params), args=args, started_at=now,
+                             finished_at=now, status=TrialStatus.PRUNED,
+                             failure=Failure(FailureKind.PREFLIGHT, f"[{verdict.kind.value}] {verdict.reason}"))
+        judgement = judge_result(study, result)
+        row = trial_row(study, result, judgement)
+        ray.get(self.sink.write.remote(row, None))  # recorded before the sampler is told: the rows are the record
+        tell_report(trial.study, trial, SamplerReport.of(judgement, row["status"]))
+        self.printer.screened(row, params)
+        return True

@@ -1,0 +1,148 @@
+"""The Tune side of a study: the trainable every trial runs, the results writer, and Tune's hooks.
+
+A trial actor executes the trial, asks the judge, writes its rows through the run's single
+writer (:class:`ResultsSinkActor`) and reports a :class:`SamplerReport` to Tune, which
+hands it to the searcher. A result that cannot be written stops the study
+(:func:`write_failure_stopper`); a trial whose process is lost for good becomes an
+``error`` row (:func:`lost_trial_recorder`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator.failures import Failure, FailureKind, TrialStatus, root_message
+from orchestrator.judge import Judgement
+from orchestrator.results.levels import levels_to_table
+from orchestrator.results.rows import trial_row
+from orchestrator.results.schema import requests_to_table
+from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
+from orchestrator.study import Study
+from orchestrator.trial import TrialContext, execute_trial, judge_result
+from orchestrator.trial_result import TrialResult
+from orchestrator.results.store import ResultsStore
+
+log = logging.getLogger(__name__)
+
+
+def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
+    """Runs inside a Tune trial actor: execute, judge, write the rows, report to Tune/Optuna."""
+    import ray
+    from ray import tune
+
+    number = int(config[TRIAL_NUMBER_KEY])
+    params = {k: v for k, v in config.items() if k != TRIAL_NUMBER_KEY}
+    trial_id = f"{ctx.run_id}-{number:04d}"
+    result = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx)
+    judgement = judge_result(study, result)
+    row = trial_row(study, result, judgement)
+    report = SamplerReport.of(judgement, row["status"])
+    if ctx.sink_name:
+        try:
+            sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
+            table = requests_to_table(result.records, study=study.name, run_id=ctx.run_id, trial_id=trial_id)
+            levels = None
+            if result.levels:  # capacity search: one row per load level
+                levels = levels_to_table(list(result.levels), study=study.name, run_id=ctx.run_id,
+                                         trial_id=trial_id)
+            ray.get(sink.write.remote(row, table, levels))
+        except Exception as e:  # noqa: BLE001 - reported, and the driver stops the study
+            report = dataclasses.replace(report, write_error=root_message(e))
+    tune.report(tune_result(study, row, judgement, report))
+
+
+def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerReport) -> dict[str, Any]:
+    """What a trial reports to Tune: the sampler's report, and what the progress line shows."""
+    out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, judgement.optuna_values())}
+    out[REPORT_KEY] = report.to_tune()
+    out["status"] = row["status"] if report.write_error is None else "not recorded"
+    if report.write_error is None:
+        out[ROW_KEY] = row["trial_id"]
+    out["feasible"] = judgement.feasible
+    out["failure_kind"] = row.get("failure_kind") or ""
+    out["harness_bound"] = bool(row.get("harness_bound"))
+    return out
+
+
+class ResultsSinkActor:
+    """The single writer of a run's Parquet files, on the driver's node."""
+
+    def __init__(self, output: str, study_name: str, param_types: dict[str, str]):
+
+        self.store = ResultsStore(output, study_name)
+        self.param_types = param_types
+
+    def write(self, row: dict, requests_table, levels_table=None) -> None:
+        extra = {"levels": levels_table} if levels_table is not None else {}
+        self.store.write_trial(row, requests_table, param_types=self.param_types, **extra)
+
+
+# ------------------------------------------------------------------ Tune hooks
+def write_failure_stopper():
+    from ray.tune import Stopper
+
+    class WriteFailureStopper(Stopper):
+        """Stops the whole run at the first result that could not be written (disk full):
+        every later trial would be measured for nothing."""
+
+        def __init__(self):
+            self.message: Optional[str] = None
+
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            report = SamplerReport.from_tune(result)
+            if report is not None and report.write_error and self.message is None:
+                self.message = report.write_error
+            return self.message is not None
+
+        def stop_all(self) -> bool:
+            return self.message is not None
+
+    return WriteFailureStopper()
+
+
+def lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: str):
+    from ray.tune import Callback
+
+    class LostTrialRecorder(Callback):
+        """A trial whose process died for good (its node was lost, after ``budget.trial_retries``
+        reruns) becomes an ``error`` row, so every trial of the run is classified."""
+
+        def __init__(self):
+            self.lost = 0
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            import ray
+
+            config = dict(trial.config or {})
+            if TRIAL_NUMBER_KEY not in config:
+                return
+            number = int(config.pop(TRIAL_NUMBER_KEY))
+            now = datetime.now(timezone.utc)
+            lost = TrialResult(run_id=run_id, trial_id=f"{run_id}-{number:04d}", trial_number=number, params=config,
+                               args=None, started_at=now, finished_at=now, status=TrialStatus.ERROR,
+                               failure=Failure(FailureKind.INTERNAL, "trial process lost: " + _error_text(trial)))
+            row = trial_row(study, lost)
+            self.lost += 1
+            try:
+                sink = ray.get_actor(sink_name, namespace=namespace)
+                ray.get(sink.write.remote(row, None), timeout=60)
+            except Exception as e:  # noqa: BLE001 - without a row it is retried on the next start
+                log.warning("could not record lost trial %s: %s", row["trial_id"], e)
+
+    return LostTrialRecorder()
+
+
+def _error_text(trial) -> str:
+    try:
+        path = trial.error_file
+        if path and os.path.isfile(path):
+            lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+            return " | ".join(lines[-3:])
+    except Exception:  # noqa: BLE001
+        pass
+    return "the trial's actor died"

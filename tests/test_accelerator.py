@@ -1,0 +1,51 @@
+"""One answer to "is this a CPU study" and one set of device defaults, whoever asks."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import cluster, feasibility, recommend
+from orchestrator.accelerator import is_cpu_study, with_study_defaults
+from orchestrator.engine_args import EngineArgs
+from orchestrator.engines import create_engine
+from orchestrator.engines.vllm_serve import resolve_platform
+from orchestrator.sim.core import SimEngineCore
+from orchestrator.sim.hardware import get_gpu
+from orchestrator.sim.models import ModelShape
+from orchestrator.study import parse_study
+
+
+def study(engine: dict, gpu: str):
+    return parse_study({"name": "acc", "engine": engine, "model": {"name": "tiny-llama"}, "hardware": {"gpu": gpu},
+                        "space": {"max_num_seqs": 8}, "objectives": ["maximize output_throughput"]})
+
+
+@pytest.mark.parametrize("engine, gpu, cpu", [
+    ({"kind": "vllm", "platform": "cpu"}, "H100-80GB", True),
+    ({"kind": "vllm", "platform": "auto"}, "CPU", True),
+    ({"kind": "vllm", "platform": "auto"}, "cpu", True),
+    ({"kind": "vllm", "platform": "cuda"}, "CPU", True),  # the hardware says CPU: nothing to take a GPU from
+    ({"kind": "vllm", "platform": "cuda"}, "H100-80GB", False),
+    ({"kind": "sim"}, "H100-80GB", False),
+])
+def test_every_caller_gives_the_same_answer(engine, gpu, cpu):
+    s = study(engine, gpu)
+    assert is_cpu_study(s) is cpu
+    if s.engine.kind == "vllm":
+        assert (resolve_platform(s) == "cpu") is cpu
+    assert (cluster.engine_resource(s) == "CPU") is (cpu and s.engine.kind == "vllm")
+    assert ("VLLM_CPU_KVCACHE_SPACE" in recommend._engine_env(s, s.hardware.gpu)) is cpu  # noqa: SLF001
+
+
+@pytest.mark.parametrize("engine, gpu", [({"kind": "vllm", "platform": "cpu"}, "CPU"),
+                                         ({"kind": "vllm", "platform": "cuda"}, "H200"),
+                                         ({"kind": "sim"}, "A100-80GB"), ({"kind": "sim", "mode": "virtual"}, "H200")])
+def test_pre_flight_engine_and_simulator_resolve_alike(engine, gpu):
+    s = study(engine, gpu)
+    args = EngineArgs(tensor_parallel_size=1, dtype="float32")
+    expected = with_study_defaults(s, args)
+    assert expected.max_num_seqs is not None and expected.block_size == (128 if is_cpu_study(s) else 16)
+    assert feasibility.resolve_args(s, args) == expected
+    assert create_engine(s).resolve(args) == expected
+    if not is_cpu_study(s):  # the simulator core fills unresolved arguments the same way
+        assert SimEngineCore(ModelShape.load("tiny-llama"), get_gpu(gpu), args).args == expected

@@ -1,0 +1,107 @@
+"""One judge: every reader of "does this trial meet its SLOs?" gives the same answer, limits included.
+
+A real virtual-time trial is measured once; its TTFT p99 is then put on each side of, and
+exactly at, a limit of every comparison. The row (``feasible``), what Optuna is told, the
+Pareto front, ``recommend``, a capacity level's verdict and the progress line must agree
+with :func:`orchestrator.judge.met` on every case; at exactly the limit ``<=``/``>=`` are met
+and ``<``/``>`` are not.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator import judge
+from orchestrator.capacity import judge_level
+from orchestrator.recommend import RecommendError, select_trial
+from orchestrator.results.pareto import feasible_mask, pareto_front
+from orchestrator.results.rows import trial_row
+from orchestrator.search.optuna_search import SamplerReport
+from orchestrator.search.tune import tune_result
+from orchestrator.study import parse_study
+from orchestrator.trial import TrialContext, execute_trial, judge_result
+
+OPS = ("<=", "<", ">=", ">")
+
+
+def _study(base_doc, op: str, limit: float):
+    doc = copy.deepcopy(base_doc)
+    doc["engine"] = {"kind": "sim", "mode": "virtual"}
+    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 16, "output_len": 16}
+    doc["objectives"] = ["maximize output_throughput"]
+    doc["constraints"] = [f"ttft_p99_ms {op} {limit!r}"]
+    return parse_study(doc)
+
+
+@pytest.fixture(scope="module")
+def trial():
+    from conftest import BASE_STUDY
+
+    study = _study(BASE_STUDY, "<=", 1e9)
+    result = execute_trial(study, {"max_num_seqs": 16, "max_num_batched_tokens": 2048}, trial_id="r-0000",
+                           trial_number=0, ctx=TrialContext("r"))
+    assert result.completed and result.metrics is not None
+    return BASE_STUDY, result
+
+
+def _at(result, ttft: float):
+    return dataclasses.replace(result, metrics=dataclasses.replace(result.metrics, ttft_p99_ms=ttft))
+
+
+def _every_reader(base_doc, result, op: str, limit: float, value: float) -> dict[str, bool]:
+    study = _study(base_doc, op, limit)
+    r = _at(result, value)
+    verdict = judge_result(study, r)
+    row = trial_row(study, r, verdict)
+    report = SamplerReport.of(verdict, row["status"])
+    df = pd.DataFrame([row])
+    try:
+        recommended = select_trial(df, study)["trial_id"] == row["trial_id"]
+    except RecommendError:
+        recommended = False
+    level = judge_level(r.metrics, study.constraints)
+    return {
+        "row": bool(row["feasible"]),
+        "row violation": row["constraint_violation"] <= 0,
+        "optuna": all(v <= 0 for v in report.constraints.values()),
+        "front": bool(feasible_mask(df, study.constraints)[0]) and len(pareto_front(df, study.objectives,
+                                                                                  study.constraints)) == 1,
+        "recommend": bool(recommended),
+        "capacity level": level.ok,
+        "progress": bool(tune_result(study, row, verdict, report)["feasible"]),
+    }
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_exactly_at_the_limit(trial, op):
+    base_doc, result = trial
+    v = result.metrics.ttft_p99_ms
+    answers = _every_reader(base_doc, result, op, v, v)
+    expected = op in ("<=", ">=")
+    assert answers == {k: expected for k in answers}, (op, answers)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(op=st.sampled_from(OPS), offset=st.sampled_from([-1.0, -1e-9, 0.0, 1e-9, 1.0]),
+       scale=st.floats(0.5, 2.0))
+def test_every_reader_agrees_with_the_judge(trial, op, offset, scale):
+    base_doc, result = trial
+    value = result.metrics.ttft_p99_ms * scale
+    limit = value + offset * max(1.0, abs(value))
+    answers = _every_reader(base_doc, result, op, limit, value)
+    expected = judge.met(op, limit, value)
+    assert answers == {k: expected for k in answers}, (op, limit, value, answers)
+
+
+@pytest.mark.parametrize("value", [None, math.nan, math.inf])
+def test_a_missing_or_non_finite_value_never_meets(value):
+    for op in OPS:
+        assert not judge.met(op, 100.0, value)
+        assert judge.violation(op, 100.0, value) == 1.0

@@ -1,0 +1,184 @@
+"""The package's shape: no import cycle (function-level imports included), no oversized module.
+
+Function-level imports hide dependencies from a reader and from import-time checks; a cycle
+through them still ties two concepts together. The graph here is every ``import`` /
+``from ... import`` statement anywhere in a module, between modules of ``orchestrator``.
+Imports under ``if TYPE_CHECKING:`` are annotations only and are left out. Two edges Python
+adds without an ``import`` line of the module's own are counted too: importing a submodule
+runs its package's ``__init__`` first, and a ``"orchestrator.x:Name"`` string (the engine
+registry's lazy targets) is an import when it is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
+MAX_LINES = 420  # "about 400": one concept per module
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                skip.update(id(n) for n in ast.walk(inner))
+    return skip
+
+
+_TARGET = re.compile(r"^(orchestrator(?:\.\w+)+):\w+$")
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The orchestrator module an imported name lives in (a package's submodule or the package)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        skip = _type_checking_nodes(tree)
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            targets: list[str] = []
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _TARGET.match(node.value):
+                targets = [_TARGET.match(node.value).group(1)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            for t in targets:
+                if t.startswith("orchestrator"):
+                    dep = _resolve(t, modules)
+                    while dep is not None and dep != "orchestrator":  # the module and the packages above it
+                        if dep != mod and not mod.startswith(dep + "."):
+                            graph[mod].add(dep)
+                        dep = dep.rpartition(".")[0] or None
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    import sys
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    found = cycles(import_graph())
+    assert not found, "import cycles (function-level imports included):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_over_about_400_lines():
+    big = {m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at import time (including inside top-level if/try blocks)."""
+    names: set[str] = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+                visit(getattr(node, "finalbody", []))
+    visit(tree.body)
+    return names
+
+
+def test_every_from_import_names_something_the_module_defines():
+    """``from orchestrator.x import name`` anywhere (function bodies, tests, benchmarks) must find
+    ``name`` in x: a function-level import of a moved name fails only on the path that runs it."""
+    modules = _modules()
+    defined = {m: _top_level_names(ast.parse(p.read_text())) for m, p in modules.items()}
+    missing = []
+    users = dict(modules)
+    for extra in ("tests", "benchmarks"):
+        users.update({f"{extra}/{p.name}": p for p in (PACKAGE.parent / extra).glob("*.py")})
+    for mod, path in users.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator"):
+                if node.module not in modules:
+                    missing.append(f"{mod}: no module {node.module}")
+                    continue
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    if alias.name != "*" and alias.name not in defined[node.module] and sub not in modules:
+                        missing.append(f"{mod}: {node.module} has no {alias.name}")
+    assert not missing, "\n".join(sorted(set(missing)))

@@ -1,0 +1,83 @@
+"""The pre-flight inside the proposal loop: a region that cannot start costs no trial.
+
+A real study (local Ray, Tune, Optuna, virtual-time simulator) over a space half of which
+cannot start (``max_model_len`` 131072 leaves no room for one sequence's KV cache at 25%
+of the GPU). Every Tune trial that ran must be a configuration that can start; every
+turned-away proposal must be a ``pruned`` row with the reason, told to the sampler as
+infeasible, and the budget counts only real trials.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from contextlib import redirect_stdout
+
+import optuna
+import pytest
+
+from orchestrator.results import load_trials
+from orchestrator.search import optuna_storage, optuna_study_name, run_study
+from orchestrator.state_dir import local_state_dir
+from orchestrator.study import parse_study
+
+pytestmark = pytest.mark.slow
+
+
+def _study(study_doc, tmp_path, trials: int):
+    doc = copy.deepcopy(study_doc)
+    doc.update(name="screen", seed=3)
+    doc["engine"] = {"kind": "sim", "mode": "virtual"}
+    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 12, "output_len": 8}
+    doc["space"] = {"max_model_len": [4096, 131072], "max_num_seqs": [8, 16, 32, 64, 128, 256],
+                    "gpu_memory_utilization": 0.25}
+    doc["search"] = {"sampler": "random", "preflight": True}
+    doc["budget"] = {"trials": trials, "max_concurrent_trials": 1}
+    doc["output"] = str(tmp_path / "out")
+    return parse_study(doc)
+
+
+def _tune_trials(study) -> list[dict]:
+    """The params of every Tune trial that ran (from Tune's own experiment state)."""
+    out = []
+    for state in (local_state_dir(study) / "_tune").rglob("experiment_state-*.json"):
+        data = json.loads(state.read_text())
+        for entry in data["trial_data"]:
+            out.append(json.loads(entry[0])["config"] if isinstance(entry, list) else entry["config"])
+    return out
+
+
+def test_a_region_that_cannot_start_takes_no_trial(study_doc, tmp_path):
+    import ray
+
+    study = _study(study_doc, tmp_path, trials=5)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="orchestrator")
+    printed = io.StringIO()
+    try:
+        with redirect_stdout(printed):
+            run = run_study(study, serve_port=8131)
+    finally:
+        ray.shutdown()
+    rows = load_trials(run.study_dir)
+    completed, pruned = rows[rows["status"] == "completed"], rows[rows["status"] == "pruned"]
+    assert len(completed) == 5 and set(rows["status"]) <= {"completed", "pruned"}, rows["status"].tolist()
+    assert (completed["max_model_len"] == 4096).all()
+    assert len(pruned) > 0 and (pruned["max_model_len"] == 131072).all()
+    assert (pruned["failure_kind"] == "preflight").all()
+    assert pruned["failure_message"].str.contains("kv_cache_too_small").all()
+
+    # Tune ran exactly the five real trials: no slot went to a configuration that cannot start.
+    tuned = _tune_trials(study)
+    assert len(tuned) == 5 and all(c["max_model_len"] == 4096 for c in tuned), tuned
+
+    # The sampler was told: every pruned trial is COMPLETE with its start constraint violated.
+    ostudy = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(local_state_dir(study)))
+    by_number = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    for number in pruned["trial_number"]:
+        t = by_number[int(number)]
+        assert t.state == optuna.trial.TrialState.COMPLETE and t.constraints["engine_started"] > 0, t
+
+    out = printed.getvalue()
+    assert "never starts: max_model_len=131072 (kv_cache_too_small)" in out, out
+    assert out.count("[pruned before start]") == len(pruned)
