@@ -10,7 +10,7 @@ within physical bounds (Nelder-Mead from the given start), then printed with the
 before/after error tables.
 
     python benchmarks/fit_sim_h200.py                 # before/after tables at the constants in sim/cost.py
-    python benchmarks/fit_sim_h200.py --fit --maxiter 400
+    python benchmarks/fit_sim_h200.py --fit --maxiter 400 --jobs 8
 
 ``--set NAME=VALUE`` evaluates other constants without fitting (several allowed);
 ``--fit`` starts from ``--set`` values when given. The fitted values are written to
@@ -44,6 +44,7 @@ PARAMS = {
     "FP8_KV_READ_EFFICIENCY": (0.05, 0.95),
     "STEP_OVERHEAD_S": (0.1e-3, 4e-3),
     "NOGRAPH_LAYER_S": (20e-6, 1000e-6),
+    "EAGER_LAYER_S": (20e-6, 1000e-6),
     "FRONTEND_LATENCY_S": (2e-3, 50e-3),
     # Measured, not free: one step's tokens reach the client ~50-55 us apart (the capacity
     # reference's per-token times), and `vllm bench serve` saw at most 12.9-14.0k tokens/s.
@@ -62,31 +63,68 @@ def apply(values: dict[str, float]) -> None:
         setattr(cost, k, v)
 
 
-def cold_runs() -> list[dict]:
-    """The six cold runs (docs/simulator.md, "Calibration against real vLLM") with their simulation."""
+def _cold_specs() -> list[tuple]:
+    import sim_reference as ref
+
+    return [("online", key) for key in ref.ONLINE] + [("offline", seqs) for seqs in ref.OFFLINE]
+
+
+def cold_runs(sims: list[dict]) -> list[dict]:
+    """The six cold runs (docs/simulator.md, "Calibration against real vLLM") with their simulations
+    (``sims``, in :func:`_cold_specs` order)."""
     import sim_reference as ref
 
     out = []
-    for (rate, seqs, n), (ttft, tpot, tok) in ref.ONLINE.items():
-        sim = ref.run_online(rate, seqs, n)
-        real = {"output_tok_s": tok, "tpot_p50_ms": tpot, "ttft_p50_ms": ttft}
-        metrics = ["output_tok_s", "tpot_p50_ms"] + (["ttft_p50_ms"] if (rate, seqs, n) in COLD_TTFT else [])
-        out.append({"label": f"cold, {rate} req/s, max_num_seqs {seqs}", "real": real, "sim": sim, "scored": metrics})
-    for seqs, tok in ref.OFFLINE.items():
-        out.append({"label": f"cold, offline, max_num_seqs {seqs}", "real": {"output_tok_s": tok},
-                    "sim": ref.run_offline(seqs), "scored": ["output_tok_s"]})
+    for (kind, key), sim in zip(_cold_specs(), sims):
+        if kind == "online":
+            (rate, seqs, n), (ttft, tpot, tok) = key, ref.ONLINE[key]
+            real = {"output_tok_s": tok, "tpot_p50_ms": tpot, "ttft_p50_ms": ttft}
+            metrics = ["output_tok_s", "tpot_p50_ms"] + (["ttft_p50_ms"] if key in COLD_TTFT else [])
+            out.append({"label": f"cold, {rate} req/s, max_num_seqs {seqs}", "real": real, "sim": sim,
+                        "scored": metrics})
+        else:
+            out.append({"label": f"cold, offline, max_num_seqs {key}", "real": {"output_tok_s": ref.OFFLINE[key]},
+                        "sim": sim, "scored": ["output_tok_s"]})
     return out
 
 
-def evaluate(points, values: dict[str, float]) -> tuple[float, list[dict]]:
-    """(loss, cold runs) at ``values``; fills every point's ``sim``."""
-    saved = current()
+_POINTS: dict = {}  # key -> a point with that simulation; set before the worker pool forks
+
+
+def _simulate(task) -> dict:
+    """One simulation at the task's constants: ("point", a point's key) or a cold run."""
+    import sim_reference as ref
+
+    values, kind, key = task
     apply(values)
+    if kind == "point":
+        return svh.run([_POINTS[key]])[0].sim
+    return ref.run_online(*key) if kind == "online" else ref.run_offline(key)
+
+
+def share_points(points) -> None:
+    _POINTS.update({p.key: p for p in points})
+
+
+def evaluate(points, values: dict[str, float], pool=None) -> tuple[float, list[dict]]:
+    """(loss, cold runs) at ``values``; fills every point's ``sim`` (one simulation per distinct
+    key, spread over ``pool``'s processes when given: they must have forked after
+    :func:`share_points` saw these points)."""
+    keys = list(dict.fromkeys(p.key for p in points))
+    tasks = [(values, "point", k) for k in keys] + [(values, kind, key) for kind, key in _cold_specs()]
+    saved = current()
     try:
-        svh.run(points)
-        cold = cold_runs()
+        if pool is None:
+            share_points(points)
+            sims = [_simulate(t) for t in tasks]
+        else:
+            sims = pool.map(_simulate, tasks, chunksize=1)
     finally:
         apply(saved)
+    by_key = dict(zip(keys, sims))
+    for p in points:
+        p.sim = dict(by_key[p.key])
+    cold = cold_runs(sims[len(keys):])
     loss = 0.0
     for p in points:
         for m in svh.METRICS:
@@ -108,7 +146,7 @@ def print_tables(points, cold, title: str) -> None:
         print(f"  {c['label']}: {cells}")
 
 
-def fit(points, start: dict[str, float], names: list[str], maxiter: int) -> dict[str, float]:
+def fit(points, start: dict[str, float], names: list[str], maxiter: int, pool=None) -> dict[str, float]:
     from scipy.optimize import minimize
 
     lo = np.log([PARAMS[k][0] for k in names])
@@ -121,7 +159,7 @@ def fit(points, start: dict[str, float], names: list[str], maxiter: int) -> dict
     def f(x):
         x = np.clip(x, lo, hi)
         values = {**start, **dict(zip(names, np.exp(x)))}
-        loss, _ = evaluate(points, values)
+        loss, _ = evaluate(points, values, pool)
         calls[0] += 1
         if loss < best[0]:
             best[0], best[1] = loss, values
@@ -140,22 +178,29 @@ def main() -> None:
     p.add_argument("--maxiter", type=int, default=300)
     p.add_argument("--only", default=",".join(PARAMS), help="comma-separated constants the fit may move")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--jobs", type=int, default=1, help="simulations run in parallel (processes)")
     a = p.parse_args()
     points = svh.load_points()
+    share_points(points)
+    pool = None
+    if a.jobs > 1:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("fork").Pool(a.jobs)  # forks after share_points: workers see the points
     start = current()
     start.update({k: float(v) for k, v in (s.split("=", 1) for s in a.set)})
-    loss, cold = evaluate(points, start)
+    loss, cold = evaluate(points, start, pool)
     print("constants: " + ", ".join(f"{k}={v:.4g}" for k, v in start.items()) + f"; loss {loss:.4f}")
     if not a.fit:
         print_tables(points, cold, "Simulator vs warm H200 measurements")
         return
     before = [dict(p.sim) for p in points]
     scored = [pt for pt in points if pt.mark != "aborted"]  # aborted levels carry no weight: skip them
-    fitted = fit(scored, start, [k for k in a.only.split(",") if k], a.maxiter)
+    fitted = fit(scored, start, [k for k in a.only.split(",") if k], a.maxiter, pool)
     for pt, sim in zip(points, before):
         pt.sim = sim
     print_tables(points, cold, "Before (start constants)")
-    loss, cold = evaluate(points, fitted)
+    loss, cold = evaluate(points, fitted, pool)
     print_tables(points, cold, "After (fitted constants)")
     print("\nfitted: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()) + f"; loss {loss:.4f}")
 

@@ -14,10 +14,12 @@ A roofline per operator group, summed (the kernels run one after another):
 * overheads: a per-step CPU cost (scheduling, input preparation, sampling sync;
   mostly hidden by async scheduling), plus kernel launches where no CUDA graph
   covers the step: attention only for a mixed batch within the largest capture
-  size (piecewise graphs); every layer with enforce_eager or above the largest
-  capture size. Launches run ahead of the GPU, so they only show where they
-  outlast the step's GPU work (max(launch, GPU)); the next step is scheduled once
-  they are done (:attr:`StepBreakdown.launch_s`).
+  size (piecewise graphs); every compiled layer above the largest capture size.
+  Those launches run ahead of the GPU, so they only show where they outlast the
+  step's GPU work (max(launch, GPU)). With enforce_eager every layer runs as
+  unfused PyTorch ops whose launches the GPU waits on, so they add to the GPU work
+  (launch + GPU). The next step is scheduled once the launches are done
+  (:attr:`StepBreakdown.launch_s`).
   Decode-only batches replay a full graph padded to the next capture size.
 
 Constants were fitted on Llama-3.1-8B / H200 / vLLM 0.26 (docs/simulator.md);
@@ -65,6 +67,12 @@ PIECEWISE_LAYER_S = 15e-6  # attention launches per layer (mixed batch inside gr
 # launches cost only what they take beyond the step's GPU work: a small step is launch-bound, an
 # 8,192-token prefill is GPU-bound. Eager and graph-less compiled steps fit the same per-layer time.
 NOGRAPH_LAYER_S = 200e-6
+# enforce_eager: no torch.compile either, so every layer runs as a few dozen unfused PyTorch ops
+# dispatched from Python. The GEMMs run behind their launches, but the many small kernels between
+# them (norms, rotary, activations, cache writes, attention metadata) are launch-bound, so the
+# GPU idles between them: this per-layer time adds to the step's GPU work instead of hiding
+# behind it.
+EAGER_LAYER_S = 400e-6
 PP_BUBBLE = 0.1  # per extra stage, share of a stage time lost to pipeline bubbles
 # Client-visible latency outside the engine core (HTTP, tokenization, IPC, detokenization, SSE):
 # a request reaches the engine this long after it is sent.
@@ -136,7 +144,8 @@ class StepCostModel:
         self.step_overhead_s = (STEP_OVERHEAD_S + (SYNC_STEP_S if sync else 0.0)) * o_mul
         self.per_seq_overhead_s = (PER_SEQ_OVERHEAD_S + (SYNC_PER_SEQ_S if sync else 0.0)) * o_mul
         self.piecewise_s = PIECEWISE_LAYER_S * layers * o_mul
-        self.nograph_s = NOGRAPH_LAYER_S * layers * o_mul  # a forward pass launched without a graph
+        self.nograph_s = NOGRAPH_LAYER_S * layers * o_mul  # a compiled forward pass launched without a graph
+        self.eager_s = EAGER_LAYER_S * layers * o_mul  # an eager forward pass: adds to the GPU work
         self.frontend_latency_s = FRONTEND_LATENCY_S * o_mul
         self.frontend_token_s = FRONTEND_TOKEN_S * o_mul
 
@@ -189,10 +198,15 @@ class StepCostModel:
             stage *= 1 + PP_BUBBLE * (self.pp - 1)
 
         overhead = self.step_overhead_s + self.per_seq_overhead_s * batch.num_reqs
-        # Kernel launches run ahead of the GPU: they show only beyond the GPU work they launch.
-        launch = {"piecewise": self.piecewise_s, "none": self.nograph_s, "eager": self.nograph_s}.get(mode, 0.0)
+        # Compiled kernels' launches run ahead of the GPU: they show only beyond the GPU work they
+        # launch. Eager launches do not (EAGER_LAYER_S): the GPU waits on them between the GEMMs.
         gpu = stage + comm
-        overhead += max(0.0, launch - gpu)
+        if mode == "eager":
+            launch = self.eager_s
+            overhead += launch
+        else:
+            launch = {"piecewise": self.piecewise_s, "none": self.nograph_s}.get(mode, 0.0)
+            overhead += max(0.0, launch - gpu)
         total = (gpu + overhead) * self.slowdown
         return StepBreakdown(linear, attention, comm, overhead, total, mode, min(launch * self.slowdown, total))
 
