@@ -42,45 +42,51 @@ from orchestrator.sim.scheduler import BatchShape
 # ---- constants fitted on one H200 (Llama-3.1-8B shape, vLLM 0.26, torch.compile + CUDA graphs),
 # jointly on every warm engine-side measurement (benchmarks/fit_sim_h200.py: the 512-in / 128-out
 # ingress runs of results/examples/h200-ingress, the capacity reference and the capacity study's
-# levels; the six earlier cold runs of tests/sim/sim_reference.py at a lower weight), then rounded.
-# docs/simulator.md ("Against the H200 capacity study") has the tables; tests/sim/ checks them.
-GEMM_EFFICIENCY = 0.58  # of peak tensor FLOP/s for tall GEMMs (norms, rotary, SiLU folded in)
+# levels, aborted levels left out; the six earlier cold runs of tests/sim/sim_reference.py at a
+# lower weight), then rounded. "fitted" below means by that joint fit. docs/simulator.md
+# ("Against the H200 capacity study") has the tables; tests/sim/ checks them.
+# Of peak tensor FLOP/s for tall GEMMs (norms, rotary, SiLU folded in). The joint fit gave 0.62;
+# the ingress runs' 8,192-token prefill steps (198-219 ms, ITL p99) allow at most ~0.60.
+GEMM_EFFICIENCY = 0.60
 # Rows at which GEMM efficiency is half its maximum: GEMMs a few hundred rows tall fill the
-# SMs poorly (too few output tiles), so a 256-sequence decode step is partly compute-bound.
-GEMM_HALF_ROWS = 56
+# SMs poorly (too few output tiles), so a 256-sequence decode step is partly compute-bound
+# (fitted; the 256-sequence decode steps of the rate-inf ingress runs pin it).
+GEMM_HALF_ROWS = 42
 ATTN_EFFICIENCY = 0.45  # prefill attention FLOP/s efficiency (FlashAttention, causal; not fitted)
-HBM_EFFICIENCY = 0.85  # achieved / peak HBM bandwidth for weight and KV streams
+HBM_EFFICIENCY = 0.85  # achieved / peak HBM bandwidth for weight and KV streams (the fit left it at 0.84-0.85)
 # Attention over an fp8 KV cache reads half the bytes, but not at the bf16 path's rate: the
 # query is converted and the keys and values dequantized per layer, so the decode attention
-# kernel runs well below the HBM roofline (the study's fp8 configurations decode no faster
-# than bf16 ones at these ~600-token contexts; vLLM and SGLang users report the same).
-FP8_KV_READ_EFFICIENCY = 0.85
-STEP_OVERHEAD_S = 1.9e-3  # per step left visible by async scheduling (CPU, sampler, kernel gaps)
-PER_SEQ_OVERHEAD_S = 0.5e-6  # input preparation / output processing per scheduled request
+# kernel runs well below the HBM roofline. Fitted on the study's four fp8 configurations
+# (they decode no faster than bf16 ones at these ~600-token contexts).
+FP8_KV_READ_EFFICIENCY = 0.52
+# Per step left visible by async scheduling (CPU, sampler, kernel gaps). Fitted, at the bound
+# the cold 16-sequence runs allow (their decode steps, 6.4-6.9 ms, are ~3.9 ms of weights).
+STEP_OVERHEAD_S = 2.5e-3
+PER_SEQ_OVERHEAD_S = 0.5e-6  # input preparation / output processing per scheduled request (not refitted)
 # Without async scheduling the scheduler, input preparation and output processing run between
 # steps (not fitted: vLLM's V1 notes give ~1-6 ms between steps without it).
 SYNC_STEP_S = 1.5e-3
 SYNC_PER_SEQ_S = 8e-6
 PIECEWISE_LAYER_S = 15e-6  # attention launches per layer (mixed batch inside graphs; not fitted)
-# A step no CUDA graph covers (every step with enforce_eager; a batch above the largest capture
-# size) is launched from Python layer by layer. CUDA runs the kernels as they are queued, so the
-# launches cost only what they take beyond the step's GPU work: a small step is launch-bound, an
-# 8,192-token prefill is GPU-bound. Eager and graph-less compiled steps fit the same per-layer time.
+# A compiled step no CUDA graph covers (a batch above the largest capture size) is launched from
+# Python layer by layer. CUDA runs the kernels as they are queued, so the launches cost only what
+# they take beyond the step's GPU work: a small step is launch-bound, an 8,192-token prefill is
+# GPU-bound. Cold fit's value as a launch time (the warm data has few such small steps).
 NOGRAPH_LAYER_S = 200e-6
 # enforce_eager: no torch.compile either, so every layer runs as a few dozen unfused PyTorch ops
 # dispatched from Python. The GEMMs run behind their launches, but the many small kernels between
-# them (norms, rotary, activations, cache writes, attention metadata) are launch-bound, so the
-# GPU idles between them: this per-layer time adds to the step's GPU work instead of hiding
-# behind it.
-EAGER_LAYER_S = 400e-6
+# them (norms, rotary, activations, cache writes) are launch-bound, so the GPU idles between
+# them: this per-layer time adds to the step's GPU work instead of hiding behind it. Fitted on
+# the study's three enforce_eager configurations (~7.7 ms a step over 32 layers).
+EAGER_LAYER_S = 240e-6
 PP_BUBBLE = 0.1  # per extra stage, share of a stage time lost to pipeline bubbles
 # Client-visible latency outside the engine core (HTTP, tokenization, IPC, detokenization, SSE):
 # a request reaches the engine this long after it is sent.
-FRONTEND_LATENCY_S = 0.030
+FRONTEND_LATENCY_S = 0.035  # fitted (the cold fit gave 31 ms)
 # The API server streams the tokens of a step one after another (detokenize, SSE chunk): a
 # token reaches the client this much after the one before it, in the engine's output order
 # (running requests first, new ones last). Virtual mode only; served mode streams real HTTP.
-FRONTEND_TOKEN_S = 0.0
+FRONTEND_TOKEN_S = 50e-6  # measured: one step's tokens reach the client ~50-55 us apart (capacity reference)
 
 _FP8_QUANT = {"fp8", "modelopt", "compressed-tensors"}
 

@@ -138,7 +138,7 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
         for rec in drv.advance():
             judge.on_finish(drv.t, rec)
             if closed and not stopped:
-                send(next(requests), drv.t)
+                send(next(requests), max(drv.t, rec.end_s))  # once its last token reached the client
 
     nxt = None
     if closed:
@@ -179,8 +179,8 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
     """
     drv = _Driver(core)
     warm = []
-    for req in requests.warmup:
-        warm.append(drv.send(req, drv.t))
+    for req in requests.warmup:  # each sent once the previous one's last token reached the client
+        warm.append(drv.send(req, max([drv.t] + [r.end_s for r in warm[-1:]])))
         while drv.busy():
             drv.advance()
     reason = None
@@ -191,10 +191,12 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
         warmup_report.seconds, warmup_report.requests = drv.t, len(warm)
         warmup_report.converged = None if reason is None else reason == "converged"
         warmup_report.reason = reason
+    # The warm-up ends when its last token reaches the client (the API server streams after the step).
+    end = max([drv.t] + [r.end_s for r in warm if r.end_s is not None])
     for rec in warm:
-        _shift(rec, -drv.t)
-    drv.frontend_free -= drv.t
-    drv.t = 0.0
+        _shift(rec, -end)
+    drv.frontend_free -= end
+    drv.t -= end
 
     measured = sorted(requests.measured, key=lambda r: (r.arrival_s, r.index))
     conc = requests.closed_loop_concurrency
@@ -208,8 +210,8 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
         for req in itertools.islice(todo, max(1, conc)):
             drv.send(req, 0.0)
         while drv.busy():
-            for _ in drv.advance():
+            for rec in drv.advance():
                 nxt = next(todo, None)
                 if nxt is not None:
-                    drv.send(nxt, drv.t)
+                    drv.send(nxt, max(drv.t, rec.end_s))
     return warm + [drv.records[(False, r.index)] for r in sorted(requests.measured, key=lambda r: r.index)]
