@@ -1,35 +1,60 @@
-"""The simulator against warm, engine-side H200 measurements (docs/simulator.md, "Against warm
-engine-side measurements").
+"""The simulator against warm, engine-side H200 measurements (docs/simulator.md, "Against the H200
+capacity study").
 
-Two sources of real numbers, both measured on prompts the engine had not seen, after a warm-up:
+Three sources of real numbers, all measured through vLLM's own server after a warm-up, on
+prompts the engine had not seen:
 
 * ``ingress``: ``benchmarks/ingress_overhead.py`` JSON files (``vllm bench serve`` loads of
   512-in / 128-out random prompts, Poisson, against bare ``vllm serve`` and the ``engine``
   ingress). Each load is replayed in virtual time with the same request count, lengths,
   rate and arrival process (vLLM's: exponential gaps rescaled so the last arrival is at
   n / rate; ``inf``: all at once).
-* ``study``: a capacity study's dataset (``orchestrator run search_spaces/llama3-8b-h200.yaml``):
-  every load level of every completed trial is replayed in virtual time with the product's
-  own path (the study's workload at the level's rate, the level's own prompts, the trial's
-  engine arguments, ``VirtualSimEngine.measure``) and summarised with the same metrics.
+* ``study``: a capacity study's dataset (``orchestrator run search_spaces/llama3-8b-h200.yaml``,
+  or the bare ``vllm serve`` reference): every load level of every completed trial is
+  replayed in virtual time with the product's own request path (the study's workload at the
+  level's rate, the level's own prompts, the trial's engine arguments).
 
-Prints one table row per measured point: request throughput and TTFT p50, real vs
-simulated, and the relative error. The timer is not the point here: nothing is timed.
+Not every measured level can be compared with a simulation run to completion. Each point
+gets one of these marks (the real run's own columns decide, never the simulator):
 
-    python benchmarks/sim_vs_h200.py ingress results/ingress
+* ``aborted``: the capacity search stopped the level early once its SLO verdict was
+  certain (``stopped_early``): the requests in flight were aborted (hundreds of
+  ``failed_aborted``), so its served req/s and latencies describe a cut window. Listed,
+  left out of every error statistic.
+* ``overloaded``: the level ran to the end above what the configuration serves: the
+  saturation detector fired (``saturated``), or its TTFT p50 is more than
+  ``QUEUED_TTFT_RATIO`` times the same configuration's lowest TTFT p50 (the median request
+  spent most of its TTFT waiting for a slot or a token budget, not being prefilled). Its
+  TTFT p50 then measures how fast the backlog grew, which a few percent of capacity moves
+  by tens of percent: listed, not scored; req/s and TPOT p50 are scored.
+* ``harness-bound``: the product flagged the level ``harness_bound`` (its client-side TTFT
+  p50 or throughput differs from the engine's own by more than 10%): the client's TTFT
+  p50 is not the engine's, so it is listed, not scored; req/s and TPOT p50 are scored.
+* no mark: every metric is scored.
+
+Prints one table row per point (real / simulated and the relative error for request
+throughput, TTFT p50 and TPOT p50) and, per metric, the max and median absolute error
+over the scored points. Nothing is timed; the simulation is deterministic.
+
+    python benchmarks/sim_vs_h200.py ingress results/examples/h200-ingress
     python benchmarks/sim_vs_h200.py study results/examples/llama3-8b-h200
+    python benchmarks/sim_vs_h200.py all      # the three H200 datasets of docs/simulator.md
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from orchestrator.engine_args import EngineArgs  # noqa: E402
 from orchestrator.sim.core import SimEngineCore  # noqa: E402
@@ -38,7 +63,36 @@ from orchestrator.sim.models import ModelShape  # noqa: E402
 from orchestrator.sim.virtual import simulate  # noqa: E402
 from orchestrator.workload.requests import Request, RequestSet  # noqa: E402
 
+DATASETS = (("ingress", "results/examples/h200-ingress"),
+            ("study", "results/examples/llama3-8b-h200-reference"),
+            ("study", "results/examples/llama3-8b-h200"))
+METRICS = ("req_s", "ttft_p50_ms", "tpot_p50_ms")
+QUEUED_TTFT_RATIO = 3.0  # TTFT p50 above this many times the configuration's lowest: queue-dominated
 
+
+@dataclass
+class Point:
+    dataset: str  # the results folder's name
+    label: str
+    real: dict  # METRICS (+ whatever else the source has: itl_mean_ms, tpot_mean_ms, ...)
+    args: EngineArgs
+    requests: RequestSet
+    dtype: str = "auto"
+    mark: Optional[str] = None  # None, "aborted", "overloaded" or "harness-bound"
+    why: str = ""
+    key: tuple = ()  # equal keys: the same simulation (two real samples of one load)
+    sim: dict = field(default_factory=dict)
+
+    def scored(self, metric: str) -> bool:
+        if self.mark == "aborted":
+            return False
+        return not (self.mark in ("overloaded", "harness-bound") and metric == "ttft_p50_ms")
+
+    def err(self, metric: str) -> float:
+        return (self.sim[metric] - self.real[metric]) / self.real[metric]
+
+
+# ---------------------------------------------------------------- sources
 def _bench_requests(n: int, rate: str, seed: int, input_len: int, output_len: int, vocab: int) -> RequestSet:
     rng = np.random.default_rng(seed)
     arrivals = np.zeros(n)
@@ -51,47 +105,51 @@ def _bench_requests(n: int, rate: str, seed: int, input_len: int, output_len: in
     return RequestSet(warmup=(), measured=reqs)
 
 
-def _summary(records) -> dict:
-    ok = [r for r in records if not r.warmup and r.success]
-    start = min(r.sent_s for r in ok)
-    end = max(r.end_s for r in ok)
-    return {"req_s": len(ok) / (end - start), "ttft_p50_ms": float(np.median([r.ttft_s for r in ok])) * 1000,
-            "tpot_p50_ms": float(np.median([r.tpot_s for r in ok if r.tpot_s is not None])) * 1000}
-
-
-def _row(label: str, real: dict, sim: dict) -> str:
-    def err(k):
-        return f"{(sim[k] - real[k]) / real[k]:+.0%}"
-    return (f"| {label} | {real['req_s']:.1f} / {sim['req_s']:.1f} ({err('req_s')}) | "
-            f"{real['ttft_p50_ms']:.0f} / {sim['ttft_p50_ms']:.0f} ({err('ttft_p50_ms')}) | "
-            f"{real['tpot_p50_ms']:.1f} / {sim['tpot_p50_ms']:.1f} ({err('tpot_p50_ms')}) |")
-
-
-HEADER = ("| point | req/s real / sim (err) | TTFT p50 ms real / sim (err) | TPOT p50 ms real / sim (err) |\n"
-          "| --- | --- | --- | --- |")
-
-
-def ingress(folder: str, gpu_name: str = "H200") -> None:
+def ingress_points(folder: str, gpu_name: str = "H200") -> list[Point]:
     gpu = get_gpu(gpu_name)
     model = ModelShape.load("llama-3.1-8b")
-    print(HEADER)
+    points = []
     for path in sorted(Path(folder).glob("ingress_*.json")):
         res = json.loads(path.read_text())
         if res["mode"] == "serve_llm":
             continue  # the simulator models the engine, not ray.serve.llm's ingress
         args = EngineArgs(**res["config"]).resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name)
         for run in res["runs"]:
-            n = int(run["completed"])
-            reqs = _bench_requests(n, str(run["rate"]), int(run["seed"]), 512, 128, model.vocab_size)
-            sim = _summary(simulate(SimEngineCore(model, gpu, args), reqs))
+            n, rate, seed = int(run["completed"]), str(run["rate"]), int(run["seed"])
             real = {"req_s": run["request_throughput"], "ttft_p50_ms": run["median_ttft_ms"],
                     "tpot_p50_ms": run["median_tpot_ms"]}
-            print(_row(f"{res['label']}, rate {run['rate']}", real, sim))
+            full = Path(folder) / f"{res['label']}_r{rate}_s{seed}.json"  # the bench's own file: more fields
+            if full.exists():
+                bench = json.loads(full.read_text())
+                real.update(tpot_mean_ms=bench["mean_tpot_ms"], itl_mean_ms=bench["mean_itl_ms"],
+                            itl_p50_ms=bench["median_itl_ms"], ttft_p90_ms=bench["p90_ttft_ms"])
+            points.append(Point(Path(folder).name, f"{res['label']}, rate {rate}", real, args,
+                                _bench_requests(n, rate, seed, 512, 128, model.vocab_size),
+                                key=("ingress", json.dumps(res["config"], sort_keys=True), n, rate, seed)))
+    return points
 
 
-def study(path: str) -> None:
-    import dataclasses
+def _flag(value) -> bool:
+    """A boolean column's value; missing (None / NaN) is False."""
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and bool(value)
 
+
+def level_mark(lv, low_ttft_ms: float) -> tuple[Optional[str], str]:
+    """The point's mark from the real level's own columns (module docstring); ``low_ttft_ms``:
+    the lowest TTFT p50 among the configuration's levels that ran to the end."""
+    if _flag(lv.get("stopped_early")):
+        return "aborted", f"stopped early, {int(lv.get('failed_aborted') or 0)} requests aborted"
+    if _flag(lv.get("saturated")):
+        return "overloaded", "saturation detector fired"
+    ratio = float(lv["ttft_p50_ms"]) / low_ttft_ms
+    if ratio > QUEUED_TTFT_RATIO:
+        return "overloaded", f"TTFT p50 {ratio:.1f}x the configuration's lowest ({low_ttft_ms:.0f} ms): queued"
+    if _flag(lv.get("harness_bound")):
+        return "harness-bound", str(lv.get("harness_bound_reason") or "harness_bound")
+    return None, ""
+
+
+def study_points(path: str) -> list[Point]:
     from orchestrator.capacity import level_workload
     from orchestrator.engines import create_engine
     from orchestrator.recommend import engine_args_of
@@ -99,38 +157,128 @@ def study(path: str) -> None:
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.levels import load_levels
     from orchestrator.load_phase import study_requests
-
-    real_study = read_study_definition(path)
     from orchestrator.study import SimEngineSpec
 
+    real_study = read_study_definition(path)
     sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
     engine = create_engine(sim_study)
     trials = load_trials(path, status="completed")
     levels = load_levels(path)
     base_rate = study_requests(sim_study).requested_rate
-    print(HEADER)
+    points = []
     for _, t in trials.sort_values("trial_number").iterrows():
         args = engine.resolve(dataclasses.replace(engine_args_of(t), extra={}))
         mine = levels[levels["trial_id"] == t["trial_id"]].sort_values("level")
+        ran = mine[[not _flag(v) for v in mine["stopped_early"]]]
+        low_ttft = float(ran["ttft_p50_ms"].min()) if len(ran) else float("nan")
         for _, lv in mine.iterrows():
             # The level's own request set, exactly as the real trial drew it (prompts of its own).
             level_wl = level_workload(sim_study.workload, float(lv["rate"]), sim_study.capacity, base_rate)
             rs = study_requests(sim_study, level_wl, level=int(lv["level"]))
-            records, _ = engine.measure(args, rs)
-            sim = _summary(records)
             real = {"req_s": lv["request_throughput"], "ttft_p50_ms": lv["ttft_p50_ms"],
-                    "tpot_p50_ms": lv["tpot_p50_ms"]}
-            label = (f"S={args.max_num_seqs} B={args.max_num_batched_tokens} kv={args.kv_cache_dtype} "
-                     f"eager={args.enforce_eager}, {lv['rate']:.1f} req/s")
-            print(_row(label, real, sim))
+                    "tpot_p50_ms": lv["tpot_p50_ms"], "tpot_mean_ms": lv["tpot_mean_ms"],
+                    "itl_mean_ms": lv["itl_mean_ms"], "itl_p50_ms": lv["itl_p50_ms"],
+                    "ttft_p90_ms": lv["ttft_p90_ms"]}
+            chunked = "" if args.enable_chunked_prefill else " nochunk"
+            label = (f"S={args.max_num_seqs} B={args.max_num_batched_tokens}"
+                     f"{' kv=fp8' if args.kv_cache_dtype == 'fp8' else ''}{' eager' if args.enforce_eager else ''}"
+                     f"{chunked}, {lv['rate']:.1f} req/s")
+            mark, why = level_mark(lv, low_ttft)
+            points.append(Point(Path(path).name, label, real, args, rs, dtype=sim_study.model.dtype, mark=mark,
+                                why=why, key=("study", path, str(t["trial_id"]), int(lv["level"]))))
+    return points
+
+
+def load_points(datasets=DATASETS) -> list[Point]:
+    points = []
+    for kind, path in datasets:
+        points += ingress_points(path) if kind == "ingress" else study_points(path)
+    return points
+
+
+# ---------------------------------------------------------------- simulation
+def summary(records) -> dict:
+    ok = [r for r in records if not r.warmup and r.success]
+    start = min(r.sent_s for r in ok)
+    end = max(r.end_s for r in ok)
+    tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
+    itl = [x for r in ok for x in r.itl_s]
+    return {"req_s": len(ok) / (end - start), "ttft_p50_ms": float(np.median([r.ttft_s for r in ok])) * 1000,
+            "ttft_p90_ms": float(np.percentile([r.ttft_s for r in ok], 90)) * 1000,
+            "tpot_p50_ms": float(np.median(tpot)) * 1000, "tpot_mean_ms": float(np.mean(tpot)) * 1000,
+            "itl_mean_ms": float(np.mean(itl)) * 1000, "itl_p50_ms": float(np.median(itl)) * 1000}
+
+
+def run(points: list[Point], gpu_name: str = "H200") -> list[Point]:
+    """Simulate every point (one run per distinct key); fills ``point.sim``."""
+    gpu = get_gpu(gpu_name)
+    model = ModelShape.load("llama-3.1-8b")
+    done: dict[tuple, dict] = {}
+    for p in points:
+        if p.key not in done:
+            done[p.key] = summary(simulate(SimEngineCore(model, gpu, p.args, dtype=p.dtype), p.requests))
+        p.sim = done[p.key]
+    return points
+
+
+# ---------------------------------------------------------------- reporting
+HEADER = ("| point | req/s real / sim (err) | TTFT p50 ms real / sim (err) | TPOT p50 ms real / sim (err) |\n"
+          "| --- | --- | --- | --- |")
+
+
+def row(p: Point) -> str:
+    def cell(m, fmt):
+        text = f"{p.real[m]:{fmt}} / {p.sim[m]:{fmt}} ({p.err(m):+.0%})"
+        return text if p.scored(m) else f"_{text}_"
+    mark = f" [{p.mark}]" if p.mark else ""
+    return f"| {p.label}{mark} | {cell('req_s', '.1f')} | {cell('ttft_p50_ms', '.0f')} | {cell('tpot_p50_ms', '.1f')} |"
+
+
+def error_summary(points: list[Point]) -> dict[str, tuple[float, float, int]]:
+    """metric -> (max |err|, median |err|, points scored)."""
+    out = {}
+    for m in METRICS:
+        errs = [abs(p.err(m)) for p in points if p.scored(m)]
+        out[m] = (max(errs), float(np.median(errs)), len(errs)) if errs else (float("nan"), float("nan"), 0)
+    return out
+
+
+def summary_lines(points: list[Point]) -> list[str]:
+    names = {"req_s": "req/s", "ttft_p50_ms": "TTFT p50", "tpot_p50_ms": "TPOT p50"}
+    lines = []
+    for m, (mx, med, n) in error_summary(points).items():
+        within = sum(1 for p in points if p.scored(m) and abs(p.err(m)) <= 0.10)
+        lines.append(f"{names[m]}: max |err| {mx:.0%}, median {med:.0%}, within 10%: {within} of {n}")
+    return lines
+
+
+def report(points: list[Point]) -> None:
+    dataset = None
+    for p in points:
+        if p.dataset != dataset:
+            dataset = p.dataset
+            print(f"\n{dataset}\n\n{HEADER}")
+        print(row(p))
+    marked = [p for p in points if p.mark]
+    if marked:
+        print("\nMarked points (italic cells are not scored):")
+        for p in marked:
+            print(f"  {p.dataset}: {p.label}: {p.mark} ({p.why})")
+    print("\nScored points: " + "; ".join(summary_lines(points)))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("source", choices=("ingress", "study"))
-    p.add_argument("path")
+    p.add_argument("source", choices=("ingress", "study", "all"))
+    p.add_argument("path", nargs="?")
     a = p.parse_args()
-    ingress(a.path) if a.source == "ingress" else study(a.path)
+    if a.source == "all":
+        datasets = DATASETS
+    elif a.path is None:
+        p.error(f"{a.source} needs a results folder")
+    else:
+        datasets = ((a.source, a.path),)
+    report(run(load_points(datasets)))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from orchestrator.accelerator import with_device_defaults
 from orchestrator.engine_args import EngineArgs, ceil_div, vllm_refusal
@@ -131,17 +131,23 @@ class SimEngineCore:
             if not out.preempted:
                 return None
             # A running request preempted itself: an empty step, then the queue moves on.
-            return out, self.cost.step_overhead_s * self.cost.slowdown
-        return out, self.cost.step_time(out.shape)
+            return out, self.cost.step_overhead_s * self.cost.slowdown, 0.0
+        b = self.cost.breakdown(out.shape)
+        return out, b.total_s, b.launch_s
 
-    def step(self) -> StepResult:
+    def step(self, before_next: Optional[Callable[[float], None]] = None) -> StepResult:
         """Run one engine step from now; the caller advances its clock by ``duration_s``.
 
         With async scheduling (vLLM's default; ``extra={"async_scheduling": False}``
-        turns it off) the step that runs now was scheduled when the previous one
-        started, and the one after it is scheduled here, before this step's output
-        is processed: requests added since the previous call join one step later,
-        and requests finishing now still hold their slot in that schedule.
+        turns it off) the step that runs now was scheduled while the previous one
+        ran, and the one after it is scheduled once this step's kernels are launched,
+        before its output is processed: requests that reach the engine after that
+        join one step later, and requests finishing now still hold their slot in
+        that schedule. ``before_next(launch_s)``, when given, is called just before
+        that scheduling with the step's launch time (its CPU time before the next
+        step can be scheduled: near zero for a CUDA-graph replay, the whole Python
+        launch without graphs), so a caller with a clock can add the requests that
+        arrived meanwhile; without it they join one step later.
         """
         sched = self.scheduler
         batch = self._inflight
@@ -151,8 +157,13 @@ class SimEngineCore:
             batch = self._schedule()
             if batch is None:
                 raise RuntimeError("scheduler made no progress (KV cache cannot hold the waiting request)")
-        self._inflight = self._schedule() if self.async_scheduling else None
-        out, duration = batch
+        out, duration, launch = batch
+        if self.async_scheduling:
+            if before_next is not None:
+                before_next(launch)
+            self._inflight = self._schedule()
+        else:
+            self._inflight = None
         outputs = []
         for req, new, finished in sched.update(out):
             if new and req.num_delivered == 1:  # first token: the prompt counts in vllm:prompt_tokens

@@ -28,6 +28,8 @@ class _Driver:
         self.core = core
         self.t = 0.0
         self.latency = core.cost.frontend_latency_s
+        self.token_s = core.cost.frontend_token_s
+        self.frontend_free = 0.0  # when the API server has streamed every token handed to it so far
         self.live: dict[str, RequestRecord] = {}
         self.records: dict[tuple[bool, int], RequestRecord] = {}
         self._due: list = []  # (time reaching the engine, seq, request id, Request)
@@ -42,18 +44,20 @@ class _Driver:
         heapq.heappush(self._due, (at + self.latency, next(self._seq), req))
         return rec
 
-    def deliver(self) -> list[RequestRecord]:
-        """Hand the engine every request due by now; return the ones it rejected."""
+    def deliver(self, until: Optional[float] = None) -> list[RequestRecord]:
+        """Hand the engine every request due by ``until`` (default: now); return the ones it rejected."""
+        until = self.t if until is None else until
         rejected = []
-        while self._due and self._due[0][0] <= self.t:
-            _, _, req = heapq.heappop(self._due)
+        while self._due and self._due[0][0] <= until:
+            due, _, req = heapq.heappop(self._due)
+            at = max(due, self.t)  # reaches the engine when due, or now if it waited for the engine loop
             rec = self.records[(req.warmup, req.index)]
             rid = f"{'w' if req.warmup else 'r'}{req.index}"
             try:
-                self.core.add_request(SimRequest(rid, req.prompt_token_ids, req.output_len, arrival_s=self.t))
+                self.core.add_request(SimRequest(rid, req.prompt_token_ids, req.output_len, arrival_s=at))
             except ValueError as e:  # the server's 400 answer
                 rec.error, rec.error_kind, rec.completion_tokens = str(e), RequestErrorKind.HTTP_STATUS, None
-                rec.end_s = self.t
+                rec.end_s = at
                 rejected.append(rec)
                 continue
             self.live[rid] = rec
@@ -70,12 +74,19 @@ class _Driver:
             if nxt is not None:
                 self.t = max(self.t, nxt)
             return ended
-        res = self.core.step()
-        self.t += res.duration_s
-        t = self.t
+        start = self.t
+
+        def before_next(launch_s: float) -> None:  # requests that arrived while the step was launched
+            ended.extend(self.deliver(start + launch_s))
+
+        res = self.core.step(before_next)
+        self.t = start + res.duration_s
+        fe = max(self.frontend_free, self.t)
         for out in res.outputs:
             if not out.new_tokens:
                 continue
+            fe += self.token_s  # the API server streams the step's tokens one after another
+            t = fe
             rec = self.live[out.request_id]
             if rec.first_token_s is None:
                 rec.first_token_s = t
@@ -85,6 +96,7 @@ class _Driver:
                 rec.end_s = t
                 del self.live[out.request_id]
                 ended.append(rec)
+        self.frontend_free = fe
         return ended
 
     def busy(self) -> bool:
@@ -126,7 +138,7 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
         for rec in drv.advance():
             judge.on_finish(drv.t, rec)
             if closed and not stopped:
-                send(next(requests), drv.t)
+                send(next(requests), max(drv.t, rec.end_s))  # once its last token reached the client
 
     nxt = None
     if closed:
@@ -167,8 +179,8 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
     """
     drv = _Driver(core)
     warm = []
-    for req in requests.warmup:
-        warm.append(drv.send(req, drv.t))
+    for req in requests.warmup:  # each sent once the previous one's last token reached the client
+        warm.append(drv.send(req, max([drv.t] + [r.end_s for r in warm[-1:]])))
         while drv.busy():
             drv.advance()
     reason = None
@@ -179,9 +191,12 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
         warmup_report.seconds, warmup_report.requests = drv.t, len(warm)
         warmup_report.converged = None if reason is None else reason == "converged"
         warmup_report.reason = reason
+    # The warm-up ends when its last token reaches the client (the API server streams after the step).
+    end = max([drv.t] + [r.end_s for r in warm if r.end_s is not None])
     for rec in warm:
-        _shift(rec, -drv.t)
-    drv.t = 0.0
+        _shift(rec, -end)
+    drv.frontend_free -= end
+    drv.t -= end
 
     measured = sorted(requests.measured, key=lambda r: (r.arrival_s, r.index))
     conc = requests.closed_loop_concurrency
@@ -195,8 +210,8 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
         for req in itertools.islice(todo, max(1, conc)):
             drv.send(req, 0.0)
         while drv.busy():
-            for _ in drv.advance():
+            for rec in drv.advance():
                 nxt = next(todo, None)
                 if nxt is not None:
-                    drv.send(nxt, drv.t)
+                    drv.send(nxt, max(drv.t, rec.end_s))
     return warm + [drv.records[(False, r.index)] for r in sorted(requests.measured, key=lambda r: r.index)]
