@@ -134,10 +134,21 @@ def _measure_many(args) -> list[tuple[tuple, Point]]:
     return [(key(p), measure(name, p)) for p in chunk]
 
 
+def code_version() -> str:
+    """Hash of the package's source: any change to what a measurement runs invalidates the cache."""
+    package = Path(__file__).resolve().parents[1] / "orchestrator"
+    h = hashlib.sha256()
+    for f in sorted(package.rglob("*.py")):
+        h.update(str(f.relative_to(package)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def measure_grid(name: str, jobs: int, cache: Optional[Path]) -> dict[tuple, Point]:
     study = landscape_study(name)
     grid = study.space.grid()
-    tag = hashlib.sha256(json.dumps([study.fingerprint(), len(grid)]).encode()).hexdigest()[:12]
+    # Keyed by the study and the code that measures it: a changed simulator is a new landscape.
+    tag = hashlib.sha256(json.dumps([study.fingerprint(), len(grid), code_version()]).encode()).hexdigest()[:12]
     path = cache / f"{name}-{tag}.json" if cache else None
     if path is not None and path.is_file():
         return {key(params): Point(tuple(v), c, st, g) for params, v, c, st, g in json.loads(path.read_text())}
