@@ -97,8 +97,19 @@ def start_serve(port: int = 8000) -> int:
     nodes = _alive_nodes()
     if len({n.get("NodeManagerAddress") for n in nodes}) < len(nodes):
         proxy_location = "HeadOnly"  # several nodes share one host: one proxy per port
-    serve.start(proxy_location=proxy_location, http_options={"host": "127.0.0.1", "port": port},
-                logging_config={"log_level": "WARNING", "enable_access_log": False})
+    import ray
+
+    for attempt in range(3):
+        try:
+            serve.start(proxy_location=proxy_location, http_options={"host": "127.0.0.1", "port": port},
+                        logging_config={"log_level": "WARNING", "enable_access_log": False})
+            break
+        except ray.exceptions.RayActorError:
+            # On a busy machine the controller's 5 s readiness check can give up on a starting
+            # proxy and replace it; serve.start was waiting on the one it killed. Again: the
+            # controller is up by now, and the new proxy comes.
+            if attempt == 2:
+                raise
     try:
         from ray.serve.context import _get_global_client
 

@@ -223,14 +223,15 @@ class SpaceSurvey:
             out.setdefault(name, []).append(value)
         return out
 
-    def report(self) -> str:
-        """Why nothing (or how much) of the space can start, one block per failure kind."""
+    def report(self, *, trimmed: bool = False) -> str:
+        """Why nothing (or how much) of the space can start, one block per failure kind
+        (``trimmed``: the values that never start were taken out of the space)."""
         scope = (f"{self.checked:,} sampled of {self.space_size:,}" if self.sampled
                  else f"all {self.checked:,}")
         if not self.all_infeasible:
             text = f"pre-flight: {self.feasible:,} of {scope} configurations can start"
             if self.never:
-                text += ("; never starts" + ("" if self.sampled else " (taken out of the space before sampling)")
+                text += ("; never starts" + (" (taken out of the space before sampling)" if trimmed else "")
                          + ": " + ", ".join(f"{k}={v} ({kind})" for (k, v), kind in self.never.items()))
             return text
         lines = [f"no configuration of the search space can start ({scope} configurations checked "

@@ -88,8 +88,8 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
                                    units_per_node=None if cpu else study.hardware.gpus_per_node)
         if found.all_infeasible:
             raise StudyStopped(f"study {study.name}: " + found.report())
-        survey_text = found.report() if found.never else None
-        drop = found.droppable()
+        drop = found.droppable() if feasibility.preflight_on(study) else {}  # the sim's own start refuses them
+        survey_text = found.report(trimmed=bool(drop)) if found.never else None
     state_dir = local_state_dir(study)
     stop_orphans(state_dir)
     fingerprint = study.fingerprint()

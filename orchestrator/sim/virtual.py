@@ -187,12 +187,12 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
     if requests.warmup_stream is not None:
         steady, reason = _warm_until_steady(drv, requests.warmup_stream)
         warm += steady
-    if warmup_report is not None:
-        warmup_report.seconds, warmup_report.requests = drv.t, len(warm)
-        warmup_report.converged = None if reason is None else reason == "converged"
-        warmup_report.reason = reason
     # The warm-up ends when its last token reaches the client (the API server streams after the step).
     end = max([drv.t] + [r.end_s for r in warm if r.end_s is not None])
+    if warmup_report is not None:  # it began at 0: its length is its end
+        warmup_report.seconds, warmup_report.requests = end, len(warm)
+        warmup_report.converged = None if reason is None else reason == "converged"
+        warmup_report.reason = reason
     for rec in warm:
         _shift(rec, -end)
     drv.frontend_free -= end
