@@ -104,11 +104,13 @@ def test_served_sim_capacity_search(tmp_path, ray_serve):
     per_level = requests[~requests["warmup"]].groupby("level").size()
     assert per_level.to_dict() == dict(zip(levels["level"], levels["num_requests"].astype(int)))
 
-    # Same configuration in virtual time. Real time only adds costs (HTTP, a busy machine's late
-    # wake-ups), so the served capacity is at most the virtual one (+ the search's tolerance). How
-    # far below depends on the machine's load (0.375x with other test suites on the same two
-    # cores), so no lower bound beyond a level that met the SLOs (checked above).
+    # Same configuration in virtual time. The engine is the same; the paths around it differ:
+    # virtual time charges the frontend vLLM's API server has on an H200 (35 ms, and its
+    # token-by-token streaming), served mode this machine's real HTTP and its late wake-ups.
+    # Served measured up to 1.34x the virtual capacity on an idle machine (the search's
+    # tolerance and the levels' noise included) and 0.375x with other suites on the same two
+    # cores: no lower bound beyond a level that met the SLOs (checked above).
     virtual = parse_study(study_doc(tmp_path, "virtual"))
     v = run_trial(virtual, {"max_num_seqs": 4}, trial_id="v", trial_number=0, ctx=TrialContext("v"))
-    assert 0 < row["capacity_rps"] <= 1.25 * v.row["capacity_rps"], \
+    assert 0 < row["capacity_rps"] <= 1.5 * v.row["capacity_rps"], \
         (row["capacity_rps"], v.row["capacity_rps"], levels[["rate", "slo_met", "ttft_p99_ms"]])
