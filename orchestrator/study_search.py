@@ -32,7 +32,7 @@ class SearchStage(_Strict):
 
 class SearchSettings(_Strict):
     sampler: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
-    seed: Optional[int] = Field(default=None, description="sampler seed; default: the study's seed")
+    seed: Optional[int] = Field(default=None, ge=0, description="sampler seed; default: the study's seed")
     n_startup_trials: Optional[int] = Field(default=None, ge=0, description="random trials before the model kicks in")
     warm_start: list[str] = Field(default_factory=list, description="result datasets whose best points are tried first")
     initial_points: list[dict[str, Any]] = Field(

@@ -11,6 +11,7 @@ import copy
 import subprocess
 import sys
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -193,3 +194,17 @@ def test_every_accepted_file_runs_a_trial_without_an_internal_error(tmp_path, ca
     point = dict(study.search.initial_points[0]) if study.search.initial_points else study.space.grid()[0]
     result = execute_trial(study, point, trial_id="f-0000", trial_number=0, ctx=TrialContext("f"))
     assert result.status.value != "error", result.failure
+
+
+@pytest.mark.parametrize("where", ["seed", "search.seed"])
+def test_a_negative_seed_is_refused_by_validate(tmp_path, capsys, where):
+    """Found by the fuzz test above: ``seed: -1.0`` passed validation and the trial failed
+    internally when it seeded its request streams."""
+    doc = copy.deepcopy(BASE_STUDY)
+    _set(doc, where, -1.0)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc = main(["validate", str(path)])
+    captured = capsys.readouterr()
+    _check_outcome(rc, captured.out, captured.err, str(path))
+    assert rc == 2 and f"{where}: Input should be greater than or equal to 0" in captured.err

@@ -232,8 +232,12 @@ def _assert_monotone_curve(row, levels) -> None:
     thr = list(knee["request_throughput"])
     assert all(b >= 0.9 * a for a, b in zip(thr, thr[1:])), shown
     assert (knee["request_throughput"] >= 0.5 * knee["rate"]).all(), shown  # below the knee the engine keeps up
+    # Latency does not fall with load. Replayed prompts hitting the prefix cache made E2E p50 fall
+    # to 0.35x of the lowest level's (311 -> 109 ms); with a test worker beside it on two cores a
+    # level's p50 jitters by up to ~2.5x (214, 82, 233, 126 ms at 2, 4, 8, 16 req/s), so the check is
+    # against a fall of half or more. The prefix-cache hits themselves are checked exactly below.
     lat = list(levels["e2el_p50_ms"])
-    assert lat[-1] >= lat[0], shown
+    assert lat[-1] >= 0.5 * lat[0], shown
     failing = levels[~levels["slo_met"]]
     assert failing.empty or failing["rate"].min() > row["capacity_rps"], shown
 
