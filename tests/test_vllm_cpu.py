@@ -234,7 +234,7 @@ def _assert_monotone_curve(row, levels) -> None:
     assert (knee["request_throughput"] >= 0.5 * knee["rate"]).all(), shown  # below the knee the engine keeps up
     # No check that latency rises with load: on CPU vLLM it does not. Runs gave E2E p50 of 214 / 82 /
     # 233 / 126 ms and 401 / 121 / 200 / 103 ms at 2 / 4 / 8 / 16 req/s: the lowest rate is the
-    # slowest (an idle engine's threads sleep between steps), and a stopped level keeps only the
+    # slowest (not explained yet; idle CPU threads between steps are a guess), and a stopped level keeps only the
     # requests that finished. What made the curve fall before, replayed prompts hitting the prefix
     # cache, is checked exactly below (hits no more than the shared prefixes explain).
     failing = levels[~levels["slo_met"]]
