@@ -182,7 +182,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--jobs", type=int, default=1, help="simulations run in parallel (processes)")
     a = p.parse_args()
-    points = svh.load_points()
+    points = svh.load_points(svh.DATASETS)
     share_points(points)
     pool = None
     if a.jobs > 1:

@@ -44,181 +44,17 @@ over the scored points. Nothing is timed; the simulation is deterministic.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.engine_args import EngineArgs  # noqa: E402
-from orchestrator.sim.core import SimEngineCore  # noqa: E402
-from orchestrator.sim.hardware import get_gpu  # noqa: E402
-from orchestrator.sim.models import ModelShape  # noqa: E402
-from orchestrator.sim.virtual import simulate  # noqa: E402
-from orchestrator.workload.requests import Request, RequestSet  # noqa: E402
+from orchestrator.sim.measured_replay import METRICS, Point, error_summary, load_points, run, summary_lines  # noqa: E402,F401
 
 DATASETS = (("ingress", "results/examples/h200-ingress"),
             ("study", "results/examples/llama3-8b-h200-reference"),
             ("study", "results/examples/llama3-8b-h200"))
-METRICS = ("req_s", "ttft_p50_ms", "tpot_p50_ms")
-QUEUED_TTFT_RATIO = 3.0  # TTFT p50 above this many times the configuration's lowest: queue-dominated
-
-
-@dataclass
-class Point:
-    dataset: str  # the results folder's name
-    label: str
-    real: dict  # METRICS (+ whatever else the source has: itl_mean_ms, tpot_mean_ms, ...)
-    args: EngineArgs
-    requests: RequestSet
-    dtype: str = "auto"
-    mark: Optional[str] = None  # None, "aborted", "overloaded" or "harness-bound"
-    why: str = ""
-    key: tuple = ()  # equal keys: the same simulation (two real samples of one load)
-    sim: dict = field(default_factory=dict)
-
-    def scored(self, metric: str) -> bool:
-        if self.mark == "aborted":
-            return False
-        return not (self.mark in ("overloaded", "harness-bound") and metric == "ttft_p50_ms")
-
-    def err(self, metric: str) -> float:
-        return (self.sim[metric] - self.real[metric]) / self.real[metric]
-
-
-# ---------------------------------------------------------------- sources
-def _bench_requests(n: int, rate: str, seed: int, input_len: int, output_len: int, vocab: int) -> RequestSet:
-    rng = np.random.default_rng(seed)
-    arrivals = np.zeros(n)
-    if rate != "inf":
-        r = float(rate)
-        arrivals = np.cumsum(rng.exponential(1.0 / r, n))
-        arrivals *= (n / r) / arrivals[-1]
-    reqs = tuple(Request(i, float(arrivals[i]), tuple(int(x) for x in rng.integers(10, vocab - 10, input_len)),
-                         output_len) for i in range(n))
-    return RequestSet(warmup=(), measured=reqs)
-
-
-def ingress_points(folder: str, gpu_name: str = "H200") -> list[Point]:
-    gpu = get_gpu(gpu_name)
-    model = ModelShape.load("llama-3.1-8b")
-    points = []
-    for path in sorted(Path(folder).glob("ingress_*.json")):
-        res = json.loads(path.read_text())
-        if res["mode"] == "serve_llm":
-            continue  # the simulator models the engine, not ray.serve.llm's ingress
-        args = EngineArgs(**res["config"]).resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name)
-        for run in res["runs"]:
-            n, rate, seed = int(run["completed"]), str(run["rate"]), int(run["seed"])
-            real = {"req_s": run["request_throughput"], "ttft_p50_ms": run["median_ttft_ms"],
-                    "tpot_p50_ms": run["median_tpot_ms"]}
-            full = Path(folder) / f"{res['label']}_r{rate}_s{seed}.json"  # the bench's own file: more fields
-            if full.exists():
-                bench = json.loads(full.read_text())
-                real.update(tpot_mean_ms=bench["mean_tpot_ms"], itl_mean_ms=bench["mean_itl_ms"],
-                            itl_p50_ms=bench["median_itl_ms"], ttft_p90_ms=bench["p90_ttft_ms"])
-            points.append(Point(Path(folder).name, f"{res['label']}, rate {rate}", real, args,
-                                _bench_requests(n, rate, seed, 512, 128, model.vocab_size),
-                                key=("ingress", json.dumps(res["config"], sort_keys=True), n, rate, seed)))
-    return points
-
-
-def _flag(value) -> bool:
-    """A boolean column's value; missing (None / NaN) is False."""
-    return value is not None and not (isinstance(value, float) and np.isnan(value)) and bool(value)
-
-
-def level_mark(lv, low_ttft_ms: float) -> tuple[Optional[str], str]:
-    """The point's mark from the real level's own columns (module docstring); ``low_ttft_ms``:
-    the lowest TTFT p50 among the configuration's levels that ran to the end."""
-    if _flag(lv.get("stopped_early")):
-        return "aborted", f"stopped early, {int(lv.get('failed_aborted') or 0)} requests aborted"
-    if _flag(lv.get("saturated")):
-        return "overloaded", "saturation detector fired"
-    ratio = float(lv["ttft_p50_ms"]) / low_ttft_ms
-    if ratio > QUEUED_TTFT_RATIO:
-        return "overloaded", f"TTFT p50 {ratio:.1f}x the configuration's lowest ({low_ttft_ms:.0f} ms): queued"
-    if _flag(lv.get("harness_bound")):
-        return "harness-bound", str(lv.get("harness_bound_reason") or "harness_bound")
-    return None, ""
-
-
-def study_points(path: str) -> list[Point]:
-    from orchestrator.capacity import level_workload
-    from orchestrator.engines import create_engine
-    from orchestrator.recommend import engine_args_of
-    from orchestrator.results import load_trials
-    from orchestrator.results.definition import read_study_definition
-    from orchestrator.results.levels import load_levels
-    from orchestrator.load_phase import study_requests
-    from orchestrator.study import SimEngineSpec
-
-    real_study = read_study_definition(path)
-    sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
-    engine = create_engine(sim_study)
-    trials = load_trials(path, status="completed")
-    levels = load_levels(path)
-    base_rate = study_requests(sim_study).requested_rate
-    points = []
-    for _, t in trials.sort_values("trial_number").iterrows():
-        args = engine.resolve(dataclasses.replace(engine_args_of(t), extra={}))
-        mine = levels[levels["trial_id"] == t["trial_id"]].sort_values("level")
-        ran = mine[[not _flag(v) for v in mine["stopped_early"]]]
-        low_ttft = float(ran["ttft_p50_ms"].min()) if len(ran) else float("nan")
-        for _, lv in mine.iterrows():
-            # The level's own request set, exactly as the real trial drew it (prompts of its own).
-            level_wl = level_workload(sim_study.workload, float(lv["rate"]), sim_study.capacity, base_rate)
-            rs = study_requests(sim_study, level_wl, level=int(lv["level"]))
-            real = {"req_s": lv["request_throughput"], "ttft_p50_ms": lv["ttft_p50_ms"],
-                    "tpot_p50_ms": lv["tpot_p50_ms"], "tpot_mean_ms": lv["tpot_mean_ms"],
-                    "itl_mean_ms": lv["itl_mean_ms"], "itl_p50_ms": lv["itl_p50_ms"],
-                    "ttft_p90_ms": lv["ttft_p90_ms"]}
-            chunked = "" if args.enable_chunked_prefill else " nochunk"
-            label = (f"S={args.max_num_seqs} B={args.max_num_batched_tokens}"
-                     f"{' kv=fp8' if args.kv_cache_dtype == 'fp8' else ''}{' eager' if args.enforce_eager else ''}"
-                     f"{chunked}, {lv['rate']:.1f} req/s")
-            mark, why = level_mark(lv, low_ttft)
-            points.append(Point(Path(path).name, label, real, args, rs, dtype=sim_study.model.dtype, mark=mark,
-                                why=why, key=("study", path, str(t["trial_id"]), int(lv["level"]))))
-    return points
-
-
-def load_points(datasets=DATASETS) -> list[Point]:
-    points = []
-    for kind, path in datasets:
-        points += ingress_points(path) if kind == "ingress" else study_points(path)
-    return points
-
-
-# ---------------------------------------------------------------- simulation
-def summary(records) -> dict:
-    ok = [r for r in records if not r.warmup and r.success]
-    start = min(r.sent_s for r in ok)
-    end = max(r.end_s for r in ok)
-    tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
-    itl = [x for r in ok for x in r.itl_s]
-    return {"req_s": len(ok) / (end - start), "ttft_p50_ms": float(np.median([r.ttft_s for r in ok])) * 1000,
-            "ttft_p90_ms": float(np.percentile([r.ttft_s for r in ok], 90)) * 1000,
-            "tpot_p50_ms": float(np.median(tpot)) * 1000, "tpot_mean_ms": float(np.mean(tpot)) * 1000,
-            "itl_mean_ms": float(np.mean(itl)) * 1000, "itl_p50_ms": float(np.median(itl)) * 1000}
-
-
-def run(points: list[Point], gpu_name: str = "H200") -> list[Point]:
-    """Simulate every point (one run per distinct key); fills ``point.sim``."""
-    gpu = get_gpu(gpu_name)
-    model = ModelShape.load("llama-3.1-8b")
-    done: dict[tuple, dict] = {}
-    for p in points:
-        if p.key not in done:
-            done[p.key] = summary(simulate(SimEngineCore(model, gpu, p.args, dtype=p.dtype), p.requests))
-        p.sim = done[p.key]
-    return points
 
 
 # ---------------------------------------------------------------- reporting
@@ -232,24 +68,6 @@ def row(p: Point) -> str:
         return text if p.scored(m) else f"_{text}_"
     mark = f" [{p.mark}]" if p.mark else ""
     return f"| {p.label}{mark} | {cell('req_s', '.1f')} | {cell('ttft_p50_ms', '.0f')} | {cell('tpot_p50_ms', '.1f')} |"
-
-
-def error_summary(points: list[Point]) -> dict[str, tuple[float, float, int]]:
-    """metric -> (max |err|, median |err|, points scored)."""
-    out = {}
-    for m in METRICS:
-        errs = [abs(p.err(m)) for p in points if p.scored(m)]
-        out[m] = (max(errs), float(np.median(errs)), len(errs)) if errs else (float("nan"), float("nan"), 0)
-    return out
-
-
-def summary_lines(points: list[Point]) -> list[str]:
-    names = {"req_s": "req/s", "ttft_p50_ms": "TTFT p50", "tpot_p50_ms": "TPOT p50"}
-    lines = []
-    for m, (mx, med, n) in error_summary(points).items():
-        within = sum(1 for p in points if p.scored(m) and abs(p.err(m)) <= 0.10)
-        lines.append(f"{names[m]}: max |err| {mx:.0%}, median {med:.0%}, within 10%: {within} of {n}")
-    return lines
 
 
 def report(points: list[Point]) -> None:

@@ -28,8 +28,7 @@ def _norm(name: str) -> str:
 
 
 def _imported_top_level_modules() -> dict[str, list[str]]:
-    local = ({p.stem for p in TESTS.rglob("*.py")} | {p.name for p in TESTS.rglob("*") if p.is_dir()}
-             | {p.stem for p in (TESTS.parent / "benchmarks").glob("*.py")})  # the project's own scripts
+    local = {p.stem for p in TESTS.rglob("*.py")} | {p.name for p in TESTS.rglob("*") if p.is_dir()}
     found: dict[str, list[str]] = {}
     for path in sorted(TESTS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -174,21 +174,19 @@ def test_saturation_with_16_sequences():
     assert engine(16).memory.kv_tokens > 800_000
 
 
-def test_capacity_study_levels():
+def test_capacity_study_levels(repo):
     # docs/simulator.md, "Against the H200 capacity study": every completed level of the capacity
     # reference and study replayed with its own requests (aborted levels left out). Request
     # throughput within 10% on every scored level but the two enforce_eager + FP8 KV levels the
     # doc explains; TTFT p50 a regression guard on the doc's table (median |err| 16%, max 45% over
     # these levels: run-to-run noise near the knee alone is 15-25%).
-    import sys
-    from pathlib import Path
-
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import sim_vs_h200 as svh
+    from orchestrator.sim.measured_replay import load_points, run
 
-    points = svh.run(svh.load_points(svh.DATASETS[1:]))
+    datasets = [("study", str(repo / "results/examples/llama3-8b-h200-reference")),
+                ("study", str(repo / "results/examples/llama3-8b-h200"))]
+    points = run(load_points(datasets))
     assert sum(1 for p in points if p.mark == "aborted") == 11
     misses = {p.label for p in points if p.scored("req_s") and abs(p.err("req_s")) > 0.10}
     assert misses == {"S=40 B=8192 kv=fp8 eager nochunk, 11.9 req/s", "S=451 B=4096 kv=fp8 eager, 40.0 req/s"}
