@@ -14,7 +14,7 @@ from orchestrator.results.schema import requests_to_table
 from orchestrator.study import StudyFileError, parse_study
 from orchestrator.trial import TrialContext
 from recorded_trial import run_trial
-from test_loadgen import API_KEY, fake, server  # noqa: F401 - the fake OpenAI server fixtures
+from fake_openai import API_KEY, fake, server  # noqa: F401 - the fake OpenAI server fixtures
 
 
 def external_study(base_url: str, tmp_path, **engine):

@@ -13,7 +13,7 @@ from orchestrator.metrics import summarise
 from orchestrator.records import RequestErrorKind
 from orchestrator.study import SaturationSettings
 from orchestrator.workload.requests import Request, RequestSet
-from test_loadgen import API_KEY, endpoint, fake, make_set, server  # noqa: F401 - fixtures
+from fake_openai import API_KEY, endpoint, fake, make_set, server  # noqa: F401 - fixtures
 
 
 def test_text_prompts_go_out_as_text(fake):
