@@ -25,6 +25,7 @@ import numpy as np
 
 from orchestrator.metrics import PROBE_METRIC_NAMES
 from orchestrator.probe_spec import ProbeSpec
+from orchestrator.redaction import redact
 from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab
 
 # Mixes the probe's stream apart from the workload's, which uses the same study seed.
@@ -82,20 +83,21 @@ async def _run(base_url: str, model: str, prompts: Sequence[ProbePrompt], *, con
                api_key: Optional[str]) -> list[ProbeAnswer]:
     import aiohttp
 
-    url = base_url.rstrip("/") + "/v1/completions"
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    from orchestrator.loadgen import Endpoint
+
+    endpoint = Endpoint(base_url, model, api="completions", api_key=api_key)  # its URL join, headers, scrub
     gate = asyncio.Semaphore(concurrency)
 
     async def one(session, prompt: ProbePrompt) -> ProbeAnswer:
         async with gate:
             try:
-                async with session.post(url, json=_body(model, prompt), headers=headers) as resp:
+                async with session.post(endpoint.url, json=_body(model, prompt), headers=endpoint.headers()) as resp:
                     text = await resp.text()
                     if resp.status != 200:
-                        return ProbeAnswer(error=f"HTTP {resp.status}: {text[:300]}")
+                        return ProbeAnswer(error=endpoint.scrub(f"HTTP {resp.status}: {text}")[:300])
                     return _answer(json.loads(text))
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError) as e:
-                return ProbeAnswer(error=f"{type(e).__name__}: {e}"[:300])
+                return ProbeAnswer(error=endpoint.scrub(f"{type(e).__name__}: {e}")[:300])
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -193,7 +195,9 @@ def probe_trial(study: Any, *, base_url: str, model: str, api_key: Optional[str]
     prompts = probe_prompts(spec, ModelShape.load(study.model.name, study.base_dir).vocab_size, study.seed)
     answers, seconds = run_probe(base_url, model, prompts, spec, api_key)
     failed = [a.error for a in answers if a.error is not None]
-    record = {"trial_id": trial_id, "params": dict(params), "engine_args": asdict(args) if args is not None else None,
+    # Kept on disk beside the results: an engine argument that names a secret is "***" (orchestrator.redaction).
+    record = {"trial_id": trial_id, "params": dict(params),
+              "engine_args": redact(asdict(args)) if args is not None else None,
               "answers": answers_to_json(answers)}
     baseline = keep(probe_fingerprint(prompts), trial_id, record, not failed and is_baseline(spec, args))
     columns: dict[str, Any] = {"probe_s": seconds, "probe_reference": reference_kind(study), "probe_baseline": None}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from vllm_processes import vllm_processes
+from vllm_processes import own_caches, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -88,8 +88,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     from orchestrator.search import run_study
     from orchestrator.study import parse_study
 
-    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf")):
-        monkeypatch.setenv(var, str(tmp_path / "cache" / sub))
+    caches = own_caches(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", PLANTED_REFERENCED)
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=8192)
     ok_a = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "enable_prefix_caching": True, "max_model_len": 1024}
@@ -124,8 +123,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     })
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000},
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                                                                  "HF_HOME", "ORCH_TEST_HF_TOKEN")}})
+             runtime_env={"env_vars": {**caches, "ORCH_TEST_HF_TOKEN": PLANTED_REFERENCED}})
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
     # lands in the measured window of the first level.
     killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", tmp_path / "cache", after_rows=3,

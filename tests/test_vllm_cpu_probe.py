@@ -11,9 +11,9 @@ Two trials of a tiny random model, the baseline named in the study file (``dtype
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from vllm_processes import own_caches
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -29,8 +29,7 @@ def test_probe_agreement_on_cpu_vllm(tmp_path, monkeypatch):
     from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
     from orchestrator.study import parse_study
 
-    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf")):
-        monkeypatch.setenv(var, str(tmp_path / "cache" / sub))
+    caches = own_caches(monkeypatch, tmp_path / "cache")
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
     study = parse_study({
         "name": "cpu-probe",
@@ -50,8 +49,7 @@ def test_probe_agreement_on_cpu_vllm(tmp_path, monkeypatch):
         "output": str(tmp_path / "out"),
     })
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                                                                  "HF_HOME")}})
+             runtime_env={"env_vars": caches})
     try:
         run = run_study(study, quiet=True, serve_port=8133)
     finally:

@@ -13,11 +13,10 @@ flagged ``harness_bound``, naming TTFT as the limiting side.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
-from vllm_processes import vllm_processes
+from vllm_processes import own_caches, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -32,8 +31,7 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
     from orchestrator.search import run_study
     from orchestrator.study import parse_study
 
-    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf")):
-        monkeypatch.setenv(var, str(tmp_path / "cache" / sub))
+    caches = own_caches(monkeypatch, tmp_path / "cache")
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
     study = parse_study({
         "name": "cpu-serve-llm",
@@ -53,8 +51,7 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
     })
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000},
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                                                                  "HF_HOME")}})
+             runtime_env={"env_vars": caches})
     try:
         run = run_study(study, quiet=True, serve_port=8132)
         leftover = [a for a in serve.status().applications if a.startswith("tune-")]

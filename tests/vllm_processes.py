@@ -23,3 +23,13 @@ def vllm_processes(cache_root: Path, *, kinds: tuple[str, ...] = ("EngineCore", 
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
+
+
+def own_caches(monkeypatch, cache_root: Path) -> dict[str, str]:
+    """Give this test's vLLM its own compile and model caches under ``cache_root`` (set here, and
+    returned for the Ray runtime environment the engines inherit)."""
+    env = {var: str(cache_root / sub) for var, sub in (("VLLM_CACHE_ROOT", "vllm"),
+                                                       ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf"))}
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    return env
