@@ -19,9 +19,6 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-# Compute capability (major * 10 + minor, as vLLM compares it) of the catalog's GPUs.
-CAPABILITY = {"T4": 75, "A10G": 86, "L4": 89, "L40S": 89, "A100-40GB": 80, "A100-80GB": 80, "H100-80GB": 90,
-              "H200": 90, "B200": 100}
 # QuantizationConfig.get_min_capability() of each method.
 MIN_CAPABILITY = {"fp8": 75, "awq": 75, "awq_marlin": 75, "gptq": 60, "gptq_marlin": 75, "bitsandbytes": 70,
                   "compressed-tensors": 70, "modelopt": 80, "experts_int8": 80}
@@ -32,6 +29,18 @@ CHECKPOINT_METHOD = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_ma
                      "compressed-tensors": "compressed-tensors", "modelopt": "modelopt"}
 _TORCH = {"float32": "torch.float32", "float": "torch.float32", "bfloat16": "torch.bfloat16",
           "float16": "torch.float16", "half": "torch.float16"}
+
+
+def _capability(gpu: Optional[str]) -> Optional[int]:
+    """The catalog GPU's compute capability (None: the CPU build, or a GPU outside the catalog)."""
+    from orchestrator.sim.hardware import get_gpu
+
+    if gpu is None:
+        return None
+    try:
+        return get_gpu(gpu).compute_capability
+    except KeyError:
+        return None
 
 
 def checkpoint_method(model_dir: Optional[str], config_path: Optional[Path]) -> Optional[str]:
@@ -74,7 +83,7 @@ def hardware_refusal(args: Any, *, gpu: Optional[str], model_dtype: str, head_di
     """
     q = args.quantization
     if q is not None:
-        cap = CAPABILITY.get(gpu) if gpu is not None else None
+        cap = _capability(gpu)
         if cap is not None and cap < MIN_CAPABILITY.get(q, 0):
             return (f"The quantization method {q} is not supported for the current GPU. Minimum capability: "
                     f"{MIN_CAPABILITY[q]}. Current capability: {cap}.")

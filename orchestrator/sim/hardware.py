@@ -22,6 +22,7 @@ class GpuSpec:
     fp8_tflops: Optional[float]  # None: no native FP8 (FP8 weights run as W8A16)
     interconnect_gbps: float  # GB/s per GPU within a node
     ray_accelerator_type: str  # ray.util.accelerators name
+    compute_capability: int  # major * 10 + minor, as vLLM compares it with a kernel's minimum
     supports_bf16: bool = True
     # NVLink / PCIe all-reduce latency per call (seconds).
     allreduce_latency_s: float = 8e-6
@@ -38,15 +39,15 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
-        GpuSpec("T4", 15360, 320, 65, None, 16, "T4", supports_bf16=False, allreduce_latency_s=25e-6),
-        GpuSpec("A10G", 23028, 600, 70, None, 16, "A10G", allreduce_latency_s=25e-6),
-        GpuSpec("L4", 23034, 300, 121, 242, 16, "L4", allreduce_latency_s=25e-6),
-        GpuSpec("L40S", 46068, 864, 362, 733, 32, "L40S", allreduce_latency_s=20e-6),
-        GpuSpec("A100-40GB", 40960, 1555, 312, None, 300, "A100-40G"),
-        GpuSpec("A100-80GB", 81920, 2039, 312, None, 300, "A100-80G"),
-        GpuSpec("H100-80GB", 81559, 3350, 989, 1979, 450, "H100"),
-        GpuSpec("H200", 143771, 4800, 989, 1979, 450, "H200"),
-        GpuSpec("B200", 183359, 8000, 2250, 4500, 900, "B200"),
+        GpuSpec("T4", 15360, 320, 65, None, 16, "T4", 75, supports_bf16=False, allreduce_latency_s=25e-6),
+        GpuSpec("A10G", 23028, 600, 70, None, 16, "A10G", 86, allreduce_latency_s=25e-6),
+        GpuSpec("L4", 23034, 300, 121, 242, 16, "L4", 89, allreduce_latency_s=25e-6),
+        GpuSpec("L40S", 46068, 864, 362, 733, 32, "L40S", 89, allreduce_latency_s=20e-6),
+        GpuSpec("A100-40GB", 40960, 1555, 312, None, 300, "A100-40G", 80),
+        GpuSpec("A100-80GB", 81920, 2039, 312, None, 300, "A100-80G", 80),
+        GpuSpec("H100-80GB", 81559, 3350, 989, 1979, 450, "H100", 90),
+        GpuSpec("H200", 143771, 4800, 989, 1979, 450, "H200", 90),
+        GpuSpec("B200", 183359, 8000, 2250, 4500, 900, "B200", 100),
     ]
 }
 
