@@ -37,7 +37,7 @@ _MIN_SCRUB_LEN = 4  # shorter values would blank ordinary text
 def is_secret_key(name: Any) -> bool:
     """Whether ``name`` names a credential (a ``*_env`` key names a variable, not a value)."""
     text = str(name)
-    if text.lower().endswith(ENV_SUFFIX):
+    if is_reference(text):
         return False
     words = [w for w in re.split(r"[_\-.\s]+", text.lower()) if w]
     return bool(words) and (words[-1] in SECRET_WORDS or any(w in ALWAYS_SECRET for w in words))
@@ -82,36 +82,32 @@ def scrub(text: Optional[str], secrets: Iterable[str]) -> Optional[str]:
     return text
 
 
-def _literal_secrets(value: Any) -> Iterable[str]:
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            if is_secret_key(k) and isinstance(v, (str, int)) and v not in ("", None):
-                yield str(v)
-            else:
-                yield from _literal_secrets(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _literal_secrets(v)
+def is_reference(key: Any) -> bool:
+    """Whether ``key`` (``hf_token_env``) names an environment variable holding the value."""
+    return str(key).lower().endswith(ENV_SUFFIX)
 
 
-def _referenced_variables(value: Any) -> Iterable[str]:
+def _items(value: Any) -> Iterable[tuple[Any, Any]]:
+    """Every (key, value) of every mapping inside ``value``, nested lists included."""
     if isinstance(value, Mapping):
         for k, v in value.items():
-            if str(k).lower().endswith(ENV_SUFFIX) and isinstance(v, str):
-                yield v
-            else:
-                yield from _referenced_variables(v)
+            yield k, v
+            yield from _items(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _referenced_variables(v)
+            yield from _items(v)
 
 
 def secret_values(engine_spec: Any, environ: Mapping[str, str] = os.environ) -> set[str]:
     """Every secret an engine spec carries: its literal ones, and the values (in ``environ``)
     of the variables its ``*_env`` keys name."""
     body = engine_spec.model_dump(mode="json") if hasattr(engine_spec, "model_dump") else dict(engine_spec)
-    found = set(_literal_secrets(body))
-    found.update(environ[var] for var in _referenced_variables(body) if environ.get(var))
+    found = set()
+    for k, v in _items(body):
+        if is_secret_key(k) and isinstance(v, (str, int)) and v != "":
+            found.add(str(v))
+        elif is_reference(k) and isinstance(v, str) and environ.get(v):
+            found.add(environ[v])
     return found
 
 
@@ -136,7 +132,7 @@ def env_references(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``kwargs`` with every ``name_env: VAR`` entry turned into ``name: EnvRef(VAR)``."""
     out: dict[str, Any] = {}
     for k, v in kwargs.items():
-        if isinstance(k, str) and k.lower().endswith(ENV_SUFFIX) and isinstance(v, str):
+        if isinstance(k, str) and is_reference(k) and isinstance(v, str):
             out[k[: -len(ENV_SUFFIX)]] = EnvRef(v)
         else:
             out[k] = v

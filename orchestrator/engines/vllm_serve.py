@@ -28,7 +28,7 @@ from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, Resour
 from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
 from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
-from orchestrator.redaction import ENV_SUFFIX, MissingSecret, env_references, redact_argv, resolve_env_references
+from orchestrator.redaction import MissingSecret, env_references, is_reference, redact_argv, resolve_env_references
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ def _wait_models(base: str, timeout_s: float) -> None:
 def with_secrets_resolved(args: EngineArgs) -> EngineArgs:
     """``args`` with each ``name_env: VAR`` engine argument replaced by ``name: $VAR`` (read here, in
     the trial's process, never recorded); a variable that is not set fails the start."""
-    if not any(str(k).lower().endswith(ENV_SUFFIX) for k in args.extra):
+    if not any(is_reference(k) for k in args.extra):
         return args
     try:
         return dataclasses.replace(args, extra=resolve_env_references(env_references(args.extra)))
