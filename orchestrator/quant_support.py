@@ -16,6 +16,7 @@ messages are vLLM's (0.29; 0.26 has the same checks):
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,8 +44,10 @@ def _capability(gpu: Optional[str]) -> Optional[int]:
         return None
 
 
+@lru_cache(maxsize=64)
 def checkpoint_method(model_dir: Optional[str], config_path: Optional[Path]) -> Optional[str]:
-    """``quantization_config.quant_method`` of the model's ``config.json`` (None: not a quantized checkpoint)."""
+    """``quantization_config.quant_method`` of the model's ``config.json`` (None: not a quantized checkpoint).
+    Cached: the survey and the proposal loop ask once per configuration, the file does not change."""
     path = Path(model_dir).expanduser() / "config.json" if model_dir else config_path
     try:
         cfg = json.loads(Path(path).read_text()) if path is not None else {}
