@@ -41,13 +41,7 @@ def cmd_show(args) -> int:
     bound = harness_bound_mask(completed)
     if len(completed):
         print("best completed trial per objective:")
-        for o in study.objectives:
-            col = completed[o.metric].dropna()
-            if col.empty:
-                continue
-            idx = col.idxmax() if o.resolved_direction == "maximize" else col.idxmin()
-            flag = ", harness-bound" if bool(bound.get(idx, False)) else ""
-            print(f"  {o.resolved_direction} {o.metric}: {col[idx]:,.4g} ({completed.loc[idx, 'trial_id']}{flag})")
+        _print_best(completed, [(o.metric, o.resolved_direction) for o in study.objectives], bound)
         _print_unit_best(completed, study)
     if bound.any():
         flagged = completed[bound]
@@ -63,6 +57,18 @@ def cmd_show(args) -> int:
 
 
 
+def _print_best(frame, metrics: list[tuple[str, str]], bound=None) -> None:
+    """One line per (metric, direction): its best value in ``frame`` and the trial that has it
+    (flagged where ``bound``, a harness-bound mask, says so)."""
+    for name, direction in metrics:
+        col = frame[name].dropna() if name in frame else ()
+        if len(col) == 0:
+            continue
+        idx = col.idxmax() if direction == "maximize" else col.idxmin()
+        flag = ", harness-bound" if bound is not None and bool(bound.get(idx, False)) else ""
+        print(f"  {direction} {name}: {col[idx]:,.4g} ({frame.loc[idx, 'trial_id']}{flag})")
+
+
 def _print_unit_best(completed, study) -> None:
     """The best trial meeting every SLO by each per-GPU and per-dollar metric that is not an objective
     (docs/metrics.md)."""
@@ -74,11 +80,7 @@ def _print_unit_best(completed, study) -> None:
     names = [m for m in unit_columns(ok) if m not in {o.metric for o in study.objectives}]
     if names:
         print("per GPU and per dollar, best trial meeting the SLOs:")
-    for name in names:
-        col = ok[name].dropna()
-        direction = default_direction(name)
-        idx = col.idxmax() if direction == "maximize" else col.idxmin()
-        print(f"  {direction} {name}: {col[idx]:,.4g} ({ok.loc[idx, 'trial_id']})")
+    _print_best(ok, [(m, default_direction(m)) for m in names])
 
 
 def register(sub) -> None:
