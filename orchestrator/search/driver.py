@@ -36,6 +36,7 @@ from orchestrator.gpu_ledger import GpuLedgerActor
 from orchestrator.progress import ProgressPrinter
 from orchestrator.results.store import ResultsStore
 from orchestrator.resume import RunInProgress, RunLock, RunState, drop_orphan_requests, process_identity, stop_orphans
+from orchestrator.search.fidelity import FidelitySearch, study_metrics
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.samplers import make_sampler
@@ -195,7 +196,8 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     sink = ray.remote(ResultsSinkActor).options(
         name=sink_name, namespace=NAMESPACE, num_cpus=0, lifetime=None,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(study.output, study.name, study.space.column_types())
+    ).remote(study.output, study.name, study.space.column_types(),
+             tuple(study_metrics(study)) if study.search.fidelity == "sim" else ())
     ledger_name = ledger = None
     if engine.serves_http and info.total_units > 0:
         ledger_name = f"gpu-ledger-{study.name}-{suffix}"
@@ -212,6 +214,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     if engine.serves_http and info.total_units > 0:
         concurrency = min(concurrency, info.total_units)
 
+    fidelity = _fidelity_search(study, store, printer, sink, run.run_id) if study.search.fidelity == "sim" else None
     searcher = searcher_class()(
         space=study.space.suggest, metric=[o.metric for o in study.objectives],
         mode=["max" if d == "maximize" else "min" for d in study.directions],
@@ -219,6 +222,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         staged=StagedSearch(study) if study.search.stages else None,
         screen=PreflightScreen(study, engine, run.run_id, sink, printer, cluster_units=ctx.cluster_units,
                                 units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
+        fidelity=fidelity,
     )
     _enqueue_initial_points(study, searcher, resumed=resumed)
     _enqueue_warm_start(study, searcher)
@@ -265,6 +269,30 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     if stopper.message and out.stop_message is None:
         out.stop_message = _stopped_text(study, store, run, f"results could not be written ({stopper.message})")
     return out
+
+
+class _PredictionWriter:
+    """Writes the simulator's scores through the run's writer (picklable, as Tune's searcher must be)."""
+
+    def __init__(self, sink, run_id: str):
+        self.sink, self.run_id = sink, run_id
+
+    def __call__(self, table) -> None:
+        import ray
+
+        ray.get(self.sink.write_predictions.remote(self.run_id, table))
+
+
+def _fidelity_search(study: Study, store, printer, sink, run_id: str) -> FidelitySearch:
+    """``search.fidelity: sim``: the space scored by the simulator before the first real trial."""
+    fidelity = FidelitySearch(study, note=printer.note, record=_PredictionWriter(sink, run_id))
+    fidelity.observe_rows(store.read_trials())  # a resumed run's real trials count
+    try:
+        fidelity.prepare()
+    except (KeyError, FileNotFoundError, ValueError) as e:
+        raise StudyStopped(f"study {study.name}: search.fidelity sim: the simulator cannot score this study "
+                           f"({root_message(e)}); use search.fidelity: real") from None
+    return fidelity
 
 
 class _OneLine(logging.Filter):
