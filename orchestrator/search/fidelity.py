@@ -140,7 +140,7 @@ class FidelitySearch:
         t0 = time.monotonic()
         points, size = space_points(self.study.space, self.study.seed,
                                     max_points=self.study.search.fidelity_candidates)
-        self._encode = fm.encoder(self.study.space, points)
+        self._encode = fm.Encoder(self.study.space, points)
         for p, (status, metrics) in zip(points, self._score(points, self.theta)):
             self.candidates[point_key(p)] = _Candidate(dict(p), status, metrics, self.theta.copy())
         if self.measured:

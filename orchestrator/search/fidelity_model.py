@@ -97,28 +97,31 @@ def fit_calibration(predict: Callable[[np.ndarray], list[Mapping[str, Any]]],
 
 
 # ------------------------------------------------------------------ the configurations as vectors
-def encoder(space, points: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]], np.ndarray]:
-    """Parameters as numbers in [0, 1]: numbers by position on their (log) range, other values one-hot."""
-    cols: list[tuple[str, Any]] = []
-    for name in space.sampled_names():
-        values = [p.get(name) for p in points]
-        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None]
-        if nums and len(nums) == sum(v is not None for v in values):
-            lo, hi = min(nums), max(nums)
-            log = lo > 0 and hi / lo > 4
-            a, b = (math.log(lo), math.log(hi)) if log else (lo, hi)
-            cols.append((name, ("num", log, a, max(b - a, 1e-12))))
-        else:
-            for choice in sorted({repr(v) for v in values}):
-                cols.append((name, ("cat", choice)))
+class Encoder:
+    """Parameters as numbers in [0, 1]: numbers by position on their (log) range, other values one-hot.
+    (A class: Tune pickles the searcher that holds it.)"""
 
-    def encode(params: Mapping[str, Any]) -> np.ndarray:
-        out = np.zeros(len(cols))
-        for i, (name, spec) in enumerate(cols):
+    def __init__(self, space, points: Sequence[Mapping[str, Any]]):
+        self.cols: list[tuple[str, tuple]] = []
+        for name in space.sampled_names():
+            values = [p.get(name) for p in points]
+            nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if nums and len(nums) == sum(v is not None for v in values):
+                lo, hi = min(nums), max(nums)
+                log = lo > 0 and hi / lo > 4
+                a, b = (math.log(lo), math.log(hi)) if log else (lo, hi)
+                self.cols.append((name, ("num", log, a, max(b - a, 1e-12))))
+            else:
+                for choice in sorted({repr(v) for v in values}):
+                    self.cols.append((name, ("cat", choice)))
+
+    def __call__(self, params: Mapping[str, Any]) -> np.ndarray:
+        out = np.zeros(len(self.cols))
+        for i, (name, spec) in enumerate(self.cols):
             v = params.get(name)
             if spec[0] == "num":
                 if v is None:
-                    out[i] = -0.5
+                    out[i] = -0.5  # switched off by a condition: apart from every value
                     continue
                 _, log, a, span = spec
                 x = math.log(v) if log and v > 0 else float(v)
@@ -126,8 +129,6 @@ def encoder(space, points: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str
             else:
                 out[i] = 1.0 if repr(v) == spec[1] else 0.0
         return out
-
-    return encode
 
 
 # ------------------------------------------------------------------ residual model
