@@ -33,8 +33,11 @@ from orchestrator.search import fidelity_model as fm
 PREDICTION_KEY = "__prediction"  # in a trial's config: the prediction it was picked on (JSON)
 MEASURED_KEY = "fidelity_measured"  # in a Tune result: the metrics the calibration is fitted to (JSON)
 PICK_ATTR = "fidelity_pick"  # on the Optuna trial: why it was picked (best, information)
-RESCORE_TOP = 32  # candidates scored again after a small calibration change
-FULL_RESCORE_SHIFT = 0.1  # a change of any multiplier beyond this (log) scores every candidate again
+# Candidates scored again after a refit, best expected gain first: the shortlist, and a longer one
+# when a multiplier moved by more than RESCORE_SHIFT (log) since the last long rescoring.
+RESCORE_TOP = 32
+RESCORE_LONG = 160
+RESCORE_SHIFT = 0.1
 
 Scorer = Callable[[Sequence[Mapping[str, Any]], Mapping[str, float]], list[tuple[str, dict]]]
 
@@ -115,7 +118,7 @@ class FidelitySearch:
         self.metrics = study_metrics(study)
         self.fit_metrics = fidelity_metrics(study)
         self.theta = np.zeros(len(fm.CAL_FIELDS))
-        self.theta_full = self.theta.copy()  # the calibration every candidate was last scored under
+        self.theta_full = self.theta.copy()  # the calibration of the last long rescoring
         self.candidates: dict[tuple, _Candidate] = {}
         self.measured: dict[tuple, tuple[dict, str, dict]] = {}  # key -> (params, status, metrics)
         self.fit_rms: Optional[float] = None
@@ -195,11 +198,10 @@ class FidelitySearch:
             self.theta, self.fit_rms = fm.fit_calibration(
                 lambda th: [mm for _, mm in self._score(configs, th)], measured, self.fit_metrics, self.theta)
         shift = float(np.max(np.abs(self.theta - self.theta_full)))
-        if shift > FULL_RESCORE_SHIFT:
-            self.theta_full = self.theta.copy()
-            todo = list(self.candidates)
-        else:  # the shortlist, and the real trials (their errors under this calibration)
-            todo = [k for _, k, _ in self._rank()[:RESCORE_TOP]]
+        top = RESCORE_TOP
+        if shift > RESCORE_SHIFT:
+            self.theta_full, top = self.theta.copy(), RESCORE_LONG
+        todo = [k for _, k, _ in self._rank()[:top]]  # and the real trials (their errors under this calibration)
         for p, s, _ in self.measured.values():
             k = point_key(p)
             if s == "completed" and k not in todo:
@@ -320,34 +322,3 @@ def _float(v: Any) -> Optional[float]:
         return None
     return x if math.isfinite(x) else None
 
-
-# ------------------------------------------------------------------ the proposal loop
-def fidelity_ask(ostudy, fidelity: FidelitySearch, ask: Callable[[], Any],
-                 pending: Callable[[], Sequence[Mapping[str, Any]]] = lambda: ()) -> Callable[[], Any]:
-    """An ``ask`` for :func:`~orchestrator.search.optuna_search.propose` that queues the fidelity
-    search's next pick first (a trial queued already, a retry or an initial point, goes first).
-    None when the search stops (:attr:`FidelitySearch.stop_reason`)."""
-
-    def ask_pick():
-        from optuna.trial import TrialState
-
-        if not any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False)):
-            pick = fidelity.next_pick(pending())
-            if pick is None:
-                return None
-            ostudy.enqueue_trial(pick.params, user_attrs={PICK_ATTR: pick.reason})
-        return ask()
-
-    return ask_pick
-
-
-def ask_fidelity(ostudy, space, fidelity: FidelitySearch):
-    """:func:`fidelity_ask` through :func:`~orchestrator.search.optuna_search.propose` with Optuna's
-    own ``ask`` (no Tune): ``(trial, params)``, or None when the search stops."""
-    from orchestrator.search.optuna_search import propose
-
-    def ask():
-        trial = ostudy.ask()
-        return trial, space.suggest(trial)
-
-    return propose(ostudy, fidelity_ask(ostudy, fidelity, ask))

@@ -29,7 +29,7 @@ FIT_METRICS = ("ttft_p50_ms", "tpot_p50_ms", "itl_mean_ms", "e2el_p50_ms", "outp
 RIDGE = 0.02  # weight of log(multiplier)^2 per multiplier: 1.0 unless the data say otherwise
 LOG_BOUND = math.log(10.0)  # multipliers stay within [0.1, 10]
 FD_STEP = 0.05  # finite-difference step in log(multiplier)
-FIT_ITERATIONS = 3
+FIT_ITERATIONS = 2  # from the last fit: each real trial moves it little
 # The simulator's log error before evidence (the H200 fit; other GPUs and versions are 15-40% off),
 # counted as this many residuals in the running estimate of the residual spread.
 PRIOR_LOG_SD = 0.2

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+from orchestrator.search.fidelity import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
 from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch, enqueue_stage
 
 TRIAL_NUMBER_KEY = "__trial_number"  # in a trial's config: its Optuna trial number (names its rows)
@@ -176,6 +177,36 @@ def propose(ostudy, ask: Callable[[], Optional[tuple[Any, dict]]], *, staged: Op
         return trial, params
 
 
+def fidelity_ask(ostudy, fidelity: FidelitySearch, ask: Callable[[], Any],
+                 pending: Callable[[], Sequence[Mapping[str, Any]]] = lambda: ()) -> Callable[[], Any]:
+    """An ``ask`` for :func:`propose` that queues the fidelity search's next pick first
+    (``search.fidelity: sim``; a trial queued already, a retry or an initial point, goes first).
+    None when that search stops (:attr:`FidelitySearch.stop_reason`)."""
+
+    def ask_pick():
+        from optuna.trial import TrialState
+
+        if not any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False)):
+            pick = fidelity.next_pick(pending())
+            if pick is None:
+                return None
+            ostudy.enqueue_trial(pick.params, user_attrs={PICK_ATTR: pick.reason})
+        return ask()
+
+    return ask_pick
+
+
+def ask_fidelity(ostudy, space, fidelity: FidelitySearch):
+    """:func:`fidelity_ask` through :func:`propose` with Optuna's own ``ask`` (no Tune):
+    ``(trial, params)``, or None when the search stops."""
+
+    def ask():
+        trial = ostudy.ask()
+        return trial, space.suggest(trial)
+
+    return propose(ostudy, fidelity_ask(ostudy, fidelity, ask))
+
+
 def ask_distinct(ostudy, space, staged: Optional[StagedSearch] = None):
     """:func:`propose` with Optuna's own ``ask`` (no Tune): ``(trial, params)`` or None."""
 
@@ -215,8 +246,6 @@ def searcher_class():
 
             fidelity = self._fidelity
             if fidelity is not None:
-                from orchestrator.search.fidelity import PREDICTION_KEY, fidelity_ask
-
                 ask = fidelity_ask(self._ot_study, fidelity, ask, pending=lambda: list(self._picked.values()))
             screen = self._screen
             if fidelity is not None and screen is not None:
@@ -254,8 +283,6 @@ def searcher_class():
                 return  # no row: leave the trial RUNNING in the journal; the next start retries it
             tell_report(self._ot_study, ot_trial, report)
             if self._fidelity is not None and params is not None:
-                from orchestrator.search.fidelity import MEASURED_KEY
-
                 measured = json.loads(result.get(MEASURED_KEY) or "{}")
                 self._fidelity.observe(params, measured.pop("status", "error"), measured)
 
