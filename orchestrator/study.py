@@ -34,7 +34,7 @@ from orchestrator.study_engine import (ENGINE_SPECS, EngineSpec, ExternalEngineS
                                        SimFault, VllmEngineSpec, serving_arg_problems)
 from orchestrator.study_errors import LocatedError, Problem, StudyFileError, models_by_tag, problems_from_validation
 from orchestrator.study_file import read_study_document
-from orchestrator.study_search import SearchSettings, SearchStage, search_problems
+from orchestrator.study_search import SearchSettings, SearchStage, fidelity_problems, search_problems
 from orchestrator.study_workload import workload_file_problems
 from orchestrator.workload.arrivals import is_rate_driven
 from orchestrator.workload.spec import (ArrivalSpec, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec, WarmupSpec,
@@ -265,6 +265,9 @@ class Study(_Strict):
     @model_validator(mode="after")
     def _check(self):
         problems = search_problems(self.search, self.space, self.budget.trials) + probe_problems(self)
+        from orchestrator.accelerator import runs_on_cpu
+
+        problems += fidelity_problems(self.search, self.engine.kind, runs_on_cpu(self.engine, self.hardware.gpu))
         if problems:
             raise LocatedError(problems)
         metrics = [o.metric for o in self.objectives]

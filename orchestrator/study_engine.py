@@ -29,6 +29,8 @@ class SimCalibration(_Strict):
     bandwidth_efficiency: float = Field(default=1.0, gt=0, le=10)
     step_overhead: float = Field(default=1.0, gt=0, le=100)
     slowdown: float = Field(default=1.0, gt=0, le=100, description="multiplies every step time")
+    frontend_latency: float = Field(default=1.0, ge=0, le=100,
+                                    description="multiplies the latency outside the engine core (the TTFT offset)")
 
 
 class SimFault(_Strict):

@@ -44,6 +44,34 @@ class SearchSettings(_Strict):
     preflight: Optional[bool] = Field(
         default=None, description="skip configurations that cannot fit in memory before starting them; "
                                   "default: on for real engines, off for the sim (its start is the same arithmetic)")
+    fidelity: Literal["real", "sim"] = Field(
+        default="real", description="sim: score the space with the simulator, measure only a shortlist for real "
+                                    "(vllm and external engines; see docs/search.md)")
+    fidelity_min_gain: float = Field(
+        default=0.01, ge=0, le=1, description="fidelity sim: stop when another real trial is predicted to improve "
+                                              "the best objective by less than this share")
+    fidelity_candidates: int = Field(
+        default=2048, ge=1, le=100_000, description="fidelity sim: most configurations scored (the whole space "
+                                                    "if it is smaller, else a seeded sample)")
+
+
+def fidelity_problems(s: SearchSettings, engine_kind: str, cpu: bool = False) -> list[Problem]:
+    """``search.fidelity: sim`` needs a real engine to confirm the simulator's shortlist, and a GPU
+    the simulator models."""
+    if s.fidelity != "sim":
+        return []
+    problems = []
+    if engine_kind not in ("vllm", "external"):
+        problems.append(Problem("search.fidelity", f"'sim' needs a real engine to confirm the simulator's picks; "
+                                                   f"engine.kind is {engine_kind!r}, allowed: vllm, external",
+                                s.fidelity, True))
+    if cpu:
+        problems.append(Problem("search.fidelity", "'sim' needs a GPU from the simulator's catalog (hardware.gpu); "
+                                                   "the simulator does not model vLLM's CPU build", s.fidelity, True))
+    if s.stages:
+        problems.append(Problem("search.fidelity", "'sim' picks every trial itself: not with search.stages",
+                                s.fidelity, True))
+    return problems
 
 
 def search_problems(s: SearchSettings, space: SearchSpace, budget_trials: int) -> list[Problem]:

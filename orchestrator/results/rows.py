@@ -57,6 +57,7 @@ def _description(study: "Study", result: "TrialResult") -> dict[str, Any]:
         "model": study.model.name,
         "gpu": study.hardware.gpu,
         "gpus": args.gpus if args is not None else None,
+        "fidelity": "sim" if study.engine.kind == "sim" else "real",
         "params_json": json.dumps(dict(result.params), sort_keys=True, default=str),
         "engine_args_json": json.dumps(redact(dataclasses.asdict(args)), sort_keys=True, default=str) if args else None,
         "vllm_command": args.to_cli(study.model.served_name or study.model.name) if args else None,

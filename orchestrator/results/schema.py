@@ -46,6 +46,7 @@ SCHEMA_VERSION = 1
 META_SCHEMA_VERSION = "orchestrator.schema_version"
 META_TABLE = "orchestrator.table"
 META_PARAMS = "orchestrator.param_types"
+META_PREDICTED = "orchestrator.predicted_metrics"
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 PARAM_ARROW_TYPES: dict[str, pa.DataType] = {
@@ -75,6 +76,7 @@ _HEAD: tuple[tuple[str, pa.DataType], ...] = (
     ("model", pa.string()),
     ("gpu", pa.string()),
     ("gpus", pa.int64()),
+    ("fidelity", pa.string()),  # real: measured on the engine; sim: the simulator's numbers
     ("feasible", pa.bool_()),
     ("constraint_violation", pa.float64()),
 )
@@ -109,8 +111,14 @@ def metric_columns() -> list[str]:
     return [m for m in known_metric_names() if m not in fixed]
 
 
-def trials_schema(param_types: Mapping[str, str]) -> pa.Schema:
-    """The trials-table schema for a search space (``SearchSpace.column_types()``)."""
+def prediction_columns(metrics: Sequence[str]) -> list[str]:
+    """``search.fidelity: sim``: the simulator's prediction and its relative error, per metric."""
+    return [c for m in metrics for c in (f"predicted_{m}", f"prediction_error_{m}")]
+
+
+def trials_schema(param_types: Mapping[str, str], predicted: Sequence[str] = ()) -> pa.Schema:
+    """The trials-table schema for a search space (``SearchSpace.column_types()``), with
+    :func:`prediction_columns` for the ``predicted`` metrics."""
     reserved = set(FIXED_TRIAL_COLUMNS) | set(known_metric_names()) | set(PARTITION_COLUMNS)
     clash = sorted(set(param_types) & reserved)
     if clash:
@@ -122,10 +130,13 @@ def trials_schema(param_types: Mapping[str, str]) -> pa.Schema:
     fields += [pa.field(name, PARAM_ARROW_TYPES[kind]) for name, kind in param_types.items()]
     fields += [pa.field(n, t) for n, t in _CONFIG]
     fields += [pa.field(m, pa.float64()) for m in metric_columns()]
+    fields += [pa.field(c, pa.float64()) for c in prediction_columns(predicted)]
     fields += [pa.field(n, t) for n, t in _JUDGEMENTS + _PROBE]
     fields.append(pa.field("extra_json", pa.string()))
     meta = {META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "trials",
             META_PARAMS: json.dumps(dict(param_types))}
+    if predicted:
+        meta[META_PREDICTED] = json.dumps(list(predicted))
     return pa.schema(fields, metadata=meta)
 
 

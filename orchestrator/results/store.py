@@ -94,6 +94,7 @@ class ResultsStore:
         self.trials_dir = f"{self.root}/trials"
         self.requests_dir = f"{self.root}/requests"
         self.levels_dir = f"{self.root}/levels"  # capacity-search load levels (orchestrator.results.levels)
+        self.predictions_dir = f"{self.root}/predictions"  # search.fidelity sim: the simulator's scores
         self.staging_dir = f"{self.root}/.tmp"
         self._local = isinstance(self.filesystem, pafs.LocalFileSystem)
         self._checked_schema: Optional[pa.Schema] = None
@@ -124,15 +125,17 @@ class ResultsStore:
             return f.read()
 
     def write_trial(self, row: Mapping[str, Any], requests: Optional[pa.Table] = None, *,
-                    param_types: Mapping[str, str], levels: Optional[pa.Table] = None) -> str:
+                    param_types: Mapping[str, str], levels: Optional[pa.Table] = None,
+                    predicted: Sequence[str] = ()) -> str:
         """Write (or replace) one trial; returns the trials file path.
 
         ``row`` is validated by :func:`~orchestrator.results.schema.trial_row_to_table`
         (``ValueError`` on unknown keys or bad values, before anything is written);
         ``requests`` must have :data:`REQUESTS_SCHEMA` and this trial's ids, ``levels``
-        (capacity search) :data:`~orchestrator.results.levels.LEVELS_SCHEMA` and this trial's ids.
+        (capacity search) :data:`~orchestrator.results.levels.LEVELS_SCHEMA` and this trial's ids;
+        ``predicted`` names the metrics with prediction columns (``search.fidelity: sim``).
         """
-        schema = trials_schema(param_types)
+        schema = trials_schema(param_types, predicted)
         if self._checked_schema is None and self._local:
             self._sweep_stale_temps()
         schema = self._check_same_schema(schema)
@@ -255,6 +258,13 @@ class ResultsStore:
             if len(values) and not pc.all(pc.equal(values, expected)).as_py():
                 raise ValueError(f"levels table: column {column!r} must be {expected!r} in every row")
         return levels
+
+    def write_predictions(self, run_id: str, table: pa.Table) -> str:
+        """Replace the run's simulator scores (``search.fidelity: sim``): kept apart from the trials,
+        so that nothing predicted is taken for a measurement."""
+        path = f"{self.predictions_dir}/{_check_name('run_id', run_id)}.parquet"
+        self._put(path, _serialize(table))
+        return path
 
     def _put(self, path: str, data: pa.Buffer) -> None:
         fs = self.filesystem

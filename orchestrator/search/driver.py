@@ -36,6 +36,8 @@ from orchestrator.gpu_ledger import GpuLedgerActor
 from orchestrator.progress import ProgressPrinter
 from orchestrator.results.store import ResultsStore
 from orchestrator.resume import RunInProgress, RunLock, RunState, drop_orphan_requests, process_identity, stop_orphans
+from orchestrator.search.fidelity import FidelitySearch, study_metrics
+from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.samplers import make_sampler
@@ -45,7 +47,6 @@ from orchestrator.search.state import local_state_dir, new_run_id, optuna_storag
 from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
 from orchestrator.study import Study
 from orchestrator.trial import TrialContext
-from orchestrator.warm_start import load_frames, warm_start_points
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,8 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     sink = ray.remote(ResultsSinkActor).options(
         name=sink_name, namespace=NAMESPACE, num_cpus=0, lifetime=None,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(study.output, study.name, study.space.column_types())
+    ).remote(study.output, study.name, study.space.column_types(),
+             tuple(study_metrics(study)) if study.search.fidelity == "sim" else ())
     ledger_name = ledger = None
     if engine.serves_http and info.total_units > 0:
         ledger_name = f"gpu-ledger-{study.name}-{suffix}"
@@ -217,6 +219,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
 
     # What Tune pickles into its experiment (searcher, callbacks) gets the study without its secrets.
     recorded = study.without_secrets()
+    fidelity = _fidelity_search(recorded, store, printer, sink, run.run_id) if study.search.fidelity == "sim" else None
     searcher = searcher_class()(
         space=space.suggest, metric=[o.metric for o in study.objectives],
         mode=["max" if d == "maximize" else "min" for d in study.directions],
@@ -224,10 +227,11 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         staged=StagedSearch(recorded) if study.search.stages else None,
         screen=PreflightScreen(recorded, create_engine(recorded), run.run_id, sink, printer, cluster_units=ctx.cluster_units,
                                 units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
+        fidelity=fidelity,
     )
-    _enqueue_probe_baseline(study, searcher, resumed=resumed)
-    _enqueue_initial_points(study, searcher, resumed=resumed)
-    _enqueue_warm_start(study, searcher)
+    enqueue_probe_baseline(study, searcher, resumed=resumed)
+    enqueue_initial_points(study, searcher, resumed=resumed)
+    enqueue_warm_start(study, searcher)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
     stopper = write_failure_stopper()
     recorder = lost_trial_recorder(recorded, run.run_id, sink_name, NAMESPACE)
@@ -271,6 +275,30 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     if stopper.message and out.stop_message is None:
         out.stop_message = _stopped_text(study, store, run, f"results could not be written ({stopper.message})")
     return out
+
+
+class _PredictionWriter:
+    """Writes the simulator's scores through the run's writer (picklable, as Tune's searcher must be)."""
+
+    def __init__(self, sink, run_id: str):
+        self.sink, self.run_id = sink, run_id
+
+    def __call__(self, table) -> None:
+        import ray
+
+        ray.get(self.sink.write_predictions.remote(self.run_id, table))
+
+
+def _fidelity_search(study: Study, store, printer, sink, run_id: str) -> FidelitySearch:
+    """``search.fidelity: sim``: the space scored by the simulator before the first real trial."""
+    fidelity = FidelitySearch(study, note=printer.note, record=_PredictionWriter(sink, run_id))
+    fidelity.observe_rows(store.read_trials())  # a resumed run's real trials count
+    try:
+        fidelity.prepare()
+    except (KeyError, FileNotFoundError, ValueError) as e:
+        raise StudyStopped(f"study {study.name}: search.fidelity sim: the simulator cannot score this study "
+                           f"({root_message(e)}); use search.fidelity: real") from None
+    return fidelity
 
 
 class _OneLine(logging.Filter):
@@ -354,42 +382,6 @@ def _cleanup_apps(run_ids: list[str]) -> None:
                 delete_app(name, timeout_s=60)
     except Exception as e:  # noqa: BLE001
         log.warning("could not clean up Serve applications: %s", e)
-
-
-def _enqueue_probe_baseline(study: Study, searcher, *, resumed: bool) -> None:
-    """With a probe, the baseline configuration runs first, so later trials have a reference
-    (its searched engine arguments fixed, the other parameters drawn as usual)."""
-    if resumed or study.probe is None or study.search.sampler == "grid" or study.search.stages:
-        return
-    point = {k: v for k, v in study.probe.reference().items()
-             if k in study.space.params and study.space.params[k].allows(v)}
-    if point:
-        searcher._ot_study.enqueue_trial(point, skip_if_exists=True)  # noqa: SLF001 - OptunaSearch keeps it there
-
-
-def _enqueue_initial_points(study: Study, searcher, *, resumed: bool) -> None:
-    """``search.initial_points``: tried first, in order (once per study: not again on resume)."""
-    if resumed or not study.search.initial_points:
-        return
-    ostudy = searcher._ot_study  # noqa: SLF001 - OptunaSearch keeps it there
-    for point in study.search.initial_points:
-        ostudy.enqueue_trial(dict(point), skip_if_exists=True)
-
-
-def _enqueue_warm_start(study: Study, searcher) -> int:
-    """``search.warm_start``: earlier results' best points, mapped into this space, tried first."""
-    if not study.search.warm_start:
-        return 0
-    from optuna.trial import TrialState
-
-
-    ostudy = searcher._ot_study  # noqa: SLF001 - OptunaSearch keeps it there
-    existing = [t.system_attrs.get("fixed_params", t.params) for t in ostudy.get_trials(deepcopy=False)
-                if t.state != TrialState.FAIL]
-    points = warm_start_points(study, load_frames(study.search.warm_start), existing)
-    for p in points:
-        ostudy.enqueue_trial(p, user_attrs={"warm_start": True}, skip_if_exists=False)
-    return len(points)
 
 
 def _summary(store, run: RunState, resumed: bool, n: int, t_start: float, *, retried: list[int]) -> StudyRun:

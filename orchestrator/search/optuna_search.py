@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+from orchestrator.search.fidelity import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
 from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch, enqueue_stage
 
 TRIAL_NUMBER_KEY = "__trial_number"  # in a trial's config: its Optuna trial number (names its rows)
@@ -176,6 +177,36 @@ def propose(ostudy, ask: Callable[[], Optional[tuple[Any, dict]]], *, staged: Op
         return trial, params
 
 
+def fidelity_ask(ostudy, fidelity: FidelitySearch, ask: Callable[[], Any],
+                 pending: Callable[[], Sequence[Mapping[str, Any]]] = lambda: ()) -> Callable[[], Any]:
+    """An ``ask`` for :func:`propose` that queues the fidelity search's next pick first
+    (``search.fidelity: sim``; a trial queued already, a retry or an initial point, goes first).
+    None when that search stops (:attr:`FidelitySearch.stop_reason`)."""
+
+    def ask_pick():
+        from optuna.trial import TrialState
+
+        if not any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False)):
+            pick = fidelity.next_pick(pending())
+            if pick is None:
+                return None
+            ostudy.enqueue_trial(pick.params, user_attrs={PICK_ATTR: pick.reason})
+        return ask()
+
+    return ask_pick
+
+
+def ask_fidelity(ostudy, space, fidelity: FidelitySearch):
+    """:func:`fidelity_ask` through :func:`propose` with Optuna's own ``ask`` (no Tune):
+    ``(trial, params)``, or None when the search stops."""
+
+    def ask():
+        trial = ostudy.ask()
+        return trial, space.suggest(trial)
+
+    return propose(ostudy, fidelity_ask(ostudy, fidelity, ask))
+
+
 def ask_distinct(ostudy, space, staged: Optional[StagedSearch] = None):
     """:func:`propose` with Optuna's own ``ask`` (no Tune): ``(trial, params)`` or None."""
 
@@ -197,10 +228,12 @@ def searcher_class():
         :func:`tell_report`; the Optuna trial number goes down to the trial (it names its rows)."""
 
         def __init__(self, *args, staged: Optional[StagedSearch] = None,
-                     screen: Optional[Callable[[Any, dict], bool]] = None, **kwargs):
+                     screen: Optional[Callable[[Any, dict], bool]] = None, fidelity=None, **kwargs):
             super().__init__(*args, **kwargs)
             self._staged = staged
             self._screen = screen
+            self._fidelity = fidelity  # search.fidelity sim: a FidelitySearch picks every trial
+            self._picked: dict[str, dict] = {}  # Tune trial id -> parameters, until its result
             self._study_space = getattr(kwargs["space"], "__self__", None)  # the SearchSpace of space.suggest
 
         def suggest(self, trial_id: str):
@@ -211,18 +244,35 @@ def searcher_class():
                 config = OptunaSearch.suggest(self, trial_id)
                 return None if config is None else (self._ot_trials[trial_id], config)
 
-            got = propose(self._ot_study, ask, staged=self._staged, screen=self._screen,
+            fidelity = self._fidelity
+            if fidelity is not None:
+                ask = fidelity_ask(self._ot_study, fidelity, ask, pending=lambda: list(self._picked.values()))
+            screen = self._screen
+            if fidelity is not None and screen is not None:
+                def screen(trial, params, _screen=self._screen):  # a pick that cannot start is not picked again
+                    turned_away = _screen(trial, params)
+                    if turned_away:
+                        fidelity.observe(params, "pruned", {}, refit=False)
+                    return turned_away
+            got = propose(self._ot_study, ask, staged=self._staged, screen=screen,
                           discard=lambda trial: self._ot_trials.pop(trial_id, None))
             if got is None:
+                if fidelity is not None and fidelity.stop_reason is not None and not self._picked:
+                    return Searcher.FINISHED  # nothing left worth a real trial
                 return None  # Tune asks again later
             trial, config = got
-            return {**config, TRIAL_NUMBER_KEY: trial.number}
+            if fidelity is None:
+                return {**config, TRIAL_NUMBER_KEY: trial.number}
+            self._picked[trial_id] = dict(config)
+            predicted = json.dumps(fidelity.prediction_for(config), default=str)
+            return {**config, TRIAL_NUMBER_KEY: trial.number, PREDICTION_KEY: predicted}
 
         def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
             ot_trial = self._ot_trials.get(trial_id)
             if ot_trial is None or trial_id in self._completed_trials:
                 return
             self._completed_trials.add(trial_id)
+            params = self._picked.pop(trial_id, None)
             if error:
                 # The trial's process was lost for good (its row says so): the configuration
                 # is not to blame, so the sampler ignores it.
@@ -232,5 +282,8 @@ def searcher_class():
             if report is None or report.write_error or ROW_KEY not in result:
                 return  # no row: leave the trial RUNNING in the journal; the next start retries it
             tell_report(self._ot_study, ot_trial, report)
+            if self._fidelity is not None and params is not None:
+                measured = json.loads(result.get(MEASURED_KEY) or "{}")
+                self._fidelity.observe(params, measured.pop("status", "error"), measured)
 
     return ConstrainedOptunaSearch

@@ -10,6 +10,7 @@ hands it to the searcher. A result that cannot be written stops the study
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from datetime import datetime, timezone
@@ -21,6 +22,7 @@ from orchestrator.judge import Judgement
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.rows import trial_row
 from orchestrator.results.schema import requests_to_table
+from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, prediction_columns
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.study import Study
 from orchestrator.trial import TrialContext, execute_trial, judge_result
@@ -36,11 +38,13 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     from ray import tune
 
     number = int(config[TRIAL_NUMBER_KEY])
-    params = {k: v for k, v in config.items() if k != TRIAL_NUMBER_KEY}
+    params = {k: v for k, v in config.items() if k not in (TRIAL_NUMBER_KEY, PREDICTION_KEY)}
     trial_id = f"{ctx.run_id}-{number:04d}"
     result = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx)
     judgement = judge_result(study, result)
     row = trial_row(study, result, judgement)
+    if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured
+        row.update(prediction_columns(study, json.loads(config.get(PREDICTION_KEY) or "{}"), row))
     report = SamplerReport.of(judgement, row["status"])
     if ctx.sink_name:
         try:
@@ -66,17 +70,21 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
     out["feasible"] = judgement.feasible
     out["failure_kind"] = row.get("failure_kind") or ""
     out["harness_bound"] = bool(row.get("harness_bound"))
+    if study.search.fidelity == "sim":  # what the searcher fits the simulator's calibration to
+        out[MEASURED_KEY] = json.dumps({**{m: row.get(m) for m in fidelity_metrics(study)}, "status": row["status"]},
+                                       default=str)
     return out
 
 
 class ResultsSinkActor:
     """The single writer of a run's Parquet files, on the driver's node."""
 
-    def __init__(self, output: str, study_name: str, param_types: dict[str, str]):
+    def __init__(self, output: str, study_name: str, param_types: dict[str, str], predicted: tuple[str, ...] = ()):
 
         self.store = ResultsStore(output, study_name)
         self.param_types = param_types
         self.output, self.study_name = output, study_name
+        self.predicted = predicted  # metrics with prediction columns (search.fidelity sim)
 
     def keep_probe(self, probe_set: str, trial_id: str, record: dict, eligible: bool):
         """A trial's probe answers; the baseline's (see orchestrator.results.probe_store)."""
@@ -86,7 +94,10 @@ class ResultsSinkActor:
 
     def write(self, row: dict, requests_table, levels_table=None) -> None:
         extra = {"levels": levels_table} if levels_table is not None else {}
-        self.store.write_trial(row, requests_table, param_types=self.param_types, **extra)
+        self.store.write_trial(row, requests_table, param_types=self.param_types, predicted=self.predicted, **extra)
+
+    def write_predictions(self, run_id: str, table) -> None:
+        self.store.write_predictions(run_id, table)
 
 
 # ------------------------------------------------------------------ Tune hooks
@@ -129,6 +140,7 @@ def lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: st
             if TRIAL_NUMBER_KEY not in config:
                 return
             number = int(config.pop(TRIAL_NUMBER_KEY))
+            config.pop(PREDICTION_KEY, None)
             now = datetime.now(timezone.utc)
             lost = TrialResult(run_id=run_id, trial_id=f"{run_id}-{number:04d}", trial_number=number, params=config,
                                args=None, started_at=now, finished_at=now, status=TrialStatus.ERROR,

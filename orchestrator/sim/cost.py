@@ -112,6 +112,7 @@ class StepCostModel:
         b_eff = getattr(cal, "bandwidth_efficiency", 1.0) if cal is not None else 1.0
         o_mul = getattr(cal, "step_overhead", 1.0) if cal is not None else 1.0
         self.slowdown = getattr(cal, "slowdown", 1.0) if cal is not None else 1.0
+        f_mul = getattr(cal, "frontend_latency", 1.0) if cal is not None else 1.0
 
         tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
         self.tp, self.pp = tp, pp
@@ -152,7 +153,7 @@ class StepCostModel:
         self.piecewise_s = PIECEWISE_LAYER_S * layers * o_mul
         self.nograph_s = NOGRAPH_LAYER_S * layers * o_mul  # a compiled forward pass launched without a graph
         self.eager_s = EAGER_LAYER_S * layers * o_mul  # an eager forward pass: adds to the GPU work
-        self.frontend_latency_s = FRONTEND_LATENCY_S * o_mul
+        self.frontend_latency_s = FRONTEND_LATENCY_S * o_mul * f_mul
         self.frontend_token_s = FRONTEND_TOKEN_S * o_mul
 
         # Collectives: 2 all-reduces per layer (TP), one send per stage boundary (PP).

@@ -1,0 +1,324 @@
+"""``search.fidelity: sim``: the simulator screens, real trials confirm.
+
+Before the first real trial, every configuration of the space (or a seeded sample of
+``search.fidelity_candidates``) is scored in virtual time on the study's model, GPU and
+workload (:class:`SimScorer`: the trial path with ``engine.mode: virtual``). Each real
+trial is then the configuration with the largest expected gain
+(:func:`~orchestrator.search.fidelity_model.expected_gain`: first the best predicted under
+the SLOs, later the most promising where the simulator is least certain). After every real
+trial the calibration is fitted again to all real trials, the shortlist is scored again
+and re-ranked. The search stops when no configuration is predicted to gain more than
+``search.fidelity_min_gain`` of the best, or when the budget is spent.
+
+Every real trial carries the prediction it was picked on (the calibrated simulator's
+numbers, :func:`prediction_columns`); the scores of all candidates are written apart from
+the trials (``predictions/<run>.parquet``), so nothing predicted enters the Pareto front
+or ``recommend``. The judge (:func:`orchestrator.judge.judge`) decides what a prediction
+is worth exactly as it decides what a measurement is worth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.judge import judge
+from orchestrator.search import fidelity_model as fm
+
+PREDICTION_KEY = "__prediction"  # in a trial's config: the prediction it was picked on (JSON)
+MEASURED_KEY = "fidelity_measured"  # in a Tune result: the metrics the calibration is fitted to (JSON)
+PICK_ATTR = "fidelity_pick"  # on the Optuna trial: why it was picked (best, information)
+# Candidates scored again after a refit, best expected gain first: the shortlist, and a longer one
+# when a multiplier moved by more than RESCORE_SHIFT (log) since the last long rescoring.
+RESCORE_TOP = 32
+RESCORE_LONG = 160
+RESCORE_SHIFT = 0.1
+
+Scorer = Callable[[Sequence[Mapping[str, Any]], Mapping[str, float]], list[tuple[str, dict]]]
+
+
+def study_metrics(study) -> list[str]:
+    """The metrics predicted next to each measurement: objectives, then SLO metrics."""
+    out: list[str] = []
+    for m in [o.metric for o in study.objectives] + [c.metric for c in study.constraints]:
+        if m not in out:
+            out.append(m)
+    return out
+
+
+def fidelity_metrics(study) -> list[str]:
+    """What a real trial reports for the calibration fit: the fit metrics and the study's own."""
+    return list(dict.fromkeys(list(fm.FIT_METRICS) + study_metrics(study)))
+
+
+def prediction_columns(study, predicted: Optional[Mapping[str, Any]], row: Mapping[str, Any]) -> dict[str, Any]:
+    """A real trial's ``predicted_<m>`` and ``prediction_error_<m>`` ((measured - predicted) / predicted)."""
+    out: dict[str, Any] = {}
+    for m in study_metrics(study):
+        p = (predicted or {}).get(m)
+        y = row.get(m)
+        out[f"predicted_{m}"] = p
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (p, y)) and p not in (0, 0.0)
+        out[f"prediction_error_{m}"] = (y - p) / abs(p) if ok else None
+    return out
+
+
+def point_key(params: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, round(v, 9) if isinstance(v, float) else v) for k, v in params.items()))
+
+
+class SimScorer:
+    """Scores configurations with the virtual-time simulator under a calibration."""
+
+    def __init__(self, study):
+        self.study = study
+
+    def __call__(self, points: Sequence[Mapping[str, Any]], calibration: Mapping[str, float]) -> list[tuple[str, dict]]:
+        from orchestrator.study_engine import SimCalibration, SimEngineSpec
+        from orchestrator.trial import TrialContext, execute_trial
+
+        engine = SimEngineSpec(kind="sim", mode="virtual", calibration=SimCalibration(**calibration))
+        sim = self.study.model_copy(update={"engine": engine})
+        ctx = TrialContext(run_id="fidelity")
+        out = []
+        for p in points:
+            r = execute_trial(sim, dict(p), trial_id="fidelity", trial_number=0, ctx=ctx)
+            out.append((r.status.value, r.measured()))
+        return out
+
+
+@dataclass
+class Pick:
+    params: dict[str, Any]
+    predicted: dict[str, Any]  # the calibrated simulator's numbers for the study's metrics
+    reason: str  # best: the best predicted under the SLOs; information: where the simulator is least sure
+    gain: float
+
+
+@dataclass
+class _Candidate:
+    params: dict[str, Any]
+    status: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    theta: Optional[np.ndarray] = None  # the calibration it was scored under
+
+
+class FidelitySearch:
+    """Picks the real trials of a ``search.fidelity: sim`` study (see the module's text)."""
+
+    def __init__(self, study, *, scorer: Optional[Scorer] = None, note: Callable[[str], None] = print,
+                 record: Optional[Callable[[Any], None]] = None):
+        self.study, self.note, self.record = study, note, record
+        self.scorer = scorer or SimScorer(study)
+        self.metrics = study_metrics(study)
+        self.fit_metrics = fidelity_metrics(study)
+        self.theta = np.zeros(len(fm.CAL_FIELDS))
+        self.theta_full = self.theta.copy()  # the calibration of the last long rescoring
+        self.candidates: dict[tuple, _Candidate] = {}
+        self.measured: dict[tuple, tuple[dict, str, dict]] = {}  # key -> (params, status, metrics)
+        self.fit_rms: Optional[float] = None
+        self.stop_reason: Optional[str] = None
+        self.scored = 0  # simulations run
+        self._encode = None
+        self._ranked: list[tuple[float, tuple, Pick]] = []
+
+    # ---------------------------------------------------------------- calibration and scoring
+    def calibration(self, theta: Optional[np.ndarray] = None) -> dict[str, float]:
+        t = self.theta if theta is None else theta
+        return {f: float(math.exp(v)) for f, v in zip(fm.CAL_FIELDS, t)}
+
+    def _score(self, points: Sequence[Mapping[str, Any]], theta: np.ndarray) -> list[tuple[str, dict]]:
+        self.scored += len(points)
+        return self.scorer(points, self.calibration(theta))
+
+    def prepare(self) -> None:
+        """Score the candidates (the whole space, or a seeded sample of it)."""
+        from orchestrator.feasibility import space_points
+
+        t0 = time.monotonic()
+        points, size = space_points(self.study.space, self.study.seed,
+                                    max_points=self.study.search.fidelity_candidates)
+        self._encode = fm.Encoder(self.study.space, points)
+        for p, (status, metrics) in zip(points, self._score(points, self.theta)):
+            self.candidates[point_key(p)] = _Candidate(dict(p), status, metrics, self.theta.copy())
+        if self.measured:
+            self._refit()
+        starts = sum(c.status == "completed" for c in self.candidates.values())
+        feasible = sum(self._feasible(c) for c in self.candidates.values())
+        self.note(f"fidelity sim: scored {len(points)} of {size} configurations in the simulator in "
+                  f"{time.monotonic() - t0:.1f} s; {starts} start, {feasible} predicted to meet the SLOs")
+        self._record()
+
+    def _record(self) -> None:
+        if self.record is not None:
+            self.record(self.predictions_table())
+
+    def _feasible(self, c: _Candidate) -> bool:
+        return judge(self.study, c.metrics, c.status).feasible
+
+    def prediction_for(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The calibrated simulator's numbers for any configuration (scored now if it is no candidate)."""
+        c = self.candidates.get(point_key(params))
+        if c is None or c.theta is None or not np.allclose(c.theta, self.theta):
+            status, metrics = self._score([params], self.theta)[0]
+            c = self.candidates.setdefault(point_key(params), _Candidate(dict(params)))
+            c.status, c.metrics, c.theta = status, metrics, self.theta.copy()
+        return {m: c.metrics.get(m) for m in self.metrics}
+
+    # ---------------------------------------------------------------- real results
+    def observe(self, params: Mapping[str, Any], status: str, metrics: Mapping[str, Any], *,
+                refit: bool = True) -> None:
+        """A real trial's outcome: fit the calibration again and re-rank."""
+        self.measured[point_key(params)] = (dict(params), str(status), dict(metrics))
+        if refit and self.candidates:
+            self._refit()
+            self.note(f"fidelity sim: {len(self.measured)} real trial(s); {self.describe_calibration()}")
+            self._record()
+
+    def observe_rows(self, frame) -> None:
+        """Real trials recorded earlier (a resumed run): taken in without a fit each."""
+        if frame is None or len(frame) == 0 or "params_json" not in frame.columns:
+            return
+        for _, row in frame.iterrows():
+            if row.get("fidelity", "real") == "sim":
+                continue
+            params = json.loads(row["params_json"])
+            self.observe(params, row["status"], {m: row.get(m) for m in self.fit_metrics}, refit=False)
+
+    def _refit(self) -> None:
+        real = [(p, m) for p, s, m in self.measured.values() if s == "completed"]
+        if real:
+            configs = [p for p, _ in real]
+            measured = [m for _, m in real]
+            self.theta, self.fit_rms = fm.fit_calibration(
+                lambda th: [mm for _, mm in self._score(configs, th)], measured, self.fit_metrics, self.theta)
+        shift = float(np.max(np.abs(self.theta - self.theta_full)))
+        top = RESCORE_TOP
+        if shift > RESCORE_SHIFT:
+            self.theta_full, top = self.theta.copy(), RESCORE_LONG
+        todo = [k for _, k, _ in self._rank()[:top]]  # and the real trials (their errors under this calibration)
+        for p, s, _ in self.measured.values():
+            k = point_key(p)
+            if s == "completed" and k not in todo:
+                self.candidates.setdefault(k, _Candidate(dict(p)))
+                todo.append(k)
+        for k, (status, metrics) in zip(todo, self._score([self.candidates[k].params for k in todo], self.theta)):
+            c = self.candidates[k]
+            c.status, c.metrics, c.theta = status, metrics, self.theta.copy()
+        self._ranked = []
+
+    # ---------------------------------------------------------------- ranking and picking
+    def _best_real(self) -> Optional[float]:
+        maximize = self.study.objectives[0].resolved_direction == "maximize"
+        vals = [j.objectives[0] for p, s, m in self.measured.values()
+                if (j := judge(self.study, m, s)).feasible and j.objectives[0] is not None]
+        if not vals:
+            return None
+        return max(vals) if maximize else min(vals)
+
+    def _rank(self, exclude: Sequence[tuple] = ()) -> list[tuple[float, tuple, Pick]]:
+        """Unmeasured candidates that start, by expected gain (largest first)."""
+        keys = [k for k, c in self.candidates.items() if k not in self.measured and k not in exclude
+                and c.status == "completed"]
+        if not keys:
+            return []
+        xs = np.array([self._encode(self.candidates[k].params) for k in keys])
+        real = [(p, m) for p, s, m in self.measured.values() if s == "completed"]
+        xr = np.array([self._encode(p) for p, _ in real]) if real else np.zeros((0, xs.shape[1]))
+
+        def corrected(metric: str) -> tuple[np.ndarray, np.ndarray]:
+            errs, rows = [], []
+            for i, (p, m) in enumerate(real):
+                c = self.candidates.get(point_key(p))
+                ly, lp = fm.log_value(m.get(metric)), fm.log_value(c.metrics.get(metric) if c else None)
+                if ly is not None and lp is not None:
+                    errs.append(ly - lp)
+                    rows.append(i)
+            model = fm.Residuals.fit(xr[rows], np.array(errs), fm.prior_log_sd(metric))
+            mean, sd = model.predict(xs)
+            lp = np.array([fm.log_value(self.candidates[k].metrics.get(metric)) or np.nan for k in keys])
+            return lp + mean, sd
+
+        study = self.study
+        chance = np.ones(len(keys))
+        for con in study.constraints:
+            mu, sd = corrected(con.metric)
+            chance *= fm.chance_met(con.op, con.value, mu, sd)
+        obj = study.objectives[0]
+        maximize = obj.resolved_direction == "maximize"
+        mu, sd = corrected(obj.metric)
+        mu = np.where(np.isnan(mu), -np.inf if maximize else np.inf, mu)
+        gain = chance * fm.expected_gain(mu, sd, self._best_real(), maximize)
+        order = np.argsort(-gain, kind="stable")
+        best_mean = [i for i in np.argsort(-mu if maximize else mu, kind="stable") if chance[i] >= 0.5]
+        top = best_mean[0] if best_mean else None
+        out = []
+        for i in order:
+            k = keys[i]
+            c = self.candidates[k]
+            reason = "best" if i == top else "information"
+            out.append((float(gain[i]), k, Pick(dict(c.params), {m: c.metrics.get(m) for m in self.metrics},
+                                                reason, float(gain[i]))))
+        return out
+
+    def next_pick(self, pending: Sequence[Mapping[str, Any]] = ()) -> Optional[Pick]:
+        """The next configuration to measure for real; None (and :attr:`stop_reason`) to stop."""
+        said = self.stop_reason
+        pick = self._next_pick(pending)
+        if pick is None and self.stop_reason != said:
+            self.note(f"fidelity sim: stop: {self.stop_reason}")
+        return pick
+
+    def _next_pick(self, pending: Sequence[Mapping[str, Any]]) -> Optional[Pick]:
+        ranked = self._rank(exclude=[point_key(p) for p in pending])
+        self._ranked = ranked
+        if not ranked:
+            self.stop_reason = "every configuration the simulator says can start was measured"
+            return None
+        gain, _, pick = ranked[0]
+        best = self._best_real()
+        min_gain = self.study.search.fidelity_min_gain
+        if best is not None and gain < min_gain * abs(best):
+            self.stop_reason = (f"the largest predicted gain of another real trial is {gain / abs(best):.2%} of the "
+                                f"best ({best:.4g}), below search.fidelity_min_gain {min_gain:.2%}")
+            return None
+        if best is None and gain <= 0:
+            self.stop_reason = "no configuration left is predicted to meet the SLOs"
+            return None
+        self.stop_reason = None
+        return pick
+
+    # ---------------------------------------------------------------- the record
+    def predictions_table(self):
+        """Every scored configuration with its prediction (``fidelity`` sim), for ``predictions/``."""
+        import pyarrow as pa
+
+        rows = []
+        for k, c in self.candidates.items():
+            j = judge(self.study, c.metrics, c.status)
+            row = {"fidelity": "sim", "params_json": json.dumps(c.params, sort_keys=True, default=str),
+                   "status": c.status, "feasible": j.feasible, "constraint_violation": j.constraint_violation,
+                   "measured": k in self.measured}
+            row.update({f"predicted_{m}": _float(c.metrics.get(m)) for m in self.metrics})
+            row["calibration_json"] = json.dumps(self.calibration(c.theta) if c.theta is not None else None)
+            rows.append(row)
+        return pa.Table.from_pylist(rows)
+
+    def describe_calibration(self) -> str:
+        cal = self.calibration()
+        rms = f", RMS log error {self.fit_rms:.3f}" if self.fit_rms is not None else ""
+        return "calibration " + ", ".join(f"{k} {v:.3g}" for k, v in cal.items()) + rms
+
+
+def _float(v: Any) -> Optional[float]:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
