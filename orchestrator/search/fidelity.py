@@ -91,17 +91,21 @@ def score_in_simulator(study, points: Sequence[Mapping[str, Any]],
 class SimScorer:
     """Scores configurations with the virtual-time simulator under a calibration.
 
-    A long list (the whole space before the first real trial) is split over the Ray
-    cluster's free CPUs, one task per chunk; a short one (a refit's shortlist, while trials
-    hold the cluster) is scored in this process."""
+    :meth:`over_cluster` (the whole space, before the first real trial) splits a long list over
+    the Ray cluster's free CPUs, one task per chunk. A call (a refit's shortlist) scores in
+    this process, on one core: trials may be measuring on this node then."""
 
-    PARALLEL_MIN = 64  # points below which the tasks' start-up costs more than it saves
+    PARALLEL_MIN = 16  # points below which the tasks' start-up costs more than it saves (a capacity trial: ~1 s)
     CHUNK = 16
 
     def __init__(self, study):
         self.study = study
 
     def __call__(self, points: Sequence[Mapping[str, Any]], calibration: Mapping[str, float]) -> list[tuple[str, dict]]:
+        return score_in_simulator(self.study, points, calibration)
+
+    def over_cluster(self, points: Sequence[Mapping[str, Any]],
+                     calibration: Mapping[str, float]) -> list[tuple[str, dict]]:
         cpus = _free_ray_cpus() if len(points) >= self.PARALLEL_MIN else 0
         if cpus < 2:
             return score_in_simulator(self.study, points, calibration)
@@ -160,12 +164,14 @@ class FidelitySearch:
 
     # ---------------------------------------------------------------- calibration and scoring
     def calibration(self, theta: Optional[np.ndarray] = None) -> dict[str, float]:
-        t = self.theta if theta is None else theta
-        return {f: float(math.exp(v)) for f, v in zip(fm.CAL_FIELDS, t)}
+        t = np.clip(self.theta if theta is None else theta, fm.LOG_LO, fm.LOG_HI)
+        return {f: min(max(float(math.exp(v)), fm.BOUNDS[f][0]), fm.BOUNDS[f][1]) for f, v in zip(fm.CAL_FIELDS, t)}
 
-    def _score(self, points: Sequence[Mapping[str, Any]], theta: np.ndarray) -> list[tuple[str, dict]]:
+    def _score(self, points: Sequence[Mapping[str, Any]], theta: np.ndarray, *,
+               over_cluster: bool = False) -> list[tuple[str, dict]]:
         self.scored += len(points)
-        return self.scorer(points, self.calibration(theta))
+        score = getattr(self.scorer, "over_cluster", self.scorer) if over_cluster else self.scorer
+        return score(points, self.calibration(theta))
 
     def prepare(self) -> None:
         """Score the candidates (the whole space, or a seeded sample of it)."""
@@ -175,7 +181,7 @@ class FidelitySearch:
         points, size = space_points(self.study.space, self.study.seed,
                                     max_points=self.study.search.fidelity_candidates)
         self._encode = fm.Encoder(self.study.space, points)
-        for p, (status, metrics) in zip(points, self._score(points, self.theta)):
+        for p, (status, metrics) in zip(points, self._score(points, self.theta, over_cluster=True)):
             self.candidates[point_key(p)] = _Candidate(dict(p), status, metrics, self.theta.copy())
         if self.measured:
             self._refit()
@@ -226,8 +232,11 @@ class FidelitySearch:
         if real:
             configs = [p for p, _ in real]
             measured = [m for _, m in real]
-            self.theta, self.fit_rms = fm.fit_calibration(
-                lambda th: [mm for _, mm in self._score(configs, th)], measured, self.fit_metrics, self.theta)
+            try:
+                self.theta, self.fit_rms = fm.fit_calibration(
+                    lambda th: [mm for _, mm in self._score(configs, th)], measured, self.fit_metrics, self.theta)
+            except Exception as e:  # noqa: BLE001 - a failed fit must not end the study: keep the last one
+                self.note(f"fidelity sim: calibration fit failed ({type(e).__name__}: {e}); keeping the last one")
         shift = float(np.max(np.abs(self.theta - self.theta_full)))
         top = RESCORE_TOP
         if shift > RESCORE_SHIFT:

@@ -21,13 +21,24 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.sim.cost import GEMM_EFFICIENCY, HBM_EFFICIENCY
+
 # The multipliers fitted, in order: step-time overhead, prefill (compute) and decode
 # (bandwidth) efficiency, the latency outside the engine core (TTFT offset).
 CAL_FIELDS = ("step_overhead", "compute_efficiency", "bandwidth_efficiency", "frontend_latency")
 # Metrics whose log errors the calibration is fitted to (besides the study's own).
 FIT_METRICS = ("ttft_p50_ms", "tpot_p50_ms", "itl_mean_ms", "e2el_p50_ms", "output_throughput")
-RIDGE = 0.02  # weight of log(multiplier)^2 per multiplier: 1.0 unless the data say otherwise
-LOG_BOUND = math.log(10.0)  # multipliers stay within [0.1, 10]
+# Weight of log(multiplier)^2 per multiplier: a prior that multipliers are within ~1.5x of 1.0
+# (log sd ~0.5 against a per-metric log error of ~0.15: (0.15 / 0.5)^2). A capacity trial's
+# metrics are measured at its capacity, the prediction's at the predicted capacity: without it,
+# one such trial pulled bandwidth_efficiency to 9 on the H200.
+RIDGE = 0.1
+# Where each multiplier may go: overheads and latencies 4x either way; efficiencies down to a
+# quarter, and up only to the GPU's peak (over the simulator's own share of it).
+BOUNDS = {"step_overhead": (0.25, 4.0), "compute_efficiency": (0.25, 1.0 / GEMM_EFFICIENCY),
+          "bandwidth_efficiency": (0.25, 1.0 / HBM_EFFICIENCY), "frontend_latency": (0.25, 4.0)}
+LOG_LO = np.log([BOUNDS[f][0] for f in CAL_FIELDS])
+LOG_HI = np.log([BOUNDS[f][1] for f in CAL_FIELDS])
 FD_STEP = 0.05  # finite-difference step in log(multiplier)
 FIT_ITERATIONS = 2  # from the last fit: each real trial moves it little
 # The calibrated simulator's log error before evidence, by metric family: the spread left after
@@ -84,7 +95,7 @@ def fit_calibration(predict: Callable[[np.ndarray], list[Mapping[str, Any]]],
     ``predict(theta)`` simulates every measured configuration under the multipliers
     ``exp(theta)``. Levenberg-Marquardt with forward differences, a few iterations from
     ``theta0`` (the last fit): each iteration costs ``len(theta) + 1`` simulations of the set."""
-    theta = np.clip(np.asarray(theta0, dtype=float), -LOG_BOUND, LOG_BOUND)
+    theta = np.clip(np.asarray(theta0, dtype=float), LOG_LO, LOG_HI)
     r = _residuals(measured, predict(theta), metrics, theta)
     n_data = len(r) - len(theta)
     if n_data == 0:
@@ -94,13 +105,13 @@ def fit_calibration(predict: Callable[[np.ndarray], list[Mapping[str, Any]]],
         jac = np.empty((len(r), len(theta)))
         for i in range(len(theta)):
             t = theta.copy()
-            t[i] += FD_STEP
-            jac[:, i] = (_residuals(measured, predict(t), metrics, t) - r) / FD_STEP
+            t[i] += FD_STEP if t[i] + FD_STEP <= LOG_HI[i] else -FD_STEP  # stay inside the bounds
+            jac[:, i] = (_residuals(measured, predict(t), metrics, t) - r) / (t[i] - theta[i])
         jtj, jtr = jac.T @ jac, jac.T @ r
         improved = False
         for _ in range(3):
             step = np.linalg.solve(jtj + damping * np.diag(np.diag(jtj) + 1e-9), -jtr)
-            cand = np.clip(theta + step, -LOG_BOUND, LOG_BOUND)
+            cand = np.clip(theta + step, LOG_LO, LOG_HI)
             rc = _residuals(measured, predict(cand), metrics, cand)
             if float(rc @ rc) < cost:
                 theta, r, cost, damping, improved = cand, rc, float(rc @ rc), damping / 3, True

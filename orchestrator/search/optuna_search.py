@@ -18,12 +18,15 @@ the next start retries it.
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orchestrator.search.fidelity import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
 from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch, enqueue_stage
+
+log = logging.getLogger(__name__)
 
 TRIAL_NUMBER_KEY = "__trial_number"  # in a trial's config: its Optuna trial number (names its rows)
 REPORT_KEY = "sampler_report"  # in a Tune result: the SamplerReport, as JSON
@@ -284,6 +287,9 @@ def searcher_class():
             tell_report(self._ot_study, ot_trial, report)
             if self._fidelity is not None and params is not None:
                 measured = json.loads(result.get(MEASURED_KEY) or "{}")
-                self._fidelity.observe(params, measured.pop("status", "error"), measured)
+                try:
+                    self._fidelity.observe(params, measured.pop("status", "error"), measured)
+                except Exception as e:  # noqa: BLE001 - raised here, Tune leaves the trial half-stopped
+                    log.warning("fidelity sim: trial %s not taken into the calibration: %s", trial_id, e)
 
     return ConstrainedOptunaSearch
