@@ -140,3 +140,32 @@ def test_the_space_is_scored_over_the_cluster_as_in_one_process(tmp_path):
     strip = lambda scores: [(s, {k: v for k, v in m.items() if k not in wall}) for s, m in scores]  # noqa: E731
     assert strip(scored[::8]) == strip(here)
     assert len(scored) == len(points) and all(st == "completed" for st, _ in scored)
+
+
+def test_measurements_far_from_any_calibration_keep_the_fit_within_its_bounds(tmp_path):
+    """One H200 capacity trial once pulled bandwidth_efficiency past the calibration's limit,
+    and the error hung the study. Measurements 20x off fit to multipliers at their bounds, the
+    search goes on and its calibration is one the simulator accepts."""
+    from orchestrator.search import fidelity_model as fm
+    from orchestrator.search.fidelity import FidelitySearch, fidelity_metrics
+    from orchestrator.study_engine import SimCalibration
+
+    doc = _doc(tmp_path, "http://127.0.0.1:9")
+    doc["workload"] = {**doc["workload"], "num_requests": 8, "warmup_requests": 0}
+    study = parse_study(doc)
+    notes: list[str] = []
+    search = FidelitySearch(study, note=notes.append)
+    search.prepare()
+    first = search.next_pick()
+    predicted = search.prediction_for(first.params)
+    score = search.scorer([first.params], search.calibration())[0][1]
+    fast = {m: (score[m] * 20 if "throughput" in m else score[m] / 20) for m in fidelity_metrics(study)
+            if isinstance(score.get(m), float)}
+    search.observe(first.params, "completed", fast)
+    cal = search.calibration()
+    SimCalibration(**cal)
+    assert any(abs(cal[f] - fm.BOUNDS[f][1]) < 1e-9 for f in ("compute_efficiency", "bandwidth_efficiency"))
+    assert all(fm.BOUNDS[f][0] <= v <= fm.BOUNDS[f][1] for f, v in cal.items()), cal
+    assert not any("fit failed" in n for n in notes), notes
+    assert search.next_pick() is not None or search.stop_reason
+    assert predicted["output_throughput"] > 0

@@ -91,9 +91,10 @@ def score_in_simulator(study, points: Sequence[Mapping[str, Any]],
 class SimScorer:
     """Scores configurations with the virtual-time simulator under a calibration.
 
-    :meth:`over_cluster` (the whole space, before the first real trial) splits a long list over
-    the Ray cluster's free CPUs, one task per chunk. A call (a refit's shortlist) scores in
-    this process, on one core: trials may be measuring on this node then."""
+    :meth:`over_cluster` splits a long list over the Ray cluster's free CPUs, one task per
+    chunk: the whole space before the first real trial, and a refit's shortlist when no trial
+    is running. A call scores in this process, on one core: while trials measure on this
+    node, the scoring must not take the CPUs their engines and load generators use."""
 
     PARALLEL_MIN = 16  # points below which the tasks' start-up costs more than it saves (a capacity trial: ~1 s)
     CHUNK = 16
@@ -183,8 +184,9 @@ class FidelitySearch:
         self._encode = fm.Encoder(self.study.space, points)
         for p, (status, metrics) in zip(points, self._score(points, self.theta, over_cluster=True)):
             self.candidates[point_key(p)] = _Candidate(dict(p), status, metrics, self.theta.copy())
-        if self.measured:
-            self._refit()
+        if self.measured:  # a resumed run's real trials
+            self._refit(over_cluster=True)
+            self.note(f"fidelity sim: {len(self.measured)} real trial(s) recorded before; {self.describe_calibration()}")
         starts = sum(c.status == "completed" for c in self.candidates.values())
         feasible = sum(self._feasible(c) for c in self.candidates.values())
         self.note(f"fidelity sim: scored {len(points)} of {size} configurations in the simulator in "
@@ -209,11 +211,12 @@ class FidelitySearch:
 
     # ---------------------------------------------------------------- real results
     def observe(self, params: Mapping[str, Any], status: str, metrics: Mapping[str, Any], *,
-                refit: bool = True) -> None:
-        """A real trial's outcome: fit the calibration again and re-rank."""
+                refit: bool = True, cluster_idle: bool = False) -> None:
+        """A real trial's outcome: fit the calibration again and re-rank (the shortlist scored over
+        the cluster when ``cluster_idle``: no trial is running)."""
         self.measured[point_key(params)] = (dict(params), str(status), dict(metrics))
         if refit and self.candidates:
-            self._refit()
+            self._refit(over_cluster=cluster_idle)
             self.note(f"fidelity sim: {len(self.measured)} real trial(s); {self.describe_calibration()}")
             self._record()
 
@@ -227,7 +230,7 @@ class FidelitySearch:
             params = json.loads(row["params_json"])
             self.observe(params, row["status"], {m: row.get(m) for m in self.fit_metrics}, refit=False)
 
-    def _refit(self) -> None:
+    def _refit(self, over_cluster: bool = False) -> None:
         real = [(p, m) for p, s, m in self.measured.values() if s == "completed"]
         if real:
             configs = [p for p, _ in real]
@@ -247,7 +250,8 @@ class FidelitySearch:
             if s == "completed" and k not in todo:
                 self.candidates.setdefault(k, _Candidate(dict(p)))
                 todo.append(k)
-        for k, (status, metrics) in zip(todo, self._score([self.candidates[k].params for k in todo], self.theta)):
+        scores = self._score([self.candidates[k].params for k in todo], self.theta, over_cluster=over_cluster)
+        for k, (status, metrics) in zip(todo, scores):
             c = self.candidates[k]
             c.status, c.metrics, c.theta = status, metrics, self.theta.copy()
         self._ranked = []

@@ -288,7 +288,8 @@ def searcher_class():
             if self._fidelity is not None and params is not None:
                 measured = json.loads(result.get(MEASURED_KEY) or "{}")
                 try:
-                    self._fidelity.observe(params, measured.pop("status", "error"), measured)
+                    self._fidelity.observe(params, measured.pop("status", "error"), measured,
+                                           cluster_idle=not self._picked)  # no other trial in flight
                 except Exception as e:  # noqa: BLE001 - raised here, Tune leaves the trial half-stopped
                     log.warning("fidelity sim: trial %s not taken into the calibration: %s", trial_id, e)
 
