@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import time
 from contextlib import redirect_stdout
 
@@ -93,6 +94,10 @@ def test_the_simulator_screens_and_real_trials_confirm(endpoint, tmp_path):
     after = ((measured["tpot_p50_ms"] - refitted.reindex(measured.index)) / refitted.reindex(measured.index)).abs()
     assert after.notna().all() and (after < first / 2).all(), (first, after.tolist())
     assert (rows["prediction_error_tpot_p50_ms"].abs().iloc[1:] < first / 2).all()
+    # Every configuration is predicted alike here: the first pick is the predicted best (a tie), so it says so.
+    journal = (tmp_path / "out" / "mf" / "optuna.journal").read_text()
+    picks = re.findall(r'"fidelity_pick":\s*"(\w+)"', journal)
+    assert picks and picks[0] == "best", picks
     # The simulator's scores are kept apart from the measured trials.
     assert len(preds) == 8 and (preds["fidelity"] == "sim").all() and preds["measured"].sum() == len(rows)
     assert "predicted_tpot_p50_ms" in preds.columns

@@ -299,13 +299,18 @@ class FidelitySearch:
         mu = np.where(np.isnan(mu), -np.inf if maximize else np.inf, mu)
         gain = chance * fm.expected_gain(mu, sd, self._best_real(), maximize)
         order = np.argsort(-gain, kind="stable")
-        best_mean = [i for i in np.argsort(-mu if maximize else mu, kind="stable") if chance[i] >= 0.5]
-        top = best_mean[0] if best_mean else None
+        likely = chance >= 0.5
+        # "best": predicted as good as any configuration likely to meet the SLOs (ties included:
+        # the capacity search's levels make many configurations predict the same capacity).
+        top = None
+        if likely.any():
+            top = float(mu[likely].max() if maximize else mu[likely].min())
+            top = top if math.isfinite(top) else None
         out = []
         for i in order:
             k = keys[i]
             c = self.candidates[k]
-            reason = "best" if i == top else "information"
+            reason = "best" if top is not None and likely[i] and abs(mu[i] - top) <= 1e-9 else "information"
             out.append((float(gain[i]), k, Pick(dict(c.params), {m: c.metrics.get(m) for m in self.metrics},
                                                 reason, float(gain[i]))))
         return out
