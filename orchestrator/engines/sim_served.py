@@ -33,6 +33,18 @@ def sim_resolve(study, args: EngineArgs) -> EngineArgs:
 
 
 class _SimDeployment(serve_app.AppDeployment):
+    def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float, direct: bool):
+        super().__init__(name, endpoint, teardown_timeout_s)
+        self.direct = direct  # the endpoint is the replica's own server, not Serve's proxy
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        # Serve stops listing an application before its replica's process has exited: the
+        # replica's own server may still answer then. Gone means its port no longer accepts.
+        if self.direct and not _port_closed(self.endpoint.base_url, self.teardown_timeout_s):
+            self._problems.append(f"the replica's server {self.endpoint.base_url} still answers "
+                                  f"{self.teardown_timeout_s:.0f} s after delete")
+
     def health(self) -> Optional[str]:
         try:
             with urllib.request.urlopen(self.endpoint.base_url + "/health", timeout=5) as r:
@@ -104,11 +116,30 @@ class ServedSimEngine(Engine):
         serve_url = self.context.serve_url(route)
         facts = _get_json(serve_url + "/engine_facts")
         base = serve_url
-        if facts.get("direct_url") and facts.get("node_ip") == _node_ip():
+        direct = bool(facts.get("direct_url")) and facts.get("node_ip") == _node_ip()
+        if direct:
             base = facts["direct_url"]  # same host: talk to the replica's own server
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=base + "/metrics",
                                   startup_s=time.monotonic() - t0, facts=facts, node_ip=facts.get("node_ip"))
-        return _SimDeployment(name, endpoint, teardown_timeout_s=60)
+        return _SimDeployment(name, endpoint, teardown_timeout_s=60, direct=direct)
+
+
+def _port_closed(url: str, timeout_s: float) -> bool:
+    """True once nothing accepts connections on ``url``'s host and port (within ``timeout_s``)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((parts.hostname, parts.port), timeout=2):
+                pass
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _node_ip() -> str:
