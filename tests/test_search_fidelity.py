@@ -11,16 +11,13 @@ next prediction must be closer. A real study: local Ray, Tune, Optuna, Parquet.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import re
 import time
-from contextlib import redirect_stdout
 
 import pandas as pd
 import pytest
 
-from orchestrator.results import load_trials
 from orchestrator.study import StudyFileError, parse_study
 
 pytestmark = pytest.mark.slow
@@ -57,21 +54,11 @@ def _doc(tmp_path, url: str, **search) -> dict:
 
 
 def test_the_simulator_screens_and_real_trials_confirm(endpoint, tmp_path):
-    import ray
-
-    from orchestrator.search import run_study
-    from test_search_screening import _tune_trials
+    from test_search_screening import _run, _tune_trials
 
     study = parse_study(_doc(tmp_path, endpoint))  # fidelity_min_gain: the default, 1%
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="orchestrator")
-    printed = io.StringIO()
-    try:
-        with redirect_stdout(printed):
-            run = run_study(study, serve_port=8133)
-    finally:
-        ray.shutdown()
-    out = printed.getvalue()
-    rows = load_trials(run.study_dir).sort_values("trial_number")
+    rows, out = _run(study, serve_port=8133)
+    rows = rows.sort_values("trial_number")
     tuned = _tune_trials(study)
     # Every real trial is a Tune trial and a row; the stop rule ended the run before the budget (every
     # configuration behaves alike here, so once the simulator is calibrated no trial is worth running).

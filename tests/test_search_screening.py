@@ -50,14 +50,15 @@ def _tune_trials(study) -> list[dict]:
     return out
 
 
-def _run(study) -> tuple:
+def _run(study, serve_port: int = 8131) -> tuple:
+    """The study through ``run_study`` on a fresh local Ray: its rows and what it printed."""
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="orchestrator")
     printed = io.StringIO()
     try:
         with redirect_stdout(printed):
-            run = run_study(study, serve_port=8131)
+            run = run_study(study, serve_port=serve_port)
     finally:
         ray.shutdown()
     return load_trials(run.study_dir), printed.getvalue()

@@ -165,7 +165,7 @@ class FidelitySearch:
 
     # ---------------------------------------------------------------- calibration and scoring
     def calibration(self, theta: Optional[np.ndarray] = None) -> dict[str, float]:
-        t = np.clip(self.theta if theta is None else theta, fm.LOG_LO, fm.LOG_HI)
+        t = self.theta if theta is None else theta  # clamped after exp: exp(log(10)) is 10.000000000000002
         return {f: min(max(float(math.exp(v)), fm.BOUNDS[f][0]), fm.BOUNDS[f][1]) for f, v in zip(fm.CAL_FIELDS, t)}
 
     def _score(self, points: Sequence[Mapping[str, Any]], theta: np.ndarray, *,
