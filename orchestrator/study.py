@@ -37,8 +37,8 @@ from orchestrator.study_file import read_study_document
 from orchestrator.study_search import SearchSettings, SearchStage, fidelity_problems, search_problems
 from orchestrator.study_workload import workload_file_problems
 from orchestrator.workload.arrivals import is_rate_driven
-from orchestrator.workload.spec import (ArrivalSpec, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec, WarmupSpec,
-                                        WorkloadSpec)
+from orchestrator.workload.spec import (MAX_RATE, ArrivalSpec, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec,
+                                        WarmupSpec, WorkloadSpec)
 
 # What callers import from here, the engine section and the problem types included.
 __all__ = [
@@ -167,21 +167,25 @@ class SaturationSettings(_Strict):
     confirm: int = Field(default=2, ge=1, le=100, description="consecutive windows the backlog must grow in")
 
 
+MAX_LEVEL_REQUESTS = 1_000_000  # as workload.num_requests
+
+
 class CapacitySpec(_Strict):
     """Capacity search: one deployment, several load levels, the highest rate that meets the SLOs."""
 
     start_rate: Optional[float] = Field(default=None, gt=0, description="first level (default: the workload's rate)")
     min_rate: float = Field(default=0.1, gt=0)
-    max_rate: float = Field(default=1000.0, gt=0)
+    max_rate: float = Field(default=1000.0, gt=0, le=MAX_RATE)
     growth: float = Field(default=2.0, gt=1, le=16, description="rate factor between levels until one fails")
     tolerance: float = Field(default=0.05, gt=0, lt=1,
                              description="stop when (lowest failing - highest passing) / lowest failing <= this")
     max_levels: int = Field(default=10, ge=1, le=100)
-    requests_per_level: Optional[int] = Field(default=None, ge=1, le=1_000_000,
+    requests_per_level: Optional[int] = Field(default=None, ge=1, le=MAX_LEVEL_REQUESTS,
                                               description="default: workload.num_requests")
     level_duration_s: Optional[float] = Field(default=None, gt=0,
                                               description="requests per level = rate x this (instead of a count)")
-    min_requests: int = Field(default=20, ge=1, description="fewest requests of a level (with level_duration_s)")
+    min_requests: int = Field(default=20, ge=1, le=MAX_LEVEL_REQUESTS,
+                              description="fewest requests of a level (with level_duration_s)")
     max_error_rate: float = Field(default=0.0, ge=0, lt=1, description="share of failed requests a level may have")
     slo: Optional[list[Constraint]] = Field(
         default=None, description="what a level must meet; default: the study's constraints on load metrics")
@@ -204,6 +208,10 @@ class CapacitySpec(_Strict):
             raise ValueError("give requests_per_level or level_duration_s, not both")
         if self.start_rate is not None and not self.min_rate <= self.start_rate <= self.max_rate:
             raise ValueError(f"start_rate ({self.start_rate:g}) must lie in [min_rate, max_rate]")
+        if self.level_duration_s is not None and self.max_rate * self.level_duration_s > MAX_LEVEL_REQUESTS:
+            raise ValueError(f"level_duration_s ({self.level_duration_s:g}) at max_rate ({self.max_rate:g}) is "
+                             f"{self.max_rate * self.level_duration_s:.3g} requests a level, more than "
+                             f"{MAX_LEVEL_REQUESTS:,}; lower one of them")
         return self
 
 

@@ -1,8 +1,10 @@
-"""The study's workload files checked against the study: readable, a sane time line, lengths that fit.
+"""The study's workload checked against the study: readable files, a sane time line, lengths that fit.
 
 A trace or dataset that validates line by line can still break every trial: a request
 longer than any configuration's context fails; a day between two requests is a broken
-timestamp. :func:`workload_file_problems` says so at ``validate``, naming the line.
+timestamp. :func:`workload_file_problems` says so at ``validate``, naming the line. A
+synthetic workload whose shortest request is longer than any configuration's context
+would fail every request (and a simulated one would decode it for nothing): the same.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ MAX_TRACE_GAP_S = 86400.0  # a day between two requests is a broken timestamp, n
 
 
 def workload_file_problems(study: "Study") -> list[Problem]:
-    """A trace or dataset file that is missing or malformed (one problem naming its file and line)."""
+    """A trace or dataset file that is missing or malformed (one problem naming its file and line), or
+    synthetic lengths no configuration can serve."""
     wl = study.workload
     if wl.trace is None and wl.dataset is None:
-        return []
+        return synthetic_length_problems(study)
     key = "workload.trace.path" if wl.trace is not None else "workload.dataset.path"
     try:
         entries = load_entries(wl, study.base_dir)
@@ -48,6 +51,36 @@ def workload_file_problems(study: "Study") -> list[Problem]:
         if e.output_len > context:
             return [Problem(key, f"line {e.line}: output_len {e.output_len} is more than the largest max_model_len "
                                  f"any configuration has ({context})")]
+    return []
+
+
+def shortest(spec) -> int:
+    """The fewest tokens a length distribution gives a request."""
+    kind = spec.kind
+    if kind == "fixed":
+        return spec.value
+    if kind == "choice":
+        return min(spec.values)
+    return spec.min  # uniform, normal, lognormal: clipped there
+
+
+def synthetic_length_problems(study: "Study") -> list[Problem]:
+    """Lengths so long that every request is longer than any configuration's context."""
+    wl = study.workload
+    if wl.input_len is None or wl.output_len is None:
+        return []
+    try:
+        context = _largest_context(study)
+    except (KeyError, OSError, ValueError):  # a model the catalog does not know: the engine will say
+        return []
+    inp, out = shortest(wl.input_len), shortest(wl.output_len)
+    if out > context:
+        return [Problem("workload.output_len", f"at least {out} tokens, more than the largest max_model_len any "
+                                               f"configuration has ({context}); every request would fail")]
+    if inp + out > context:
+        return [Problem("workload.input_len", f"input_len (at least {inp}) + output_len (at least {out}) is more "
+                                              f"than the largest max_model_len any configuration has ({context}); "
+                                              "every request would fail")]
     return []
 
 

@@ -231,3 +231,52 @@ def test_trace_gaps_and_lengths_are_checked_against_the_study(tmp_path, study_do
     assert r.returncode == 2
     (line,) = problem_lines(r)
     assert line.startswith(f"{f}: workload.trace.path: {expected}"), line
+
+
+# ------------------------------------------------------------------ loads no run can hold
+# Each of these validated and then grew one trial's process without bound (a hypothesis-drawn
+# study once ran a 2-core, 24 GiB machine out of memory): a steady warm-up at the trial's own
+# rate sends every request due before its first check, a closed loop sends `concurrency` at once,
+# a level's count is rate x duration, and a simulated engine decodes any output length.
+@pytest.mark.parametrize("workload, key, expected", [
+    ({"arrival": {"kind": "poisson", "rate": 723052076}}, "workload.arrival.rate",
+     "Input should be less than or equal to 10000 (got 723052076)"),
+    ({"arrival": {"kind": "ramp", "start_rate": 1, "end_rate": 1e7}}, "workload.arrival.end_rate",
+     "Input should be less than or equal to 10000"),
+    ({"arrival": {"kind": "concurrency", "concurrency": 10 ** 9}}, "workload.arrival.concurrency",
+     "Input should be less than or equal to 10000"),
+    ({"output_len": 723052076}, "workload.output_len",
+     "at least 723052076 tokens, more than the largest max_model_len any configuration has (4096); every "
+     "request would fail"),
+    ({"input_len": {"kind": "uniform", "min": 4000, "max": 5000}, "output_len": 200}, "workload.input_len",
+     "input_len (at least 4000) + output_len (at least 200) is more than the largest max_model_len any "
+     "configuration has (4096)"),
+])
+def test_loads_no_run_can_hold_are_a_validate_error(tmp_path, study_doc, workload, key, expected):
+    study_doc["workload"] = {**study_doc["workload"], **workload}
+    study_doc["space"]["max_model_len"] = [2048, 4096]
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    r = validate(f)
+    assert r.returncode == 2
+    (line,) = problem_lines(r)
+    assert line.startswith(f"{f}: {key}: {expected}"), line
+
+
+def test_a_capacity_level_beyond_a_million_requests_is_a_validate_error(tmp_path, study_doc):
+    study_doc["capacity"] = {"max_rate": 1000, "level_duration_s": 86400}
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    r = validate(f)
+    assert r.returncode == 2
+    (line,) = problem_lines(r)
+    assert line.startswith(f"{f}: capacity: level_duration_s (86400) at max_rate (1000) is 8.64e+07 requests a "
+                           "level, more than 1,000,000"), line
+
+
+def test_long_synthetic_requests_that_fit_the_model_still_validate(tmp_path, study_doc):
+    """Without max_model_len in the space the model's own context is the limit (131072 here)."""
+    study_doc["workload"] = {**study_doc["workload"], "input_len": 60000, "output_len": 60000}
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    assert validate(f).returncode == 0

@@ -83,29 +83,34 @@ def _length_shorthand(value):
 
 
 # ---------------------------------------------------------------- arrivals
+# Loads beyond any one deployment and any one load generator. A steady warm-up sends the
+# trial's own load for seconds before it can judge it: at a rate of millions per second that
+# is millions of requests in memory before the first check.
+MAX_RATE = 10_000.0  # requests per second
+MAX_CONCURRENCY = 10_000  # requests in flight
 class PoissonArrival(_Strict):
     kind: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0, description="requests per second")
+    rate: float = Field(gt=0, le=MAX_RATE, description="requests per second")
 
 
 class GammaArrival(_Strict):
     """Gamma inter-arrival times; burstiness < 1 is burstier than Poisson (vLLM's ``--burstiness``)."""
 
     kind: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0)
+    rate: float = Field(gt=0, le=MAX_RATE)
     burstiness: float = Field(gt=0)
 
 
 class ConstantArrival(_Strict):
     kind: Literal["constant"] = "constant"
-    rate: float = Field(gt=0)
+    rate: float = Field(gt=0, le=MAX_RATE)
 
 
 class ConcurrencyArrival(_Strict):
     """Closed loop: keep this many requests in flight."""
 
     kind: Literal["concurrency"] = "concurrency"
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
 
 
 class BurstArrival(_Strict):
@@ -123,8 +128,8 @@ class RampArrival(_Strict):
     """
 
     kind: Literal["ramp"] = "ramp"
-    start_rate: float = Field(gt=0)
-    end_rate: float = Field(gt=0)
+    start_rate: float = Field(gt=0, le=MAX_RATE)
+    end_rate: float = Field(gt=0, le=MAX_RATE)
     shape: Literal["linear", "exponential"] = "linear"
     burstiness: float = Field(default=1.0, gt=0)
 
@@ -138,7 +143,7 @@ class DiurnalArrival(_Strict):
     """
 
     kind: Literal["diurnal"] = "diurnal"
-    rate: float = Field(gt=0, description="mean requests per second")
+    rate: float = Field(gt=0, le=MAX_RATE, description="mean requests per second")
     period_s: float = Field(gt=0, description="length of one cycle in seconds")
     amplitude: float = Field(default=0.5, ge=0, lt=1)
     phase: float = Field(default=0.0, ge=0, lt=1, description="fraction of a period at t = 0")
