@@ -292,7 +292,8 @@ class _PredictionWriter:
 def _fidelity_search(study: Study, store, printer, sink, run_id: str) -> FidelitySearch:
     """``search.fidelity: sim``: the space scored by the simulator before the first real trial."""
     fidelity = FidelitySearch(study, note=printer.note, record=_PredictionWriter(sink, run_id))
-    fidelity.observe_rows(store.read_trials())  # a resumed run's real trials count
+    levels = store.read_levels() if study.capacity is not None else None
+    fidelity.observe_rows(store.read_trials(), levels)  # a resumed run's real trials count
     try:
         fidelity.prepare()
     except (KeyError, FileNotFoundError, ValueError) as e:

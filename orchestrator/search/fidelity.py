@@ -38,8 +38,15 @@ PICK_ATTR = "fidelity_pick"  # on the Optuna trial: why it was picked (best, inf
 RESCORE_TOP = 32
 RESCORE_LONG = 160
 RESCORE_SHIFT = 0.1
+# A capacity trial's load levels the calibration is fitted to: those nearest its capacity (the knee
+# of its curve says most about the step costs; each level is one simulation per evaluation of the fit).
+FIT_LEVELS = 3
+# Metrics a queue or the client dominates on an overloaded or harness-bound level: not the engine's.
+WAIT_METRICS = ("ttft", "e2el")
 
-Scorer = Callable[[Sequence[Mapping[str, Any]], Mapping[str, float]], list[tuple[str, dict]]]
+# scorer(points, calibration[, rates]): each point's status and metrics; with ``rates``, point i
+# served at rates[i] requests per second as one load window (a capacity study's level).
+Scorer = Callable[..., list[tuple[str, dict]]]
 
 
 def study_metrics(study) -> list[str]:
@@ -72,18 +79,59 @@ def point_key(params: Mapping[str, Any]) -> tuple:
     return tuple(sorted((k, round(v, 9) if isinstance(v, float) else v) for k, v in params.items()))
 
 
-def score_in_simulator(study, points: Sequence[Mapping[str, Any]],
-                       calibration: Mapping[str, float]) -> list[tuple[str, dict]]:
-    """Each configuration's status and metrics from the virtual-time simulator under ``calibration``."""
+def fit_levels(study, level_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A capacity trial's load levels as the calibration fit compares them with the simulator.
+
+    A trial's own metrics are measured at its capacity and a prediction's at the predicted
+    capacity: two load levels. Each level is instead compared with the simulator at the
+    level's own rate. At most :data:`FIT_LEVELS`, nearest the capacity. A level stopped early
+    is left out (its requests in flight were aborted); so are the TTFT and E2E of an
+    overloaded or harness-bound level (a queue or the client, not the engine:
+    :func:`orchestrator.sim.measured_replay.level_mark`). Each: ``rate`` and the metrics scored."""
+    from orchestrator.sim.measured_replay import is_set, level_mark
+
+    rows = [dict(r) for r in level_rows if _float(r.get("rate"))]
+    ran = [r for r in rows if not is_set(r.get("stopped_early"))]
+    ttfts = [v for r in ran if (v := _float(r.get("ttft_p50_ms")))]
+    if not ran or not ttfts:
+        return []
+    passed = [r["rate"] for r in ran if is_set(r.get("slo_met"))]
+    knee = max(passed) if passed else min(r["rate"] for r in ran)
+    out = []
+    for r in sorted(ran, key=lambda r: (abs(math.log(r["rate"] / knee)), r["rate"]))[:FIT_LEVELS]:
+        mark, _ = level_mark({**r, "ttft_p50_ms": _float(r.get("ttft_p50_ms")) or math.inf}, min(ttfts))
+        level = {"rate": float(r["rate"])}
+        for m in fidelity_metrics(study):
+            v = _float(r.get(m))
+            if v is not None and not (mark is not None and m.startswith(WAIT_METRICS)):
+                level[m] = v
+        out.append(level)
+    return sorted(out, key=lambda lv: lv["rate"])
+
+
+def score_in_simulator(study, points: Sequence[Mapping[str, Any]], calibration: Mapping[str, float],
+                       rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
+    """Each configuration's status and metrics from the virtual-time simulator under ``calibration``;
+    with ``rates``, point i as one load window at ``rates[i]`` (a capacity study's level there)."""
+    from orchestrator.capacity import level_workload
+    from orchestrator.load_phase import study_requests
     from orchestrator.study_engine import SimCalibration, SimEngineSpec
     from orchestrator.trial import TrialContext, execute_trial
 
     engine = SimEngineSpec(kind="sim", mode="virtual", calibration=SimCalibration(**calibration))
     sim = study.model_copy(update={"engine": engine})
     ctx = TrialContext(run_id="fidelity")
+    base_rate = None
+    if rates is not None and sim.capacity is not None and sim.workload.trace is not None:
+        base_rate = study_requests(sim).requested_rate  # a trace's own rate, as a level rescales it
     out = []
-    for p in points:
-        r = execute_trial(sim, dict(p), trial_id="fidelity", trial_number=0, ctx=ctx)
+    for i, p in enumerate(points):
+        at = sim
+        rate = rates[i] if rates is not None else None
+        if rate is not None and sim.capacity is not None:
+            at = sim.model_copy(update={"capacity": None,
+                                        "workload": level_workload(sim.workload, rate, sim.capacity, base_rate)})
+        r = execute_trial(at, dict(p), trial_id="fidelity", trial_number=0, ctx=ctx)
         out.append((r.status.value, r.measured()))
     return out
 
@@ -102,20 +150,23 @@ class SimScorer:
     def __init__(self, study):
         self.study = study
 
-    def __call__(self, points: Sequence[Mapping[str, Any]], calibration: Mapping[str, float]) -> list[tuple[str, dict]]:
-        return score_in_simulator(self.study, points, calibration)
+    def __call__(self, points: Sequence[Mapping[str, Any]], calibration: Mapping[str, float],
+                 rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
+        return score_in_simulator(self.study, points, calibration, rates)
 
-    def over_cluster(self, points: Sequence[Mapping[str, Any]],
-                     calibration: Mapping[str, float]) -> list[tuple[str, dict]]:
+    def over_cluster(self, points: Sequence[Mapping[str, Any]], calibration: Mapping[str, float],
+                     rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
         cpus = _free_ray_cpus() if len(points) >= self.PARALLEL_MIN else 0
         if cpus < 2:
-            return score_in_simulator(self.study, points, calibration)
+            return score_in_simulator(self.study, points, calibration, rates)
         import ray
 
         size = max(self.CHUNK // 4, min(self.CHUNK, -(-len(points) // cpus)))
         task = ray.remote(num_cpus=1)(score_in_simulator)
         study = ray.put(self.study)
-        refs = [task.remote(study, list(points[i:i + size]), dict(calibration)) for i in range(0, len(points), size)]
+        refs = [task.remote(study, list(points[i:i + size]), dict(calibration),
+                            None if rates is None else list(rates[i:i + size]))
+                for i in range(0, len(points), size)]
         return [r for chunk in ray.get(refs) for r in chunk]
 
 
@@ -168,10 +219,12 @@ class FidelitySearch:
         t = self.theta if theta is None else theta  # clamped after exp: exp(log(10)) is 10.000000000000002
         return {f: min(max(float(math.exp(v)), fm.BOUNDS[f][0]), fm.BOUNDS[f][1]) for f, v in zip(fm.CAL_FIELDS, t)}
 
-    def _score(self, points: Sequence[Mapping[str, Any]], theta: np.ndarray, *,
-               over_cluster: bool = False) -> list[tuple[str, dict]]:
+    def _score(self, points: Sequence[Mapping[str, Any]], theta: np.ndarray, *, over_cluster: bool = False,
+               rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
         self.scored += len(points)
         score = getattr(self.scorer, "over_cluster", self.scorer) if over_cluster else self.scorer
+        if rates is not None and any(r is not None for r in rates):
+            return score(points, self.calibration(theta), rates)
         return score(points, self.calibration(theta))
 
     def prepare(self) -> None:
@@ -185,7 +238,7 @@ class FidelitySearch:
         for p, (status, metrics) in zip(points, self._score(points, self.theta, over_cluster=True)):
             self.candidates[point_key(p)] = _Candidate(dict(p), status, metrics, self.theta.copy())
         if self.measured:  # a resumed run's real trials
-            self._refit(over_cluster=True)
+            self.refit(over_cluster=True)
             self.note(f"fidelity sim: {len(self.measured)} real trial(s) recorded before; {self.describe_calibration()}")
         starts = sum(c.status == "completed" for c in self.candidates.values())
         feasible = sum(self._feasible(c) for c in self.candidates.values())
@@ -216,28 +269,51 @@ class FidelitySearch:
         the cluster when ``cluster_idle``: no trial is running)."""
         self.measured[point_key(params)] = (dict(params), str(status), dict(metrics))
         if refit and self.candidates:
-            self._refit(over_cluster=cluster_idle)
+            self.refit(over_cluster=cluster_idle)
             self.note(f"fidelity sim: {len(self.measured)} real trial(s); {self.describe_calibration()}")
             self._record()
 
-    def observe_rows(self, frame) -> None:
-        """Real trials recorded earlier (a resumed run): taken in without a fit each."""
+    def observe_rows(self, frame, levels=None) -> None:
+        """Real trials recorded earlier (a resumed run), with their load levels (a capacity
+        study's ``levels`` table): taken in without a fit each."""
         if frame is None or len(frame) == 0 or "params_json" not in frame.columns:
             return
+        by_trial: dict[str, list[dict]] = {}
+        if self.study.capacity is not None and levels is not None and len(levels):
+            for row in levels.to_dict("records"):
+                by_trial.setdefault(row["trial_id"], []).append(row)
         for _, row in frame.iterrows():
             if row.get("fidelity", "real") == "sim":
                 continue
             params = json.loads(row["params_json"])
-            self.observe(params, row["status"], {m: row.get(m) for m in self.fit_metrics}, refit=False)
+            measured = {m: row.get(m) for m in self.fit_metrics}
+            if row["trial_id"] in by_trial:
+                measured["levels"] = fit_levels(self.study, by_trial[row["trial_id"]])
+            self.observe(params, row["status"], measured, refit=False)
 
-    def _refit(self, over_cluster: bool = False) -> None:
-        real = [(p, m) for p, s, m in self.measured.values() if s == "completed"]
-        if real:
-            configs = [p for p, _ in real]
-            measured = [m for _, m in real]
+    def _fit_set(self) -> tuple[list[dict], list[Optional[float]], list[dict]]:
+        """What the calibration is fitted to: configurations, the rate each is simulated at (None:
+        as the study runs it) and the measured metrics. A capacity trial with levels counts as its
+        levels (:func:`fit_levels`), any other real trial as its own metrics."""
+        configs, rates, measured = [], [], []
+        for p, s, m in self.measured.values():
+            if s != "completed":
+                continue
+            levels = m.get("levels") if self.study.capacity is not None else None
+            for lv in levels or [None]:
+                configs.append(p)
+                rates.append(None if lv is None else lv["rate"])
+                measured.append(m if lv is None else lv)
+        return configs, rates, measured
+
+    def refit(self, over_cluster: bool = False) -> None:
+        """Fit the calibration to every real trial so far, then score the shortlist again under it."""
+        configs, rates, measured = self._fit_set()
+        if configs:
             try:
                 self.theta, self.fit_rms = fm.fit_calibration(
-                    lambda th: [mm for _, mm in self._score(configs, th)], measured, self.fit_metrics, self.theta)
+                    lambda th: [mm for _, mm in self._score(configs, th, rates=rates, over_cluster=over_cluster)],
+                    measured, self.fit_metrics, self.theta)
             except Exception as e:  # noqa: BLE001 - a failed fit must not end the study: keep the last one
                 self.note(f"fidelity sim: calibration fit failed ({type(e).__name__}: {e}); keeping the last one")
         shift = float(np.max(np.abs(self.theta - self.theta_full)))

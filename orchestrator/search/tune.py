@@ -15,14 +15,14 @@ import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from orchestrator.failures import Failure, FailureKind, TrialStatus, root_message
 from orchestrator.judge import Judgement
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.rows import trial_row
 from orchestrator.results.schema import requests_to_table
-from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, prediction_columns
+from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, prediction_columns
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.study import Study
 from orchestrator.trial import TrialContext, execute_trial, judge_result
@@ -57,11 +57,13 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
             ray.get(sink.write.remote(row, table, levels))
         except Exception as e:  # noqa: BLE001 - reported, and the driver stops the study
             report = dataclasses.replace(report, write_error=root_message(e))
-    tune.report(tune_result(study, row, judgement, report))
+    tune.report(tune_result(study, row, judgement, report, levels=result.levels))
 
 
-def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerReport) -> dict[str, Any]:
-    """What a trial reports to Tune: the sampler's report, and what the progress line shows."""
+def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerReport,
+                levels: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """What a trial reports to Tune: the sampler's report, what the progress line shows, and
+    (``search.fidelity: sim``) what the calibration is fitted to: ``levels``, a capacity search's rows."""
     out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, judgement.optuna_values())}
     out[REPORT_KEY] = report.to_tune()
     out["status"] = row["status"] if report.write_error is None else "not recorded"
@@ -71,8 +73,10 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
     out["failure_kind"] = row.get("failure_kind") or ""
     out["harness_bound"] = bool(row.get("harness_bound"))
     if study.search.fidelity == "sim":  # what the searcher fits the simulator's calibration to
-        out[MEASURED_KEY] = json.dumps({**{m: row.get(m) for m in fidelity_metrics(study)}, "status": row["status"]},
-                                       default=str)
+        measured = {**{m: row.get(m) for m in fidelity_metrics(study)}, "status": row["status"]}
+        if study.capacity is not None:
+            measured["levels"] = fit_levels(study, levels)
+        out[MEASURED_KEY] = json.dumps(measured, default=str)
     return out
 
 

@@ -88,7 +88,7 @@ def ingress_points(folder: str, gpu_name: str = "H200") -> list[Point]:
     return points
 
 
-def _flag(value) -> bool:
+def is_set(value) -> bool:
     """A boolean column's value; missing (None / NaN) is False."""
     return value is not None and not (isinstance(value, float) and np.isnan(value)) and bool(value)
 
@@ -96,14 +96,14 @@ def _flag(value) -> bool:
 def level_mark(lv, low_ttft_ms: float) -> tuple[Optional[str], str]:
     """The point's mark from the real level's own columns (module docstring); ``low_ttft_ms``:
     the lowest TTFT p50 among the configuration's levels that ran to the end."""
-    if _flag(lv.get("stopped_early")):
+    if is_set(lv.get("stopped_early")):
         return "aborted", f"stopped early, {int(lv.get('failed_aborted') or 0)} requests aborted"
-    if _flag(lv.get("saturated")):
+    if is_set(lv.get("saturated")):
         return "overloaded", "saturation detector fired"
     ratio = float(lv["ttft_p50_ms"]) / low_ttft_ms
     if ratio > QUEUED_TTFT_RATIO:
         return "overloaded", f"TTFT p50 {ratio:.1f}x the configuration's lowest ({low_ttft_ms:.0f} ms): queued"
-    if _flag(lv.get("harness_bound")):
+    if is_set(lv.get("harness_bound")):
         return "harness-bound", str(lv.get("harness_bound_reason") or "harness_bound")
     return None, ""
 
@@ -128,7 +128,7 @@ def study_points(path: str) -> list[Point]:
     for _, t in trials.sort_values("trial_number").iterrows():
         args = engine.resolve(dataclasses.replace(engine_args_of(t), extra={}))
         mine = levels[levels["trial_id"] == t["trial_id"]].sort_values("level")
-        ran = mine[[not _flag(v) for v in mine["stopped_early"]]]
+        ran = mine[[not is_set(v) for v in mine["stopped_early"]]]
         low_ttft = float(ran["ttft_p50_ms"].min()) if len(ran) else float("nan")
         for _, lv in mine.iterrows():
             # The level's own request set, exactly as the real trial drew it (prompts of its own).
