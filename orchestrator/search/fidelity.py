@@ -237,8 +237,8 @@ class FidelitySearch:
         self._encode = fm.Encoder(self.study.space, points)
         for p, (status, metrics) in zip(points, self._score(points, self.theta, over_cluster=True)):
             self.candidates[point_key(p)] = _Candidate(dict(p), status, metrics, self.theta.copy())
-        if self.measured:  # a resumed run's real trials
-            self.refit(over_cluster=True)
+        if self.measured:  # a resumed run's real trials: as many iterations as their fits had, from none
+            self.refit(over_cluster=True, iterations=fm.FIT_ITERATIONS * len(self.measured))
             self.note(f"fidelity sim: {len(self.measured)} real trial(s) recorded before; {self.describe_calibration()}")
         starts = sum(c.status == "completed" for c in self.candidates.values())
         feasible = sum(self._feasible(c) for c in self.candidates.values())
@@ -306,14 +306,14 @@ class FidelitySearch:
                 measured.append(m if lv is None else lv)
         return configs, rates, measured
 
-    def refit(self, over_cluster: bool = False) -> None:
+    def refit(self, over_cluster: bool = False, iterations: int = fm.FIT_ITERATIONS) -> None:
         """Fit the calibration to every real trial so far, then score the shortlist again under it."""
         configs, rates, measured = self._fit_set()
         if configs:
             try:
                 self.theta, self.fit_rms = fm.fit_calibration(
                     lambda th: [mm for _, mm in self._score(configs, th, rates=rates, over_cluster=over_cluster)],
-                    measured, self.fit_metrics, self.theta)
+                    measured, self.fit_metrics, self.theta, iterations)
             except Exception as e:  # noqa: BLE001 - a failed fit must not end the study: keep the last one
                 self.note(f"fidelity sim: calibration fit failed ({type(e).__name__}: {e}); keeping the last one")
         shift = float(np.max(np.abs(self.theta - self.theta_full)))

@@ -89,19 +89,19 @@ def _residuals(measured: Sequence[Mapping[str, Any]], predicted: Sequence[Mappin
 
 def fit_calibration(predict: Callable[[np.ndarray], list[Mapping[str, Any]]],
                     measured: Sequence[Mapping[str, Any]], metrics: Sequence[str],
-                    theta0: np.ndarray) -> tuple[np.ndarray, float]:
+                    theta0: np.ndarray, iterations: int = FIT_ITERATIONS) -> tuple[np.ndarray, float]:
     """log multipliers minimising the squared log errors (+ ridge); and the final RMS log error.
 
     ``predict(theta)`` simulates every measured configuration under the multipliers
     ``exp(theta)``. Levenberg-Marquardt with forward differences, a few iterations from
-    ``theta0`` (the last fit): each iteration costs ``len(theta) + 1`` simulations of the set."""
+    ``theta0`` (the last fit), ``iterations`` at most: each costs ``len(theta) + 1`` simulations of the set."""
     theta = np.clip(np.asarray(theta0, dtype=float), LOG_LO, LOG_HI)
     r = _residuals(measured, predict(theta), metrics, theta)
     n_data = len(r) - len(theta)
     if n_data == 0:
         return theta, 0.0
     cost, damping = float(r @ r), 1e-2
-    for _ in range(FIT_ITERATIONS):
+    for _ in range(iterations):
         jac = np.empty((len(r), len(theta)))
         for i in range(len(theta)):
             t = theta.copy()
