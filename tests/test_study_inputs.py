@@ -36,6 +36,16 @@ def problem_lines(r: subprocess.CompletedProcess) -> list[str]:
     return [line for line in r.stderr.splitlines() if line.strip()]
 
 
+def the_one_problem(tmp_path: Path, doc: dict) -> tuple[Path, str]:
+    """``doc`` as a study file, refused by ``validate`` with exactly one problem: the file and its line."""
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    r = validate(f)
+    assert r.returncode == 2, r.stdout
+    (line,) = problem_lines(r)
+    return f, line
+
+
 # ------------------------------------------------------------------ duplicate keys
 def test_duplicate_yaml_keys_are_an_error_naming_key_path_and_line(tmp_path, study_doc):
     text = yaml.safe_dump(study_doc, sort_keys=False)
@@ -104,11 +114,7 @@ def test_initial_points_are_checked_against_the_space(tmp_path, study_doc, point
     study_doc["space"]["gpu_memory_utilization"] = {"type": "float", "low": 0.8, "high": 0.9, "step": 0.05}
     study_doc["space"]["enforce_eager"] = False
     study_doc["search"] = {"initial_points": [point]}
-    f = tmp_path / "s.yaml"
-    f.write_text(yaml.safe_dump(study_doc))
-    r = validate(f)
-    assert r.returncode == 2
-    (line,) = problem_lines(r)
+    f, line = the_one_problem(tmp_path, study_doc)
     assert line.startswith(f"{f}: {expected}"), line
 
 
@@ -255,21 +261,13 @@ def test_trace_gaps_and_lengths_are_checked_against_the_study(tmp_path, study_do
 def test_loads_no_run_can_hold_are_a_validate_error(tmp_path, study_doc, workload, key, expected):
     study_doc["workload"] = {**study_doc["workload"], **workload}
     study_doc["space"]["max_model_len"] = [2048, 4096]
-    f = tmp_path / "s.yaml"
-    f.write_text(yaml.safe_dump(study_doc))
-    r = validate(f)
-    assert r.returncode == 2
-    (line,) = problem_lines(r)
+    f, line = the_one_problem(tmp_path, study_doc)
     assert line.startswith(f"{f}: {key}: {expected}"), line
 
 
 def test_a_capacity_level_beyond_a_million_requests_is_a_validate_error(tmp_path, study_doc):
     study_doc["capacity"] = {"max_rate": 1000, "level_duration_s": 86400}
-    f = tmp_path / "s.yaml"
-    f.write_text(yaml.safe_dump(study_doc))
-    r = validate(f)
-    assert r.returncode == 2
-    (line,) = problem_lines(r)
+    f, line = the_one_problem(tmp_path, study_doc)
     assert line.startswith(f"{f}: capacity: level_duration_s (86400) at max_rate (1000) is 8.64e+07 requests a "
                            "level, more than 1,000,000"), line
 
