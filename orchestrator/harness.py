@@ -24,7 +24,10 @@ client-side numbers describe the harness, not the configuration under test.
   otherwise the engine also counted tokens of requests the client gave up on.
 
 The client can never be faster than the engine for the same requests; if it seems to
-be (e.g. another client shares an external endpoint), nothing is flagged.
+be (e.g. another client shares an external endpoint), nothing is flagged. When a row is
+flagged and the load generator's own p99 send lag (``sched_lag_p99_ms``) exceeds
+``CLIENT_LAG_MS``, the reason says so: a client short of CPU delays its reads as much as
+its sends, and the excess is then partly the client's, not the path's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any, Mapping, Optional
 TTFT_RELATIVE = 0.10
 TTFT_FLOOR_MS = 20.0
 THROUGHPUT_RELATIVE = 0.10
+CLIENT_LAG_MS = TTFT_FLOOR_MS  # a p99 send lag above it is named next to a harness-bound verdict
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,12 @@ def harness_verdict(metrics: Mapping[str, Any]) -> HarnessVerdict:
 
     if not judged:
         return HarnessVerdict(None)
+    lag = _num(metrics, "sched_lag_p99_ms")
+    if reasons and lag is not None and lag > CLIENT_LAG_MS:
+        # The client is part of the harness: on a busy client machine its own event loop, not the
+        # path, can hold the first tokens (and the sends), and the user needs to know which.
+        reasons.append(f"the load generator lagged too (p99 send lag {lag:,.0f} ms): part of it is the "
+                       "client's own CPU, not the path")
     return HarnessVerdict(bool(reasons), "; ".join(reasons) or None)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.engines.sim_metrics import HISTOGRAMS as SIM_HISTOGRAMS
 from orchestrator.engines.sim_metrics import SimRequestMetrics
-from orchestrator.harness import TTFT_FLOOR_MS, harness_bound_mask, harness_verdict
+from orchestrator.harness import CLIENT_LAG_MS, TTFT_FLOOR_MS, harness_bound_mask, harness_verdict
 from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, known_metric_names
 from orchestrator.sim.core import TokenOutput
 from orchestrator.engine_window import EngineSnapshot, Histogram, engine_snapshot, engine_window_metrics
@@ -193,6 +193,21 @@ def test_harness_bound_on_throughput():
     both = harness_verdict({**base, "output_throughput": 500.0, "engine_output_throughput": 1000.0,
                             "ttft_p50_ms": 900.0, "engine_ttft_p50_ms": 90.0})
     assert both.bound and both.reason.count(";") == 1
+
+
+def test_a_lagging_load_generator_is_named_next_to_the_verdict():
+    # Measured on a 2-core machine under load: the client's loop stalled ~0.7 s, its sends ran late
+    # and its first-token reads with them; the excess over the engine is then partly the client's.
+    lagging = {"ttft_p50_ms": 1219.0, "engine_ttft_p50_ms": 212.0, "engine_ttft_p50_upper_ms": 250.0,
+               "sched_lag_p99_ms": 904.0}
+    v = harness_verdict(lagging)
+    assert v.bound is True
+    assert v.reason.startswith("client TTFT p50 1,219 ms vs engine 212 ms (at most 250 ms)")
+    assert v.reason.endswith("the load generator lagged too (p99 send lag 904 ms): part of it is the client's "
+                             "own CPU, not the path")
+    # A lag at or under the floor, or a row not flagged, says nothing about the client.
+    assert "lagged" not in harness_verdict({**lagging, "sched_lag_p99_ms": CLIENT_LAG_MS}).reason
+    assert harness_verdict({"ttft_p50_ms": 30.0, "engine_ttft_p50_ms": 30.0, "sched_lag_p99_ms": 900.0}).reason is None
 
 
 def test_not_judged_without_engine_numbers():
