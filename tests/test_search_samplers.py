@@ -102,18 +102,28 @@ def test_pruned_configuration_reaches_the_sampler_as_a_violated_constraint(study
     assert ok["status"] == "completed" and ok_trial.constraints["engine_started"] <= 0
 
 
-def test_grid_goes_on_after_a_resumed_trial_that_never_got_parameters(study_doc):
-    """A driver killed between ask and suggest leaves a parameterless trial that resume marks
-    failed; the grid sampler must still walk the whole grid (Optuna's own raises on it)."""
-    from optuna.trial import TrialState
+@pytest.mark.parametrize("suggested", [0, 1], ids=["no-parameter", "first-parameter-only"])
+def test_grid_goes_on_after_a_trial_a_stopped_driver_left_behind(tmp_path, study_doc, suggested):
+    """A driver stopped between ask and its last suggest (killed, or its disk full in the middle
+    of the journal: seen in the full-disk test) leaves a trial with none or some of its
+    parameters. Resume marks it failed and queues those parameters again; the grid sampler must
+    still walk the whole grid (Optuna's own takes the trial for a leaf: "param_name mismatch")."""
+    import pandas as pd
+
+    from orchestrator.search.reconcile import reconcile
+    from orchestrator.search.state import optuna_storage
 
     doc = copy.deepcopy(study_doc)
     doc["space"] = {"max_num_seqs": [8, 16], "max_num_batched_tokens": [1024, 2048]}
     doc["search"] = {"sampler": "grid"}
     study = parse_study(doc)
-    ostudy = optuna.create_study(directions=study.directions, sampler=make_sampler(study, concurrent=False))
+    storage = optuna_storage(tmp_path)
+    ostudy = optuna.create_study(storage=storage, study_name="s", directions=study.directions,
+                                 sampler=make_sampler(study, concurrent=False))
     orphan = ostudy.ask()
-    ostudy._storage.set_trial_state_values(orphan._trial_id, TrialState.FAIL)  # noqa: SLF001 - as resume does
+    for name in study.space.ordered_names()[:suggested]:
+        study.space.params[name].suggest(orphan, name)
+    assert reconcile(study, storage, "s", pd.DataFrame()).retried == [orphan.number]
     seen = set()
     for _ in range(4):
         trial, params = ask_distinct(ostudy, study.space)
