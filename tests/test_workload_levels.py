@@ -61,15 +61,16 @@ def lcp(a: tuple, b: tuple) -> int:
 
 # ---------------------------------------------------------------- level 0 is today's workload
 def test_level_zero_is_the_workload_as_it_always_was(tmp_path):
-    """Digests of the requests the code made before levels existed (same specs, same seeds)."""
+    """Digests of the requests the code made before levels existed (same specs, same seeds; the
+    rate-driven ones since their gaps are rescaled to the requested rate, as vLLM does)."""
     closed = {"arrival": {"kind": "concurrency", "concurrency": 3}, "num_requests": 10, "warmup_requests": 1,
               "input_len": 12, "output_len": 4}
     trace = {"trace": {"path": "chat", "max_requests": 30}, "warmup_requests": 2}
-    assert digest(build_requests(synthetic(), 11, VOCAB)) == "96e6ae645985baeb"
-    assert digest(build_requests(synthetic(), 11, VOCAB, level=0)) == "96e6ae645985baeb"
+    assert digest(build_requests(synthetic(), 11, VOCAB)) == "e06817aaa679a6b5"
+    assert digest(build_requests(synthetic(), 11, VOCAB, level=0)) == "e06817aaa679a6b5"
     assert digest(build_requests(WorkloadSpec.model_validate(closed), 2, VOCAB)) == "c6bde14f40d5cd20"
     assert digest(build_requests(WorkloadSpec.model_validate(trace), 4, VOCAB)) == "e83a143a2ac7c481"
-    assert digest(build_requests(dataset_spec(tmp_path), 5, VOCAB)) == "47046287c3ecffc5"
+    assert digest(build_requests(dataset_spec(tmp_path), 5, VOCAB)) == "7f383af868ddded6"
 
 
 # ---------------------------------------------------------------- fresh prompts per level

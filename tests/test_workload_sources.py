@@ -175,3 +175,15 @@ def test_trial_reports_requested_and_achieved_rate_for_every_arrival_kind(study_
     else:  # the virtual client sends exactly on time: achieved is the schedule's own rate
         assert row["achieved_rate"] == pytest.approx(59 / (due_s[-1] - due_s[0]))
         assert row["sched_lag_p99_ms"] == 0 and row["loadgen_overloaded"] == 0
+
+
+@pytest.mark.parametrize("arrival", [{"kind": "poisson", "rate": 40}, {"kind": "gamma", "rate": 40, "burstiness": 0.5}])
+def test_a_window_realises_the_rate_it_asks_for_whatever_the_seed(arrival):
+    """The last of n requests is due at (n - 1) / rate (vLLM's rescaling): the seed draws only the bursts."""
+    spec = WorkloadSpec.model_validate({"arrival": arrival, "num_requests": 480}).arrival
+    spans = [due(spec, 480, seed)[-1] for seed in range(5)]
+    assert spans == pytest.approx([479 / 40] * 5, rel=1e-9)
+    gaps = [np.diff(due(spec, 480, seed)) for seed in range(2)]
+    assert not np.allclose(gaps[0], gaps[1])  # still random inside the window
+    cv = float(np.std(gaps[0]) / np.mean(gaps[0]))
+    assert cv == pytest.approx(1.0 if arrival["kind"] == "poisson" else 2 ** 0.5, rel=0.2)

@@ -30,10 +30,10 @@ workload), so a capacity search over a trace with text prompts measures a warm
 prefix cache after its first level; lines with an ``input_len`` get fresh prompts.
 
 Arrivals are precomputed (as ``vllm bench serve``'s ``get_request``) and the first
-measured request is due at t = 0. Unlike vLLM, gaps are *not* rescaled so that the
-last arrival lands exactly at ``num_requests / rate``: the realised rate of a short
-run varies around the requested one, as a real Poisson process does, and every
-trial of a study sees the same arrivals because the seed is shared.
+measured request is due at t = 0. As vLLM does, Poisson and gamma gaps are rescaled so
+that the window's realised rate is the requested one (:mod:`orchestrator.workload.arrivals`):
+only the burstiness inside the window is a random draw. Every trial of a study sees the
+same arrivals because the seed is shared.
 
 Prompts are token-id tuples (:mod:`orchestrator.workload.tokens`: the id range, and the
 spelling as text the chat API needs). Shared prefixes are drawn once per seed and a
