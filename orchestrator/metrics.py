@@ -29,7 +29,7 @@ server).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -176,47 +176,71 @@ def peak_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
 
 
 def measurement_window(records: Sequence[RequestRecord], warmup_s: float = 0.0,
-                       cooldown_s: float = 0.0) -> Optional[tuple[float, float]]:
-    """``(first, last)`` due time of the requests to measure, or None for "all".
+                       cooldown_s: float = 0.0) -> Optional[dict[int, tuple[float, float]]]:
+    """``{window: (first, last)}`` due time of the requests to measure, or None for "all".
 
-    Requests due in the first ``warmup_s`` seconds of the load window, or in its
-    last ``cooldown_s`` seconds (counted back from the last due time), are left out:
-    the queue is still filling, or draining, then.
+    Requests due in the first ``warmup_s`` seconds of their load window, or in its
+    last ``cooldown_s`` seconds (counted back from its last due time), are left out:
+    the queue is still filling, or draining, then. Each window (``RequestRecord.window``:
+    a level measured again has a clock of its own) is cut on its own.
     """
     if warmup_s <= 0 and cooldown_s <= 0:
         return None
-    due = [r.scheduled_s for r in records if not r.warmup]
+    due: dict[int, list[float]] = {}
+    for r in records:
+        if not r.warmup:
+            due.setdefault(r.window, []).append(r.scheduled_s)
     if not due:
         return None
-    return min(due) + warmup_s, max(due) - cooldown_s
+    return {w: (min(d) + warmup_s, max(d) - cooldown_s) for w, d in due.items()}
+
+
+def in_window(records: Sequence[RequestRecord],
+              window: Optional[Union[tuple[float, float], Mapping[int, tuple[float, float]]]] = None
+              ) -> list[RequestRecord]:
+    """The measured requests: warm-up ones dropped, and those due outside ``window`` (one
+    ``(first, last)`` for every window, or one per window as :func:`measurement_window` gives)."""
+    measured = [r for r in records if not r.warmup]
+    if window is None:
+        return measured
+    if isinstance(window, tuple):
+        lo, hi = window
+        return [r for r in measured if lo <= r.scheduled_s <= hi]
+    return [r for r in measured if r.window in window and window[r.window][0] <= r.scheduled_s <= window[r.window][1]]
+
+
+def _span(records: Sequence[RequestRecord]) -> tuple[float, Optional[float], int]:
+    """``(duration, achieved-rate span, sends)`` of one window's measured requests: the duration runs
+    from the first send to the last end (a failed request ends when the client gave up on it)."""
+    sends = [r.sent_s for r in records if r.sent_s is not None]
+    ends = [r.end_s if r.success else (r.finished_s if r.finished_s is not None else r.end_s) for r in records]
+    ends = [e for e in ends if e is not None]
+    if not sends:
+        return 0.0, None, 0
+    duration = max(max(ends + sends) - min(sends), 1e-9)
+    return duration, (max(sends) - min(sends)) if len(sends) >= 2 else None, len(sends)
 
 
 def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSLO = RequestSLO(),
-              requested_rate: Optional[float] = None, window: Optional[tuple[float, float]] = None,
+              requested_rate: Optional[float] = None,
+              window: Optional[Union[tuple[float, float], Mapping[int, tuple[float, float]]]] = None,
               max_sched_lag_ms: Optional[float] = None) -> LoadMetrics:
-    """Summarise one load window (warm-up requests, and those due outside ``window``, are dropped here).
+    """Summarise one load window, or the windows of one level measured again (warm-up requests,
+    and those due outside ``window``, are dropped here; see :func:`in_window`). Several windows
+    (``RequestRecord.window``) pool their requests; their durations add up.
 
     ``max_sched_lag_ms``: the p99 scheduling lag above which ``loadgen_overloaded`` is 1
     (None: not judged).
     """
-    measured = [r for r in records if not r.warmup]
-    if window is not None:
-        lo, hi = window
-        measured = [r for r in measured if lo <= r.scheduled_s <= hi]
+    measured = in_window(records, window)
     ok = [r for r in measured if r.success]
     failed = [r for r in measured if not r.success]
 
-    sends = [r.sent_s for r in measured if r.sent_s is not None]
-    # The window ends when the last request ended: its last token, or when a failed one was given up.
-    ends = [r.end_s if r.success else (r.finished_s if r.finished_s is not None else r.end_s)
-            for r in measured]
-    ends = [e for e in ends if e is not None]
-    if sends:
-        start = min(sends)
-        end = max(ends + sends)
-        duration = max(end - start, 1e-9)
-    else:
-        duration = 0.0
+    by_window: dict[int, list[RequestRecord]] = {}
+    for r in measured:
+        by_window.setdefault(r.window, []).append(r)
+    spans = [_span(rs) for rs in by_window.values()]
+    duration = sum(d for d, _, _ in spans)
 
     def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
@@ -225,10 +249,12 @@ def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSL
     total_out = sum(r.output_tokens for r in ok)
     good = sum(1 for r in ok if slo.met_by(r)) if not slo.empty else len(ok)
 
-    lags = [(r.sent_s - r.scheduled_s) for r in measured if r.sent_s is not None]
     achieved = None
-    if len(sends) >= 2 and max(sends) > min(sends):
-        achieved = (len(sends) - 1) / (max(sends) - min(sends))
+    timed = [(s, n) for _, s, n in spans if s is not None and s > 0]
+    if timed:
+        achieved = sum(n - 1 for _, n in timed) / sum(s for s, _ in timed)
+
+    lags = [(r.sent_s - r.scheduled_s) for r in measured if r.sent_s is not None]
 
     def count(kind: RequestErrorKind) -> int:
         return sum(1 for r in failed if r.error_kind == kind)
@@ -260,7 +286,8 @@ def summarise(records: Sequence[RequestRecord], *, gpus: int = 1, slo: RequestSL
         slo_attainment=(good / len(measured)) if measured else 0.0,
         total_input_tokens=total_in,
         total_output_tokens=total_out,
-        max_concurrency=peak_concurrency((r.sent_s, r.end_s) for r in ok),
+        max_concurrency=max((peak_concurrency((r.sent_s, r.end_s) for r in rs if r.success)
+                             for rs in by_window.values()), default=0),
         requested_rate=requested_rate,
         achieved_rate=achieved,
         sched_lag_p50_ms=float(np.percentile(lag_ms, 50)) if lag_ms is not None else None,

@@ -51,8 +51,10 @@ class RequestRecord:
     error_kind: Optional[RequestErrorKind] = None
     warmup: bool = False
     prefix_group: Optional[int] = None
-    # Capacity search: the load level this request belonged to.
+    # Capacity search: the load level this request belonged to, and which of the level's
+    # windows (0: its first; a level left undecided is measured again, with a clock of its own).
     level: int = 0
+    window: int = 0
     # Seconds the client spent handling this request's streamed chunks (parsing, bookkeeping):
     # the load generator's own cost, reported per token as ``client_us_per_token``.
     client_s: float = 0.0

@@ -139,11 +139,28 @@ def test_warmup_and_cooldown_seconds_are_not_measured():
     # A queue filling up (slow first seconds) and draining (fast last seconds).
     records = [rec(i, float(i), 1.0 if i < 3 else (0.01 if i > 16 else 0.2)) for i in range(20)]
     window = measurement_window(records, warmup_s=3, cooldown_s=2.5)
-    assert window == (3.0, 16.5)
+    assert window == {0: (3.0, 16.5)}
     m = summarise(records, window=window)
     assert m.num_requests == 14 and m.ttft_p99_ms == pytest.approx(200)
     assert measurement_window(records) is None
     assert summarise(records).num_requests == 20
+
+
+def test_a_level_measured_again_is_cut_and_timed_window_by_window():
+    """Two windows of one level, each with its own clock: each loses its own first and last seconds,
+    and the durations add up (throughput is not diluted by the pause between them)."""
+    first = [rec(i, float(i), 1.0 if i < 3 else 0.2) for i in range(20)]
+    again = [rec(100 + i, float(i), 1.0 if i < 3 else 0.2) for i in range(10)]
+    for r in again:
+        r.window = 1
+    window = measurement_window(first + again, warmup_s=3, cooldown_s=0)
+    assert window == {0: (3.0, 19.0), 1: (3.0, 9.0)}
+    m = summarise(first + again, window=window)
+    assert m.num_requests == 17 + 7 and m.ttft_p99_ms == pytest.approx(200)
+    assert m.duration_s == pytest.approx((16 + 0.3) + (6 + 0.3))
+    assert m.achieved_rate == pytest.approx((16 + 6) / (16 + 6))
+    alone = summarise(first, window=window)
+    assert m.request_throughput == pytest.approx((17 + 7) / (16.3 + 6.3)) and alone.num_requests == 17
 
 
 # ---------------------------------------------------------------- requested vs achieved rate
