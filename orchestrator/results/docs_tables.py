@@ -182,7 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode.add_argument("--list", action="store_true", help="list the registered tables and where they are marked")
     p.add_argument("names", nargs="*", help="only these tables (default: all)")
     p.add_argument("--root", type=Path, default=ROOT, help="the repository (datasets are relative to it)")
-    p.add_argument("--docs", type=Path, nargs="+", help="these markdown files (default: README.md and docs/*.md)")
+    p.add_argument("--doc", type=Path, action="append", dest="docs",
+                   help="this markdown file (repeatable; default: README.md and docs/*.md)")
     a = p.parse_args(argv)
     unknown = sorted(set(a.names) - set(TABLES))
     if unknown:
