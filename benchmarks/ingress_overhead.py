@@ -150,22 +150,11 @@ def run(args) -> None:
 
 
 def table(args) -> None:
-    """Markdown table of every ``ingress_*.json`` under the folder, ratios against ``bare``."""
-    results = [json.loads(p.read_text()) for p in sorted(Path(args.folder).glob("ingress_*.json"))]
-    bare = next((r for r in results if r["mode"] == "bare"), None)
-    base = {run["rate"]: run for run in bare["runs"]} if bare else {}
-    print("| ingress | deploy s | rate | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 ms | req/s vs bare | "
-          "TTFT p50 - bare ms |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    order = {"bare": 0, "engine": 1, "serve_llm": 2}
-    for r in sorted(results, key=lambda r: (order.get(r["mode"], 3), r["label"])):
-        for run in r["runs"]:
-            b = base.get(run["rate"])
-            ratio = f"{run['request_throughput'] / b['request_throughput']:.2f}x" if b else "-"
-            dttft = f"{run['median_ttft_ms'] - b['median_ttft_ms']:+.0f}" if b else "-"
-            print(f"| {r['label']} | {r['deploy_s']:.0f} | {run['rate']} | {run['request_throughput']:.1f} | "
-                  f"{run['output_throughput']:,.0f} | {run['median_ttft_ms']:.0f} / {run['p99_ttft_ms']:.0f} | "
-                  f"{run['median_tpot_ms']:.1f} | {ratio} | {dttft} |")
+    """Markdown table of every ``ingress_*.json`` under the folder, ratios against ``bare`` (the table of
+    docs/benchmarks.md, kept equal to its dataset by ``python -m orchestrator.results.docs_tables``)."""
+    from orchestrator.results.h200_tables import ingress_table
+
+    print(ingress_table(args.folder))
 
 
 def main() -> None:

@@ -50,7 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.sim.measured_replay import METRICS, Point, error_summary, load_points, run, summary_lines  # noqa: E402,F401
+from orchestrator.sim.measured_replay import (  # noqa: E402,F401
+    METRICS, TABLE_HEADER as HEADER, Point, error_summary, load_points, run, summary_lines, table_row as row)
 
 DATASETS = (("ingress", "results/examples/h200-ingress"),
             ("study", "results/examples/llama3-8b-h200-reference"),
@@ -58,18 +59,6 @@ DATASETS = (("ingress", "results/examples/h200-ingress"),
 
 
 # ---------------------------------------------------------------- reporting
-HEADER = ("| point | req/s real / sim (err) | TTFT p50 ms real / sim (err) | TPOT p50 ms real / sim (err) |\n"
-          "| --- | --- | --- | --- |")
-
-
-def row(p: Point) -> str:
-    def cell(m, fmt):
-        text = f"{p.real[m]:{fmt}} / {p.sim[m]:{fmt}} ({p.err(m):+.0%})"
-        return text if p.scored(m) else f"_{text}_"
-    mark = f" [{p.mark}]" if p.mark else ""
-    return f"| {p.label}{mark} | {cell('req_s', '.1f')} | {cell('ttft_p50_ms', '.0f')} | {cell('tpot_p50_ms', '.1f')} |"
-
-
 def report(points: list[Point]) -> None:
     dataset = None
     for p in points:

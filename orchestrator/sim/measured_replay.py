@@ -197,3 +197,17 @@ def summary_lines(points: list[Point]) -> list[str]:
         within = sum(1 for p in points if p.scored(m) and abs(p.err(m)) <= 0.10)
         lines.append(f"{names[m]}: max |err| {mx:.0%}, median {med:.0%}, within 10%: {within} of {n}")
     return lines
+
+
+# ---------------------------------------------------------------- reporting
+TABLE_HEADER = ("| point | req/s real / sim (err) | TTFT p50 ms real / sim (err) | TPOT p50 ms real / sim (err) |\n"
+                "| --- | --- | --- | --- |")
+
+
+def table_row(p: Point) -> str:
+    """One markdown row of :data:`TABLE_HEADER`: real / simulated (error); cells not scored in italics."""
+    def cell(m, fmt):
+        text = f"{p.real[m]:{fmt}} / {p.sim[m]:{fmt}} ({p.err(m):+.0%})"
+        return text if p.scored(m) else f"_{text}_"
+    mark = f" [{p.mark}]" if p.mark else ""
+    return f"| {p.label}{mark} | {cell('req_s', '.1f')} | {cell('ttft_p50_ms', '.0f')} | {cell('tpot_p50_ms', '.1f')} |"
