@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from orchestrator.telemetry import TelemetrySampler
 
 __all__ = ["EngineSnapshot", "EngineWindow", "HISTOGRAMS", "Histogram", "UNSUCCESSFUL_REASONS", "WINDOW_COUNTERS",
-           "engine_snapshot", "engine_window_metrics"]
+           "engine_segments_metrics", "engine_snapshot", "engine_window_metrics"]
 
 # vLLM's latency histograms (seconds), by our family name: their names, newest first.
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
@@ -59,6 +59,13 @@ class Histogram:
         if count < 0 or any(c < 0 for _, c in buckets):
             return None
         return Histogram(buckets, self.sum - earlier.sum, count)
+
+    def plus(self, other: Optional["Histogram"]) -> Optional["Histogram"]:
+        """Both histograms' observations (None when their bucket bounds differ)."""
+        if other is None or [le for le, _ in other.buckets] != [le for le, _ in self.buckets]:
+            return None
+        return Histogram(tuple((le, c + c2) for (le, c), (_, c2) in zip(self.buckets, other.buckets)),
+                         self.sum + other.sum, self.count + other.count)
 
     @property
     def mean(self) -> Optional[float]:
@@ -183,11 +190,57 @@ def engine_window_metrics(start: Optional[EngineSnapshot], end: Optional[EngineS
     counts at the buckets' midpoints (``ray/_private/telemetry/open_telemetry_metric_recorder.py``),
     so its ``_sum`` is not the observations' sum.
     """
-    out: dict[str, Optional[float]] = {name: None for name in ENGINE_WINDOW_METRIC_NAMES}
     if start is None or end is None:
-        return out
+        return {name: None for name in ENGINE_WINDOW_METRIC_NAMES}
+    return engine_segments_metrics([(start, end, first_send_t)], series, exact_sums)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    histograms: dict[str, Histogram]  # what the engine observed in the segment
+    tokens: Optional[float]  # generation tokens (None: not exported, or the engine restarted)
+    requests: Optional[float]
+    active: float  # seconds from the first send to the counter's final value
+
+
+def _segment(start: EngineSnapshot, end: EngineSnapshot, series: Sequence[tuple[float, float]],
+             first_send_t: Optional[float]) -> _Segment:
+    hists = {}
     for fam, h_end in end.histograms.items():
         d = h_end.minus(start.histograms.get(fam))
+        if d is not None and d.count > 0:
+            hists[fam] = d
+    tokens_end = end.counters.get("generation_tokens")
+    if tokens_end is None:
+        return _Segment(hists, None, None, 0.0)
+    tokens = tokens_end - start.counters.get("generation_tokens", 0.0)  # Ray exports a counter once it moved
+    if tokens < 0:
+        return _Segment(hists, None, None, 0.0)  # the engine restarted in the window
+    req_end = end.counters.get("request_success")
+    reqs = None if req_end is None else req_end - start.counters.get("request_success", 0.0)
+    done = end.t
+    for t, v in sorted(series):
+        if start.t < t < done and v >= tokens_end:
+            done = t
+            break
+    begin = first_send_t if first_send_t is not None else start.t
+    return _Segment(hists, tokens, reqs if reqs is None or reqs >= 0 else None, max(done - begin, 0.0))
+
+
+def engine_segments_metrics(segments: Sequence[tuple[EngineSnapshot, EngineSnapshot, Optional[float]]],
+                            series: Sequence[tuple[float, float]] = (),
+                            exact_sums: bool = True) -> dict[str, Optional[float]]:
+    """:func:`engine_window_metrics` over several windows of one level (``(start, end, first send)``
+    each): their histograms' differences added, their tokens over their summed active times."""
+    out: dict[str, Optional[float]] = {name: None for name in ENGINE_WINDOW_METRIC_NAMES}
+    parts = [_segment(a, b, series, t) for a, b, t in segments]
+    if not parts:
+        return out
+    for fam in {f for p in parts for f in p.histograms}:
+        hs = [p.histograms[fam] for p in parts if fam in p.histograms]
+        d = hs[0]
+        for h in hs[1:]:
+            d = d.plus(h)
         if d is None or d.count <= 0:
             continue
         out[f"engine_{fam}_mean_ms"] = d.mean * 1000.0 if exact_sums else None
@@ -197,31 +250,19 @@ def engine_window_metrics(start: Optional[EngineSnapshot], end: Optional[EngineS
         if fam == "ttft":
             upper = d.quantile_upper(0.5)
             out["engine_ttft_p50_upper_ms"] = upper * 1000.0 if upper is not None and math.isfinite(upper) else None
-
-    tokens_end = end.counters.get("generation_tokens")
-    if tokens_end is None:
+    if any(p.tokens is None for p in parts):
         return out
-    tokens = tokens_end - start.counters.get("generation_tokens", 0.0)  # Ray exports a counter once it moved
-    begin = first_send_t if first_send_t is not None else start.t
-    if tokens < 0:
-        return out  # the engine restarted in the window
+    tokens = sum(p.tokens for p in parts)
     if tokens == 0:
         out["engine_output_throughput"] = 0.0
-        out["engine_request_throughput"] = 0.0 if "request_success" in end.counters else None
+        out["engine_request_throughput"] = 0.0 if all(p.requests is not None for p in parts) else None
         return out
-    done = end.t
-    for t, v in sorted(series):
-        if start.t < t < done and v >= tokens_end:
-            done = t
-            break
-    active = done - begin
+    active = sum(p.active for p in parts)
     if active <= 0:
         return out
     out["engine_output_throughput"] = tokens / active
-    req_end = end.counters.get("request_success")
-    if req_end is not None:
-        reqs = req_end - start.counters.get("request_success", 0.0)
-        out["engine_request_throughput"] = reqs / active if reqs >= 0 else None
+    if all(p.requests is not None for p in parts):
+        out["engine_request_throughput"] = sum(p.requests for p in parts) / active
     return out
 
 
@@ -243,18 +284,24 @@ class EngineWindow:
         self.before = sampler.snapshot() if sampler.metrics_url else None
         self.start: Optional[EngineSnapshot] = None
         self.t0: Optional[float] = None  # time.monotonic() when the measured clock started
+        self.segments: list[tuple[EngineSnapshot, EngineSnapshot, Optional[float]]] = []
 
     def begin(self, warmup_records: Sequence = ()) -> None:
         done = sum(1 for r in warmup_records if r.success)
-        self.start = self.sampler.settled_snapshot(self.before, done) if done else self.sampler.snapshot()
+        base = self.segments[-1][1] if self.segments else self.before
+        self.start = self.sampler.settled_snapshot(base, done) if done else self.sampler.snapshot()
         self.t0 = time.monotonic()
 
     def finish(self, records: Sequence) -> dict[str, Optional[float]]:
+        """The engine_* columns over every window measured so far (a level measured again
+        continues its window: ``begin`` again, then ``finish``)."""
         measured = [r for r in records if not r.warmup]
         if self.start is None or self.t0 is None or not measured:
-            return engine_window_metrics(None, None)
+            return engine_segments_metrics(self.segments, list(self.sampler.series), self.sampler.exact_sums) \
+                if self.segments else engine_window_metrics(None, None)
         end = self.sampler.settled_snapshot(self.start, sum(1 for r in measured if r.success))
         sends = [r.sent_s for r in measured if r.sent_s is not None]
         first_send = self.t0 + min(sends) if sends else None
-        return engine_window_metrics(self.start, end, list(self.sampler.series), first_send,
-                                     exact_sums=self.sampler.exact_sums)
+        self.segments.append((self.start, end, first_send))
+        self.start = None
+        return engine_segments_metrics(self.segments, list(self.sampler.series), exact_sums=self.sampler.exact_sums)

@@ -70,6 +70,7 @@ def records_from_request_rows(rows: pd.DataFrame) -> list[RequestRecord]:
             expected_prompt_tokens=int(r.expected_prompt_tokens), expected_output_tokens=int(r.expected_output_tokens),
             error=_opt(r.error), error_kind=RequestErrorKind(kind) if kind else None, warmup=bool(r.warmup),
             prefix_group=None if _opt(r.prefix_group) is None else int(r.prefix_group), level=int(r.level),
+            window=int(_opt(getattr(r, "window", None)) or 0),
         ))
     return out
 

@@ -20,8 +20,9 @@ from orchestrator.capacity import (LevelResult, SaturationDetector, detect_satur
                                    search_capacity)
 from orchestrator.harness import harness_verdict
 from orchestrator.loadgen import Endpoint, run_load_sync
-from orchestrator.metrics import (ENGINE_WINDOW_METRIC_NAMES, WARMUP_METRIC_NAMES, LoadMetrics, measurement_window,
-                                  summarise)
+from orchestrator.confidence import DEFAULT_CONFIDENCE, INTERVAL_METRICS, Interval, metric_intervals
+from orchestrator.metrics import (ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES, WARMUP_METRIC_NAMES, LoadMetrics,
+                                  in_window, measurement_window, summarise)
 from orchestrator.nvml import try_nvml
 from orchestrator.prometheus_text import fetch_metrics_text, parse_prometheus
 from orchestrator.records import RequestErrorKind, RequestRecord
@@ -37,18 +38,21 @@ log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=16)
-def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Optional[str] = None, level: int = 0):
+def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Optional[str] = None, level: int = 0,
+                  replicate: int = 0):
 
-    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size, base_dir, level)
+    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size, base_dir, level,
+                          replicate)
 
 
-def study_requests(study: Study, workload=None, level: int = 0):
+def study_requests(study: Study, workload=None, level: int = 0, replicate: int = 0):
     """The request set of the study's workload, or of ``workload`` (a capacity level's, with its
-    ``level``: prompts of its own); cached per process: every trial replays the same requests."""
+    ``level``: prompts of its own; ``replicate``: the level measured again, a fresh draw); cached
+    per process: every trial replays the same requests."""
 
     vocab = ModelShape.load(study.model.name, study.base_dir).vocab_size
     base = str(study.base_dir) if study.base_dir is not None else None
-    return _requests_for((workload or study.workload).model_dump_json(), study.seed, vocab, base, level)
+    return _requests_for((workload or study.workload).model_dump_json(), study.seed, vocab, base, level, replicate)
 
 
 def summarise_records(study: Study, records: list[RequestRecord], requested_rate: Optional[float],
@@ -60,6 +64,16 @@ def summarise_records(study: Study, records: list[RequestRecord], requested_rate
                      max_sched_lag_ms=None if wl.max_concurrency else wl.max_sched_lag_ms)
 
 
+def record_intervals(study: Study, records: list[RequestRecord], metrics, *, confidence: float, gpus: int = 1,
+                     window_scale: float = 1.0) -> dict[str, Interval]:
+    """Intervals (:mod:`orchestrator.confidence`) of ``metrics`` over the requests
+    :func:`summarise_records` measures (the same measurement window)."""
+    wl = study.workload
+    measured = in_window(records, measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale))
+    return metric_intervals(measured, metrics, confidence=confidence, gpus=gpus, slo=study.request_slo(),
+                            seed=study.seed)
+
+
 @dataclass
 class LoadPhase:
     """What the load phase measured: every record (all levels), telemetry, and the capacity search."""
@@ -69,6 +83,7 @@ class LoadPhase:
     requested_rate: Optional[float] = None
     capacity: Optional[Any] = None  # orchestrator.capacity.CapacityResult
     warmup: dict = field(default_factory=dict)  # warmup_* columns of the (first level's) warm-up
+    levels_base_rate: Optional[float] = None  # the workload's own rate, which levels scale from
 
     def level_rows(self) -> list[dict[str, Any]]:
         """Rows of the levels table: each level's client metrics, engine-side numbers and harness verdict."""
@@ -88,9 +103,14 @@ def served_load(study: Study, deployment, requests) -> LoadPhase:
     endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=study.workload.api, api_key=ep.api_key)
     nvml = try_nvml(ep.gpu_indices) if ep.sample_nvml else None
 
-    def run_level(rs, monitor):
+    windows: list = []
 
-        window = sampler.window()  # the engine's histograms over this level's measured requests
+    def run_level(rs, monitor, again: bool = False):
+
+        # The engine's histograms over this level's measured requests (all its windows).
+        if not again or not windows:
+            windows.append(sampler.window())
+        window = windows[-1]
         warmup = WarmupOutcome()
 
         def measure_start(warm):
@@ -115,46 +135,69 @@ def served_load(study: Study, deployment, requests) -> LoadPhase:
 
 
 def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
-    """One load window, or a capacity search over levels (``run_level(request set, monitor)``
-    returns ``(records, telemetry)``; ``served``: a monitor may stop a level early)."""
+    """One load window, or a capacity search over levels (``run_level(request set, monitor, again)``
+    returns ``(records, telemetry)``; ``again``: the same level measured once more, its engine
+    window continued; ``served``: a monitor may stop a level early)."""
 
     def warmup_of(telemetry: dict) -> dict:  # the warm-up's columns, out of the telemetry
         return {k: telemetry.pop(k, None) for k in WARMUP_METRIC_NAMES}
 
     if study.capacity is None:
-        records, telemetry = run_level(requests, None)
+        records, telemetry = run_level(requests, None, False)
         return LoadPhase(records, telemetry, requests.requested_rate, warmup=warmup_of(telemetry))
 
     spec = study.capacity
     slo = study.capacity_slo()
+    slo_metrics = [c.metric for c in slo]
     base_rate = requests.requested_rate
     records: list[RequestRecord] = []
 
     def measure_level(level: int, rate: float) -> LevelResult:
         # Prompts of the level's own: no level is answered from the prefix cache an earlier one filled.
-        rs = study_requests(study, level_workload(study.workload, rate, spec, base_rate), level=level)
-        if level > 0:  # the engine is warm after the first level
-            rs = dataclasses.replace(rs, warmup=(), warmup_stream=None)
-        monitor = SaturationDetector(spec.saturation) if served else None
-        recs, telemetry = run_level(rs, monitor)
-        for r in recs:
-            r.level = level
-        records.extend(recs)
-        saturated_at = monitor.saturated_at if monitor is not None else detect_saturation(recs, spec.saturation)
+        workload = level_workload(study.workload, rate, spec, base_rate)
         # A level replays the workload compressed (or stretched) in time unless its duration is
         # fixed: the warm-up and cool-down windows scale with it, excluding the same requests.
         scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / rate
-        m = summarise_records(study, recs, rs.requested_rate, window_scale=scale)
-        verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None)
-        log.info("level %d at %.3g req/s: %s", level, rate, "meets the SLOs" if verdict.ok
-                 else "; ".join(verdict.reasons))
-        return LevelResult(level, rate, len(rs.measured), recs, m, verdict, saturated_at,
+        mine: list[RequestRecord] = []
+        telemetry: dict = {}
+        warm: dict = {}
+        planned = 0
+        for window in range(spec.repeats + 1):
+            # The level measured again is a fresh draw (arrivals, lengths, prompts): an undecided
+            # verdict is decided by more of the workload, not by the same requests twice.
+            rs = study_requests(study, workload, level=level, replicate=window)
+            if level > 0 or window > 0:  # the engine is warm after the first level
+                rs = dataclasses.replace(rs, warmup=(), warmup_stream=None)
+            monitor = SaturationDetector(spec.saturation) if served else None
+            recs, tel = run_level(rs, monitor, window > 0)
+            for r in recs:
+                r.level, r.window = level, window
+            mine.extend(recs)
+            telemetry = tel if window == 0 else {**telemetry, **{k: v for k, v in tel.items() if v is not None}}
+            if window == 0:
+                warm, planned = warmup_of(telemetry), len(rs.measured)
+            else:
+                warmup_of(telemetry)
+            saturated_at = monitor.saturated_at if monitor is not None else detect_saturation(recs, spec.saturation)
+            m = summarise_records(study, mine, rs.requested_rate, window_scale=scale)
+            intervals = record_intervals(study, mine, slo_metrics, confidence=spec.confidence, window_scale=scale)
+            verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None,
+                                  intervals=intervals)
+            log.info("level %d at %.3g req/s (window %d): %s", level, rate, window,
+                     ("meets the SLOs" if verdict.ok else "; ".join(verdict.reasons))
+                     + ("" if verdict.decided else f" (undecided at {spec.confidence:.0%})"))
+            if verdict.decided or saturated_at is not None:
+                break
+        records.extend(mine)
+        return LevelResult(level, rate, planned, mine, m, verdict, saturated_at,
                            stopped_early=monitor is not None and monitor.saturated_at is not None,
-                           telemetry=telemetry, warmup=warmup_of(telemetry))
+                           telemetry=telemetry, warmup=warm, windows=window + 1, intervals=intervals,
+                           confidence=spec.confidence)
 
     result = search_capacity(measure_level, spec, spec.start_rate or base_rate or spec.min_rate)
     chosen = result.best or min(result.levels, key=lambda lv: lv.rate)
-    return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result, warmup=result.levels[0].warmup)
+    return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result, warmup=result.levels[0].warmup,
+                     levels_base_rate=base_rate)
 
 
 def _wait_idle(ep, timeout_s: float = 30.0) -> None:
@@ -179,17 +222,37 @@ def _wait_idle(ep, timeout_s: float = 30.0) -> None:
 
 
 
+def row_interval_metrics(study: Study) -> list[str]:
+    """The load metrics a trials row gets an interval of: every one :mod:`orchestrator.confidence`
+    covers, the token gaps (ITL) only where the study ranks or judges by one (they cost the most)."""
+    named = {o.metric for o in study.objectives} | {c.metric for c in study.constraints}
+    return [m for m in INTERVAL_METRICS if m in LOAD_METRIC_NAMES and (not m.startswith("itl_") or m in named)]
+
+
 def phase_metrics(study: Study, phase: LoadPhase, gpus: int):
-    """The trial's load metrics (the load window's, or the capacity level's) and the capacity
-    search's answer: ``(LoadMetrics, CapacityOutcome or None)``."""
+    """The trial's load metrics (the load window's, or the capacity level's), the capacity
+    search's answer and the metrics' intervals: ``(LoadMetrics, CapacityOutcome or None,
+    {metric: Interval}, confidence)``."""
 
     cap = phase.capacity
+    wanted = row_interval_metrics(study)
     if cap is None:
-        return summarise_records(study, phase.records, phase.requested_rate, gpus), None
+        intervals = record_intervals(study, phase.records, wanted, confidence=DEFAULT_CONFIDENCE, gpus=gpus)
+        return summarise_records(study, phase.records, phase.requested_rate, gpus), None, intervals, \
+            DEFAULT_CONFIDENCE
     chosen = cap.best or min(cap.levels, key=lambda lv: lv.rate)
     m = dataclasses.replace(chosen.metrics, output_throughput_per_gpu=chosen.metrics.output_throughput / max(gpus, 1))
+    spec = study.capacity
+    base_rate = phase.levels_base_rate
+    scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / chosen.rate
+    intervals = record_intervals(study, chosen.records, wanted, confidence=spec.confidence, gpus=gpus,
+                                 window_scale=scale)
+    bracket = cap.bracket
+    if cap.best is not None:
+        intervals["capacity_rps"] = Interval(bracket.low, bracket.high)
     outcome = CapacityOutcome(
         capacity_rps=cap.capacity_rps, capacity_goodput=cap.capacity_goodput, levels=len(cap.levels),
         stop_reason=cap.stop_reason, level_of_row=chosen.level,
-        curve=tuple((lv.rate, lv.metrics.request_throughput, lv.verdict.ok) for lv in cap.levels))
-    return m, outcome
+        curve=tuple((lv.rate, lv.metrics.request_throughput, lv.verdict.ok) for lv in cap.levels),
+        low=bracket.low, high=bracket.high, confidence=spec.confidence)
+    return m, outcome, intervals, spec.confidence

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from orchestrator.confidence import Interval, scaled
 from orchestrator.metrics import UNIT_METRIC_NAMES
 
 # On-demand list prices in US dollars per GPU-hour, rounded ballparks from the large clouds'
@@ -102,6 +103,26 @@ def unit_metrics(values: Mapping[str, Any], gpus: Optional[int], price_per_gpu_h
         "cost_per_mtok": (price_per_gpu_hour * n / 3600.0 / out_tps * 1e6
                           if n is not None and price_per_gpu_hour is not None and out_tps is not None else None),
     }
+
+
+def unit_metric_intervals(intervals: Mapping[str, Any], gpus: Optional[int],
+                          price_per_gpu_hour: Optional[float]) -> dict:
+    """:func:`unit_metrics`' intervals from the intervals of their inputs (``Interval`` objects by
+    metric): per GPU divides both ends; a cost per token swaps them (more tokens, less cost)."""
+    n = gpus if gpus is not None and gpus >= 1 else None
+    out = {}
+    if n is None:
+        return out
+    for source, target in (("goodput", "goodput_per_gpu"), ("capacity_rps", "capacity_rps_per_gpu")):
+        iv = scaled(intervals.get(source), 1.0 / n)
+        if iv is not None:
+            out[target] = iv
+    tps = intervals.get("output_throughput")
+    if tps is not None and price_per_gpu_hour is not None:
+        def cost(t: Optional[float]) -> Optional[float]:
+            return price_per_gpu_hour * n / 3600.0 / t * 1e6 if t is not None and t > 0 else None
+        out["cost_per_mtok"] = Interval(cost(tps.high), cost(tps.low))
+    return out
 
 
 def unit_columns(frame: Any) -> list[str]:

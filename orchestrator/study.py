@@ -17,16 +17,16 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator import judge
+from orchestrator.metrics import LOAD_METRIC_NAMES, RequestSLO
 from orchestrator.redaction import redact
-from orchestrator.metrics import DIRECTIONS, LOAD_METRIC_NAMES, RequestSLO, default_direction, known_metric_names
 from orchestrator.probe_spec import ProbeSpec, probe_problems
+from orchestrator.study_capacity import CapacitySpec, SaturationSettings
+from orchestrator.study_goals import Constraint, Objective, parse_objective
 from orchestrator.sim.hardware import GPUS, get_gpu
 from orchestrator.sim.models import find_model_config
 from orchestrator.space import SearchSpace, space_problems
@@ -37,7 +37,7 @@ from orchestrator.study_file import read_study_document
 from orchestrator.study_search import SearchSettings, SearchStage, fidelity_problems, search_problems
 from orchestrator.study_workload import workload_file_problems
 from orchestrator.workload.arrivals import is_rate_driven
-from orchestrator.workload.spec import (MAX_RATE, ArrivalSpec, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec,
+from orchestrator.workload.spec import (ArrivalSpec, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec,
                                         WarmupSpec, WorkloadSpec)
 
 # What callers import from here, the engine section and the problem types included.
@@ -82,137 +82,6 @@ class HardwareSpec(_Strict):
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
-
-
-def parse_objective(text: str) -> tuple[str, Optional[str]]:
-    """``"maximize NAME"`` -> ``(NAME, "maximize")``; a bare ``"NAME"`` -> ``(NAME, None)`` (default direction)."""
-    parts = text.split()
-    if len(parts) == 2 and parts[0] in DIRECTIONS:
-        return parts[1], parts[0]
-    if len(parts) == 1:
-        return parts[0], None
-    raise ValueError(f"cannot read objective {text!r}; expected 'COLUMN' or 'maximize|minimize COLUMN'")
-
-
-class Objective(_Strict):
-    metric: str
-    direction: Optional[Literal["maximize", "minimize"]] = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data):
-        if isinstance(data, str):  # "maximize output_throughput"
-            try:
-                metric, direction = parse_objective(data)
-            except ValueError:  # reported by the metric check, with the closest known metric
-                return {"metric": data}
-            return {"metric": metric} | ({"direction": direction} if direction else {})
-        return data
-
-    @field_validator("metric")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return _check_metric(v)
-
-    @property
-    def resolved_direction(self) -> str:
-        return self.direction or default_direction(self.metric)
-
-
-_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
-
-
-class Constraint(_Strict):
-    """An SLO on a trial metric, e.g. ``ttft_p99_ms <= 200``."""
-
-    metric: str
-    op: Literal["<=", ">=", "<", ">"]
-    value: float
-
-    @model_validator(mode="before")
-    @classmethod
-    def _parse(cls, data):
-        if isinstance(data, str):
-            m = _CONSTRAINT_RE.match(data)
-            if not m:
-                raise ValueError(f"cannot parse {data!r}; expected 'METRIC <= NUMBER' (or >=, <, >)")
-            return {"metric": m.group(1), "op": m.group(2), "value": float(m.group(3))}
-        return data
-
-    @field_validator("metric")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return _check_metric(v)
-
-    def __str__(self) -> str:
-        return f"{self.metric} {self.op} {self.value:g}"
-
-    def violation(self, value: Optional[float]) -> float:
-        """Optuna constraint value: <= 0 when met, else the relative excess (:func:`orchestrator.judge.violation`)."""
-        return judge.violation(self.op, self.value, value)
-
-    def met(self, value: Optional[float]) -> bool:
-        return judge.met(self.op, self.value, value)
-
-
-class SaturationSettings(_Strict):
-    """When a capacity level counts as saturated (queue growing without bound) and stops early."""
-
-    window_s: float = Field(default=5.0, gt=0, description="trailing window the backlog growth is measured over "
-                                                           "(at least twice the service time)")
-    check_interval_s: float = Field(default=0.5, gt=0, le=60)
-    min_growth: int = Field(default=8, ge=1, description="the backlog must grow by at least this many requests")
-    growth_fraction: float = Field(default=0.25, gt=0, le=1,
-                                   description="... and by this share of the requests sent in the window")
-    confirm: int = Field(default=2, ge=1, le=100, description="consecutive windows the backlog must grow in")
-
-
-MAX_LEVEL_REQUESTS = 1_000_000  # as workload.num_requests
-
-
-class CapacitySpec(_Strict):
-    """Capacity search: one deployment, several load levels, the highest rate that meets the SLOs."""
-
-    start_rate: Optional[float] = Field(default=None, gt=0, description="first level (default: the workload's rate)")
-    min_rate: float = Field(default=0.1, gt=0)
-    max_rate: float = Field(default=1000.0, gt=0, le=MAX_RATE)
-    growth: float = Field(default=2.0, gt=1, le=16, description="rate factor between levels until one fails")
-    tolerance: float = Field(default=0.05, gt=0, lt=1,
-                             description="stop when (lowest failing - highest passing) / lowest failing <= this")
-    max_levels: int = Field(default=10, ge=1, le=100)
-    requests_per_level: Optional[int] = Field(default=None, ge=1, le=MAX_LEVEL_REQUESTS,
-                                              description="default: workload.num_requests")
-    level_duration_s: Optional[float] = Field(default=None, gt=0,
-                                              description="requests per level = rate x this (instead of a count)")
-    min_requests: int = Field(default=20, ge=1, le=MAX_LEVEL_REQUESTS,
-                              description="fewest requests of a level (with level_duration_s)")
-    max_error_rate: float = Field(default=0.0, ge=0, lt=1, description="share of failed requests a level may have")
-    slo: Optional[list[Constraint]] = Field(
-        default=None, description="what a level must meet; default: the study's constraints on load metrics")
-    saturation: SaturationSettings = SaturationSettings()
-
-    @field_validator("slo")
-    @classmethod
-    def _load_metrics_only(cls, v):
-        for c in v or []:
-            if c.metric not in LOAD_METRIC_NAMES:
-                raise ValueError(f"{c.metric} is not measured per level; use a load metric "
-                                 f"(e.g. ttft_p99_ms, tpot_p50_ms, e2el_p99_ms, goodput)")
-        return v
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.min_rate >= self.max_rate:
-            raise ValueError(f"min_rate ({self.min_rate:g}) must be < max_rate ({self.max_rate:g})")
-        if self.requests_per_level is not None and self.level_duration_s is not None:
-            raise ValueError("give requests_per_level or level_duration_s, not both")
-        if self.start_rate is not None and not self.min_rate <= self.start_rate <= self.max_rate:
-            raise ValueError(f"start_rate ({self.start_rate:g}) must lie in [min_rate, max_rate]")
-        if self.level_duration_s is not None and self.max_rate * self.level_duration_s > MAX_LEVEL_REQUESTS:
-            raise ValueError(f"level_duration_s ({self.level_duration_s:g}) at max_rate ({self.max_rate:g}) is "
-                             f"{self.max_rate * self.level_duration_s:.3g} requests a level, more than "
-                             f"{MAX_LEVEL_REQUESTS:,}; lower one of them")
-        return self
 
 
 class Budget(_Strict):
@@ -339,15 +208,6 @@ class Study(_Strict):
     @property
     def base_dir(self) -> Optional[Path]:
         return Path(self.source_path).parent if self.source_path else None
-
-
-def _check_metric(v: str) -> str:
-    names = known_metric_names()
-    if v not in names:
-        close = difflib.get_close_matches(v, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown metric{hint}; allowed: {', '.join(sorted(names))}")
-    return v
 
 
 def _model_at(data: Any, loc: tuple[str, ...]) -> Optional[type[BaseModel]]:

@@ -25,7 +25,7 @@ from orchestrator.failures import (EngineStartError, Failure, FailureKind, Trial
 from orchestrator.harness import harness_verdict
 from orchestrator.judge import Judgement, judge
 from orchestrator.load_phase import LoadPhase, measure, phase_metrics, served_load, study_requests
-from orchestrator.pricing import study_price, unit_metrics
+from orchestrator.pricing import study_price, unit_metric_intervals, unit_metrics
 from orchestrator.probe import probe_trial
 from orchestrator.study import Study
 from orchestrator.trial_result import PhaseTimings, TrialResult
@@ -91,9 +91,11 @@ class _Builder:
         records: tuple = ()
         levels: tuple = ()
         unit: dict[str, Any] = {}
+        intervals: dict = {}
+        confidence = None
         phase = self.phase
         if phase is not None:
-            metrics, capacity = phase_metrics(study, phase, self.args.gpus if self.args else 1)
+            metrics, capacity, intervals, confidence = phase_metrics(study, phase, self.args.gpus if self.args else 1)
             if self.status is TrialStatus.COMPLETED:
                 first = next((r.error for r in phase.records if r.error and not r.warmup), None)
                 degraded = request_failures(metrics, study.max_error_rate, first)
@@ -102,8 +104,10 @@ class _Builder:
             telemetry, warmup, records, levels = dict(phase.telemetry), dict(phase.warmup), tuple(phase.records), \
                 tuple(phase.level_rows())
             harness = harness_verdict({**metrics.as_dict(), **telemetry}).columns()
+            gpus, price = self.args.gpus if self.args else None, study_price(study).value
             unit = unit_metrics({**metrics.as_dict(), "capacity_rps": capacity.capacity_rps if capacity else None},
-                                self.args.gpus if self.args else None, study_price(study).value)
+                                gpus, price)
+            intervals = {**intervals, **unit_metric_intervals(intervals, gpus, price)}
             if metrics.loadgen_overloaded:
                 log.warning("trial %s: the load generator lagged (p99 send lag %.1f ms > %.1f ms): latencies "
                             "include client delay", self.trial_id, metrics.sched_lag_p99_ms,
@@ -113,7 +117,8 @@ class _Builder:
             args=self.args, started_at=self.started_at, finished_at=_utc_now(), status=self.status,
             failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
             engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
-            levels=levels, unit_metrics=unit, probe=dict(self.probe or {}))
+            levels=levels, unit_metrics=unit, probe=dict(self.probe or {}), intervals=intervals,
+            confidence=confidence)
 
 
 def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,
@@ -149,7 +154,7 @@ def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
     if not engine.serves_http:
         t_load = time.monotonic()
         try:
-            b.phase = measure(study, requests, lambda rs, monitor: engine.measure(args, rs), served=False)
+            b.phase = measure(study, requests, lambda rs, monitor, again: engine.measure(args, rs), served=False)
         except EngineStartError as e:
             b.fail(start_failure(e))
             return

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Optional
 
+from orchestrator.confidence import Interval, intervals_to_columns
 from orchestrator.engine_args import EngineArgs
 from orchestrator.failures import Failure, TrialStatus
 from orchestrator.metrics import LoadMetrics
@@ -42,7 +43,9 @@ class PhaseTimings:
 
 @dataclass(frozen=True)
 class CapacityOutcome:
-    """A capacity search's answer: the highest rate within the SLOs, and its levels' curve."""
+    """A capacity search's answer: the highest rate within the SLOs (an estimate inside an
+    interval at ``confidence``: ``low`` was decided met, ``high`` decided missed, None when no
+    level was), and its levels' curve."""
 
     capacity_rps: Optional[float]
     capacity_goodput: Optional[float]
@@ -50,6 +53,9 @@ class CapacityOutcome:
     stop_reason: str
     level_of_row: int  # the level whose metrics are the row's
     curve: tuple[tuple[float, float, bool], ...]  # (offered rate, served req/s, met)
+    low: Optional[float] = None
+    high: Optional[float] = None
+    confidence: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,8 @@ class TrialResult:
     levels: tuple[Mapping[str, Any], ...] = ()  # capacity search: one levels-table row per level
     unit_metrics: Mapping[str, Any] = field(default_factory=dict)  # per GPU and per dollar (pricing.py)
     probe: Mapping[str, Any] = field(default_factory=dict)  # agreement with the baseline (orchestrator.probe)
+    intervals: Mapping[str, Interval] = field(default_factory=dict)  # where each metric's true value lies
+    confidence: Optional[float] = None  # ... at this confidence (orchestrator.confidence)
 
     @property
     def completed(self) -> bool:
@@ -99,4 +107,7 @@ class TrialResult:
         out.update(self.harness)
         out.update(self.unit_metrics)
         out.update(self.probe)
+        out.update(intervals_to_columns(self.intervals))
+        if self.intervals:
+            out["confidence"] = self.confidence
         return out

@@ -7,10 +7,17 @@ columns), so every file of every study concatenates:
 
 * identity: ``schema_version``, ``study``, ``run_id``, ``trial_id``, ``level`` (0, 1, ...
   in the order measured; ``requests.level`` points here);
-* the search: ``rate`` (the requested rate of the level), ``planned_requests``,
+* the search: ``rate`` (the requested rate of the level: the rate its requests were sent
+  at, which ``achieved_rate`` measures), ``planned_requests`` (of its first window),
   ``saturated``, ``saturated_at_s`` (seconds into the level), ``stopped_early`` (the
-  level was cut short), ``slo_met``, ``slo_violation`` (largest relative SLO excess,
-  <= 0 when met), ``slo_failures`` (what failed, as text);
+  level was cut short), ``slo_met`` (by the measured values), ``slo_decided`` (that
+  verdict holds at ``confidence``: every SLO metric's interval lies on one side of its
+  limit; an undecided level is measured again, up to ``capacity.repeats`` times, with
+  fresh arrivals and prompts), ``windows`` (how many times it was measured; its metrics
+  pool them), ``slo_violation`` (largest relative SLO excess, <= 0 when met),
+  ``slo_failures`` (what failed, as text); null in files written before they existed;
+* ``<metric>_low`` / ``<metric>_high`` of the level's SLO metrics
+  (:mod:`orchestrator.confidence`), null for the others;
 * every load metric of :class:`orchestrator.metrics.LoadMetrics` as float64;
 * the engine's own numbers over the level (``engine_*``,
   :data:`orchestrator.metrics.ENGINE_WINDOW_METRIC_NAMES`, float64, null where the
@@ -35,6 +42,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from orchestrator.confidence import INTERVAL_METRICS, interval_columns
 from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES, WARMUP_METRIC_NAMES
 from orchestrator.results.schema import META_SCHEMA_VERSION, META_TABLE, SCHEMA_VERSION
 
@@ -47,6 +55,9 @@ _SEARCH_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("saturated_at_s", pa.float64()),
     ("stopped_early", pa.bool_()),
     ("slo_met", pa.bool_()),
+    ("slo_decided", pa.bool_()),
+    ("windows", pa.int64()),
+    ("confidence", pa.float64()),
     ("slo_violation", pa.float64()),
     ("slo_failures", pa.string()),
 )
@@ -55,6 +66,8 @@ _JUDGEMENT_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("harness_bound", pa.bool_()),
     ("harness_bound_reason", pa.string()),
 )
+
+LEVEL_INTERVAL_COLUMNS = tuple(interval_columns(m for m in INTERVAL_METRICS if m in LOAD_METRIC_NAMES))
 
 LEVELS_SCHEMA = pa.schema(
     [
@@ -66,10 +79,11 @@ LEVELS_SCHEMA = pa.schema(
     ]
     + [pa.field(n, t) for n, t in _SEARCH_COLUMNS]
     + [pa.field(m, pa.float64()) for m in LOAD_METRIC_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES]
-    + [pa.field(n, t) for n, t in _JUDGEMENT_COLUMNS],
+    + [pa.field(n, t) for n, t in _JUDGEMENT_COLUMNS]
+    + [pa.field(c, pa.float64()) for c in LEVEL_INTERVAL_COLUMNS],
     metadata={META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "levels"},
 )
-_ROW_KEYS = ({n for n, _ in _SEARCH_COLUMNS} | set(LOAD_METRIC_NAMES) | set(ENGINE_WINDOW_METRIC_NAMES)
+_ROW_KEYS = (set(LEVEL_INTERVAL_COLUMNS) | {n for n, _ in _SEARCH_COLUMNS} | set(LOAD_METRIC_NAMES) | set(ENGINE_WINDOW_METRIC_NAMES)
              | set(WARMUP_METRIC_NAMES) | {n for n, _ in _JUDGEMENT_COLUMNS} | {"level"})
 
 
@@ -92,6 +106,8 @@ def levels_to_table(rows: Sequence[Mapping[str, Any]], *, study: str, run_id: st
         values = [row.get(f.name) for row in rows]
         if pa.types.is_floating(f.type):
             values = [None if v is None else float(v) for v in values]
+        elif pa.types.is_integer(f.type):
+            values = [None if v is None else int(v) for v in values]
         columns[f.name] = pa.array(values, type=f.type)
     return pa.Table.from_pydict(columns, schema=LEVELS_SCHEMA)
 

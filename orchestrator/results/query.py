@@ -254,6 +254,7 @@ def load_requests(path: Union[str, os.PathLike], study: Optional[str] = None,
     if table is None:
         return empty_frame(REQUESTS_SCHEMA)
     df = table.to_pandas()
-    df = df.sort_values(["run_id", "trial_id", "request_index"], kind="stable")
+    df = df.sort_values([c for c in ("run_id", "trial_id", "level", "window", "request_index") if c in df.columns],
+                        kind="stable")
     return df.reset_index(drop=True)
 

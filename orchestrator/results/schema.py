@@ -13,6 +13,11 @@ DuckDB and Polars read it with no project code:
   engine arguments as JSON;
 * every metric of :func:`orchestrator.metrics.known_metric_names` as float64
   (``gpus`` is the exception: it is the int64 column of the "where it ran" group);
+* ``<metric>_low`` / ``<metric>_high`` for every metric with an interval
+  (:data:`orchestrator.confidence.INTERVAL_METRICS`: latencies, throughputs, the capacity
+  bracket and what is derived from them per GPU and per dollar) and ``confidence``, the
+  level those intervals hold at; null where a metric has none, and in files written
+  before they existed;
 * ``harness_bound`` (bool) and ``harness_bound_reason``: whether the serving path or
   the client, not the engine, limited the measurement (:mod:`orchestrator.harness`);
 * ``extra_json`` for anything else.
@@ -35,6 +40,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from orchestrator.confidence import interval_columns
 from orchestrator.failures import TrialStatus
 from orchestrator.judge import judge_against
 from orchestrator.metrics import known_metric_names
@@ -111,6 +117,10 @@ def metric_columns() -> list[str]:
     return [m for m in known_metric_names() if m not in fixed]
 
 
+# Where each metric's true value lies (orchestrator.confidence), after the metric columns.
+INTERVAL_COLUMNS: tuple[str, ...] = tuple(interval_columns()) + ("confidence",)
+
+
 def prediction_columns(metrics: Sequence[str]) -> list[str]:
     """``search.fidelity: sim``: the simulator's prediction and its relative error, per metric."""
     return [c for m in metrics for c in (f"predicted_{m}", f"prediction_error_{m}")]
@@ -119,7 +129,7 @@ def prediction_columns(metrics: Sequence[str]) -> list[str]:
 def trials_schema(param_types: Mapping[str, str], predicted: Sequence[str] = ()) -> pa.Schema:
     """The trials-table schema for a search space (``SearchSpace.column_types()``), with
     :func:`prediction_columns` for the ``predicted`` metrics."""
-    reserved = set(FIXED_TRIAL_COLUMNS) | set(known_metric_names()) | set(PARTITION_COLUMNS)
+    reserved = set(FIXED_TRIAL_COLUMNS) | set(known_metric_names()) | set(PARTITION_COLUMNS) | set(INTERVAL_COLUMNS)
     clash = sorted(set(param_types) & reserved)
     if clash:
         raise ValueError(f"parameter names clash with trials-table columns: {', '.join(clash)}")
@@ -130,6 +140,7 @@ def trials_schema(param_types: Mapping[str, str], predicted: Sequence[str] = ())
     fields += [pa.field(name, PARAM_ARROW_TYPES[kind]) for name, kind in param_types.items()]
     fields += [pa.field(n, t) for n, t in _CONFIG]
     fields += [pa.field(m, pa.float64()) for m in metric_columns()]
+    fields += [pa.field(c, pa.float64()) for c in INTERVAL_COLUMNS]
     fields += [pa.field(c, pa.float64()) for c in prediction_columns(predicted)]
     fields += [pa.field(n, t) for n, t in _JUDGEMENTS + _PROBE]
     fields.append(pa.field("extra_json", pa.string()))
@@ -282,6 +293,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("request_index", pa.int64(), nullable=False),
         pa.field("warmup", pa.bool_(), nullable=False),
         pa.field("level", pa.int64(), nullable=False),
+        pa.field("window", pa.int64()),  # of its level (0: the first; null in files written before)
         pa.field("prefix_group", pa.int64()),
         pa.field("scheduled_s", pa.float64()),
         pa.field("sent_s", pa.float64()),
@@ -348,6 +360,7 @@ def requests_to_table(records: Sequence[RequestRecord], *, study: str, run_id: s
         "request_index": pa.array(np.fromiter((r.index for r in records), dtype=np.int64, count=n)),
         "warmup": pa.array(np.fromiter((r.warmup for r in records), dtype=bool, count=n)),
         "level": pa.array(np.fromiter((r.level for r in records), dtype=np.int64, count=n)),
+        "window": pa.array(np.fromiter((r.window for r in records), dtype=np.int64, count=n)),
         "prefix_group": opt_ints(r.prefix_group for r in records),
         "scheduled_s": _nullable(_opt_floats(r.scheduled_s for r in records), pa.float64()),
         "sent_s": _nullable(sent, pa.float64()),

@@ -82,6 +82,7 @@ from orchestrator.workload.synthesis import (
     level_streams,
     make_requests,
     make_rng,
+    replicate_streams,
     sample_lengths,
     seed_streams,
 )
@@ -94,29 +95,34 @@ __all__ = ["build_requests", "token_ids_to_text", "text_token_ids", "sample_leng
 
 
 def build_requests(spec: WorkloadSpec, seed: int, vocab_size: int,
-                   base_dir: Optional[Union[str, Path]] = None, level: int = 0) -> RequestSet:
+                   base_dir: Optional[Union[str, Path]] = None, level: int = 0, replicate: int = 0) -> RequestSet:
     """The deterministic requests of ``spec`` for ``seed`` at load ``level`` (see the module docstring).
 
     ``base_dir``: where relative trace and dataset paths start (the study file's folder).
     ``level``: a capacity search's load level; level k > 0 has prompts (and warm-up
-    requests) of its own, level 0 the workload's.
+    requests) of its own, level 0 the workload's. ``replicate`` r > 0: the level measured
+    again, with arrivals, lengths, prefix groups and prompts of its own (streams
+    ``(REPLICATE_KEY, r)``): an independent draw of the same workload, the same shared
+    prefixes (a trace keeps its timestamps; a dataset its entries).
     """
     check_vocab(vocab_size)
-    if level < 0:
-        raise ValueError(f"level must be >= 0, got {level}")
+    if level < 0 or replicate < 0:
+        raise ValueError(f"level and replicate must be >= 0, got {level}, {replicate}")
     if spec.trace is not None or spec.dataset is not None:
-        return _build_from_file(spec, seed, vocab_size, base_dir, level)
+        return _build_from_file(spec, seed, vocab_size, base_dir, level, replicate)
     seqs = seed_streams(seed)
-    own = level_streams(seed, level, seqs)
+    own = level_streams(seed, level, seqs, replicate)
+    draws = replicate_streams(seed, replicate, seqs)
     n = spec.num_requests
 
     prefix_rng = make_rng(seqs["prefix"])  # prefix contents first, then the measured requests' groups
     prefixes = draw_prefixes(spec.shared_prefix, prefix_rng, vocab_size) if spec.shared_prefix else None
     measured = make_requests(
         spec=spec, n=n,
-        arrivals=sample_arrivals(spec.arrival, n, make_rng(seqs["arrivals"])),
-        len_rngs=(make_rng(seqs["input_len"]), make_rng(seqs["output_len"])),
-        group_rng=prefix_rng, prompt_rng=make_rng(own["prompts"]),
+        arrivals=sample_arrivals(spec.arrival, n, make_rng(draws["arrivals"])),
+        len_rngs=(make_rng(draws["input_len"]), make_rng(draws["output_len"])),
+        group_rng=prefix_rng if draws["groups"] is None else make_rng(draws["groups"]),
+        prompt_rng=make_rng(own["prompts"]),
         prefixes=prefixes, vocab_size=vocab_size, first_index=0, warmup=False,
     )
 
@@ -156,9 +162,10 @@ def load_entries(spec: WorkloadSpec, base_dir: Optional[Union[str, Path]] = None
 
 
 def _build_from_file(spec: WorkloadSpec, seed: int, vocab_size: int,
-                     base_dir: Optional[Union[str, Path]], level: int = 0) -> RequestSet:
+                     base_dir: Optional[Union[str, Path]], level: int = 0, replicate: int = 0) -> RequestSet:
     seqs = seed_streams(seed)
-    own = level_streams(seed, level, seqs)
+    own = level_streams(seed, level, seqs, replicate)
+    draws = replicate_streams(seed, replicate, seqs)
     entries = load_entries(spec, base_dir)
     closed = None
     gaps: tuple = ()
@@ -177,7 +184,7 @@ def _build_from_file(spec: WorkloadSpec, seed: int, vocab_size: int,
             order = make_rng(seqs["dataset"]).permutation(len(entries))
         # Level k takes the next n entries of the order: other prompts, as long as the file lasts.
         chosen = [entries[order[(level * n + i) % len(entries)]] for i in range(n)]
-        due = sample_arrivals(spec.arrival, n, make_rng(seqs["arrivals"]))
+        due = sample_arrivals(spec.arrival, n, make_rng(draws["arrivals"]))
         rate = nominal_rate(spec.arrival, n)
         default_prefix = None
         if isinstance(spec.arrival, ConcurrencyArrival):

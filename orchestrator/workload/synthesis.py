@@ -34,8 +34,8 @@ from orchestrator.workload.spec import (
 from orchestrator.workload.tokens import MIN_TOKEN_ID, text_token_ids
 from orchestrator.workload.trace import TraceEntry
 
-__all__ = ["LEVEL_KEY", "STEADY_KEY", "STREAMS", "draw_prefixes", "entry_requests", "group_prefix", "level_streams",
-           "make_requests", "make_rng", "sample_lengths", "seed_streams"]
+__all__ = ["LEVEL_KEY", "REPLICATE_KEY", "STEADY_KEY", "STREAMS", "draw_prefixes", "entry_requests", "group_prefix",
+           "level_streams", "make_requests", "make_rng", "replicate_streams", "sample_lengths", "seed_streams"]
 
 # Child streams of the per-seed SeedSequence, by position. Append new ones at the
 # end: reordering would change every existing workload.
@@ -46,17 +46,36 @@ STREAMS = ("arrivals", "input_len", "output_len", "prefix", "prompts", "warmup",
 # the positions of ``STREAMS`` and from a trace's group prefixes, ``(len(STREAMS), group)``).
 LEVEL_KEY = 1000  # (LEVEL_KEY, level): a load level's own prompts and warm-up burst
 STEADY_KEY = 1001  # (STEADY_KEY, level): the steady warm-up's arrivals, lengths, groups, prompts
+# (REPLICATE_KEY, r): a level measured again (replicate r > 0): its arrivals, lengths and prefix
+# groups; (REPLICATE_KEY, r, level): its prompts.
+REPLICATE_KEY = 1002
 
 
 def seed_streams(seed: int) -> dict[str, np.random.SeedSequence]:
     return dict(zip(STREAMS, np.random.SeedSequence(seed).spawn(len(STREAMS))))
 
 
-def level_streams(seed: int, level: int, seqs: dict[str, np.random.SeedSequence]) -> dict[str, np.random.SeedSequence]:
-    """The ``prompts`` and ``warmup`` streams of a load level (level 0: the workload's own)."""
-    if level == 0:
+def level_streams(seed: int, level: int, seqs: dict[str, np.random.SeedSequence],
+                  replicate: int = 0) -> dict[str, np.random.SeedSequence]:
+    """The ``prompts`` and ``warmup`` streams of a load level (level 0: the workload's own), or of
+    its ``replicate``-th measurement again."""
+    if replicate > 0:
+        key = (REPLICATE_KEY, replicate, level)
+    elif level == 0:
         return {"prompts": seqs["prompts"], "warmup": seqs["warmup"]}
-    return dict(zip(("prompts", "warmup"), np.random.SeedSequence(seed, spawn_key=(LEVEL_KEY, level)).spawn(2)))
+    else:
+        key = (LEVEL_KEY, level)
+    return dict(zip(("prompts", "warmup"), np.random.SeedSequence(seed, spawn_key=key).spawn(2)))
+
+
+def replicate_streams(seed: int, replicate: int,
+                      seqs: dict[str, np.random.SeedSequence]) -> dict[str, np.random.SeedSequence]:
+    """The arrival, length and prefix-group streams of a level's ``replicate``-th measurement
+    again (0: the workload's own; ``groups`` is then None: they follow the prefix contents)."""
+    if replicate == 0:
+        return {**seqs, "groups": None}
+    fresh = np.random.SeedSequence(seed, spawn_key=(REPLICATE_KEY, replicate)).spawn(4)
+    return {**seqs, **dict(zip(("arrivals", "input_len", "output_len", "groups"), fresh))}
 
 
 def make_rng(seq: np.random.SeedSequence) -> np.random.Generator:
