@@ -40,11 +40,11 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from orchestrator import judge
-from orchestrator.confidence import Interval, intervals_to_columns
+from orchestrator.confidence import DEFAULT_CONFIDENCE, Interval, intervals_to_columns, t_of, z_of
 from orchestrator.metrics import LoadMetrics
 from orchestrator.records import RequestRecord
 
-__all__ = ["SaturationDetector", "detect_saturation", "Verdict", "judge_level", "LevelPoint", "next_rate",
+__all__ = ["SaturationDetector", "detect_saturation", "slo_backlog", "Verdict", "judge_level", "LevelPoint", "next_rate",
            "capacity_index", "capacity_bracket", "CapacityBracket", "LevelResult", "CapacityResult", "search_capacity",
            "level_workload"]
 
@@ -69,10 +69,18 @@ class SaturationDetector:
     and the latency of later requests grows with the very backlog being judged, which
     would stretch the window past the level's end.
     :attr:`saturated_at` says when it fired.
+
+    ``min_backlog``: a floor the backlog must also exceed. A continuous-batching engine's backlog
+    grows while a level starts from an idle engine, until the batch (and each request's latency)
+    reaches its new level; near capacity that takes longer than two windows, and the growth rule
+    alone fired on levels that met their SLOs (on the simulator, 1 level in 3 near the knee). A
+    level whose SLOs bound a request's latency to L seconds holds, by Little's law, at most
+    rate x L requests while it meets them (:func:`slo_backlog`): beyond that it is hopeless.
     """
 
-    def __init__(self, settings):
+    def __init__(self, settings, min_backlog: float = 0.0):
         self.s = settings
+        self.min_backlog = min_backlog
         self.sends: list[float] = []
         self.finishes: list[float] = []
         self._lat: list[tuple[float, float]] = []  # (finish time, latency), by finish time
@@ -97,6 +105,8 @@ class SaturationDetector:
         return bisect.bisect_right(self.sends, t) - bisect.bisect_right(self.finishes, t)
 
     def _growing(self, t: float) -> bool:
+        if self.backlog(t) <= self.min_backlog:
+            return False
         known = bisect.bisect_right(self._lat, (t, math.inf))
         if known == 0:
             return False
@@ -114,13 +124,30 @@ class SaturationDetector:
         return True
 
 
-def detect_saturation(records: Sequence[RequestRecord], settings) -> Optional[float]:
+def slo_backlog(slo: Sequence, rate: float, output_tokens: Sequence[int]) -> float:
+    """Requests in flight beyond which a level at ``rate`` cannot meet ``slo`` (0: no bound):
+    ``rate`` x the longest latency the SLOs allow a request (an ``e2el`` limit, else a TTFT limit
+    plus a TPOT limit for each of the level's longest outputs; Little's law)."""
+    limits: dict[str, float] = {}
+    for c in slo:
+        if c.op in ("<=", "<"):
+            for fam in ("e2el", "ttft", "tpot"):
+                if c.metric.startswith(f"{fam}_"):
+                    limits[fam] = max(limits.get(fam, 0.0), c.value / 1000.0)
+    if "e2el" in limits:
+        return rate * limits["e2el"]
+    if "ttft" in limits and "tpot" in limits and len(output_tokens):
+        return rate * (limits["ttft"] + limits["tpot"] * max(output_tokens))
+    return 0.0
+
+
+def detect_saturation(records: Sequence[RequestRecord], settings, min_backlog: float = 0.0) -> Optional[float]:
     """When a load window would have been flagged saturated (None: never), from its records.
 
     Replays the checks of :class:`SaturationDetector` every ``check_interval_s`` over the
     records' send and finish times: the same rule, after the fact (virtual time).
     """
-    det = SaturationDetector(settings)
+    det = SaturationDetector(settings, min_backlog)
     measured = [r for r in records if not r.warmup and r.sent_s is not None]
     if not measured:
         return None
@@ -148,6 +175,8 @@ class Verdict:
     violation: float  # the largest relative SLO excess (<= 0: met); inf when not measurable
     reasons: tuple[str, ...] = ()
     decided: bool = True
+    margin: Optional[float] = None  # log(value / limit) of the binding SLO (> 0: missed); None: no such SLO
+    margin_sd: Optional[float] = None  # its standard deviation, from the metric's interval
 
     @property
     def outcome(self) -> str:
@@ -156,7 +185,8 @@ class Verdict:
 
 
 def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 0.0,
-                saturated: bool = False, intervals: Optional[Mapping[str, Interval]] = None) -> Verdict:
+                saturated: bool = False, intervals: Optional[Mapping[str, Interval]] = None,
+                confidence: float = DEFAULT_CONFIDENCE) -> Verdict:
     """Does a level meet the SLOs? ``slo``: :class:`orchestrator.study.Constraint` objects.
 
     ``intervals``: each SLO metric's interval (:mod:`orchestrator.confidence`). The verdict is
@@ -172,6 +202,7 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     ok = all(c.met for c in checks)
     reasons += [c.describe() for c in checks if not c.met]
     sure_miss, sure_met = False, True
+    margin = margin_sd = None
     for c in checks:
         op, limit = c.constraint.op, c.constraint.value
         if c.value is None:  # a missing metric never meets an SLO
@@ -181,6 +212,11 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
         best, worst = (lo, hi) if op in ("<=", "<") else (hi, lo)  # None: unbounded on that side
         sure_miss |= best is not None and not judge.met(op, limit, best)
         sure_met &= worst is not None and judge.met(op, limit, worst)
+        m = _log_margin(op, limit, c.value)
+        if m is not None and (margin is None or m > margin):
+            margin = m
+            margin_sd = (math.log(hi / lo) / (2.0 * z_of(confidence))
+                         if lo is not None and hi is not None and lo > 0 and hi >= lo else None)
     error_rate = metrics.failed / metrics.num_requests
     if error_rate > max_error_rate:  # only a failing error rate enters the margin
         violation = max(violation, (error_rate - max_error_rate) / max(max_error_rate, 0.01))
@@ -194,7 +230,14 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     if violation == -math.inf:
         violation = 0.0 if ok else math.inf
     decided = sure_miss if not ok else sure_met
-    return Verdict(ok, float(violation), tuple(reasons), decided)
+    return Verdict(ok, float(violation), tuple(reasons), decided, margin, margin_sd)
+
+
+def _log_margin(op: str, limit: float, value: Optional[float]) -> Optional[float]:
+    """log(value / limit) for an upper limit, log(limit / value) for a lower one (> 0: missed)."""
+    if value is None or value <= 0 or limit <= 0:
+        return None
+    return math.log(value / limit) if op in ("<=", "<") else math.log(limit / value)
 
 
 def _bounds(check: judge.ConstraintCheck, interval: Optional[Interval]) -> tuple[Optional[float], Optional[float]]:
@@ -214,6 +257,9 @@ class LevelPoint:
     violation: float
     saturated: bool = False
     decided: bool = True
+    margin: Optional[float] = None  # Verdict.margin
+    margin_sd: Optional[float] = None
+    windows: int = 1  # times the level was measured
 
 
 def _bracket(points: Sequence[LevelPoint]) -> tuple[Optional[LevelPoint], Optional[LevelPoint]]:
@@ -225,32 +271,83 @@ def _bracket(points: Sequence[LevelPoint]) -> tuple[Optional[LevelPoint], Option
     return lo, hi
 
 
-def capacity_index(points: Sequence[LevelPoint]) -> Optional[int]:
+def capacity_index(points: Sequence[LevelPoint], confidence: float = DEFAULT_CONFIDENCE) -> Optional[int]:
     """Index of the level whose metrics stand for the capacity: the highest level that met the SLOs
     (by its values) at or below the capacity estimate; None if none did."""
-    cap = capacity_bracket(points)
+    cap = capacity_bracket(points, confidence)
     met = [i for i, p in enumerate(points) if p.ok and p.rate <= cap.estimate + 1e-9 and cap.estimate > 0]
     return max(met, key=lambda i: points[i].rate) if met else None
 
 
 @dataclass(frozen=True)
 class CapacityBracket:
-    """Where the capacity lies: ``low`` (the highest rate decided met: validated), ``high`` (the
-    lowest rate decided missed; None when none was) and ``estimate``, the rate where the levels'
-    SLO margin crosses zero, inside [low, high]."""
+    """Where the capacity lies, at ``confidence``: between ``low`` and ``high`` (None: no level
+    was decided missed), best estimated by ``estimate``.
+
+    Two kinds of evidence: the levels decided met and missed (``low`` is never below the
+    highest rate decided met, ``high`` never above the lowest decided missed), and the line
+    through the levels' SLO margins near the capacity (:func:`knee_fit`), whose interval narrows
+    the bracket when enough levels lie near the crossing."""
 
     low: float
     high: Optional[float]
     estimate: float
+    fitted: bool = False  # the interval came from the levels' line, not only from decided levels
 
 
-def capacity_bracket(points: Sequence[LevelPoint]) -> CapacityBracket:
+# Levels whose binding SLO margin is within this many log units of the limit (0.4x .. 2.5x of it)
+# inform the line through the knee; further out the margin bends (saturation, an idle engine).
+KNEE_MARGIN = 0.9
+
+
+def knee_fit(points: Sequence[LevelPoint], confidence: float = DEFAULT_CONFIDENCE
+             ) -> Optional[tuple[float, float, float]]:
+    """``(crossing, low, high)``: where a straight line through the levels' log SLO margins
+    crosses zero, and its interval at ``confidence``.
+
+    Weighted least squares over the levels near the knee (margin within :data:`KNEE_MARGIN`,
+    not saturated), each weighted by its margin's variance (from its metric's interval); the
+    crossing's variance by the delta method, inflated by the residuals' excess over the weights
+    (a level that disagrees more than its interval says widens the answer), its interval
+    Student's t with the fit's degrees of freedom. None with fewer
+    than three such levels at two rates or more, or a margin that does not grow with the rate."""
+    near = [p for p in points if p.margin is not None and abs(p.margin) <= KNEE_MARGIN and not p.saturated]
+    if len(near) < 3 or len({p.rate for p in near}) < 2:
+        return None
+    x = np.array([p.rate for p in near], dtype=float)
+    y = np.array([p.margin for p in near], dtype=float)
+    sd = np.array([p.margin_sd if p.margin_sd and p.margin_sd > 0 else np.nan for p in near], dtype=float)
+    sd = np.where(np.isfinite(sd), sd, np.nanmedian(sd) if np.isfinite(sd).any() else 0.2)
+    w = 1.0 / np.maximum(sd, 1e-3) ** 2
+    a_mat = np.column_stack([np.ones_like(x), x])
+    cov = np.linalg.pinv(a_mat.T @ (a_mat * w[:, None]))
+    a, b = cov @ (a_mat.T @ (w * y))
+    if b <= 0:
+        return None
+    resid = y - (a + b * x)
+    dof = len(near) - 2
+    scale = max(1.0, float(np.sum(w * resid ** 2)) / dof) if dof > 0 else 1.0
+    cov = cov * scale
+    r = -a / b
+    grad = np.array([-1.0 / b, a / b ** 2])
+    se = math.sqrt(max(float(grad @ cov @ grad), 0.0))
+    t = t_of(confidence, max(dof, 1))  # a handful of levels: Student's t, not the normal
+    return float(r), float(r - t * se), float(r + t * se)
+
+
+def capacity_bracket(points: Sequence[LevelPoint], confidence: float = DEFAULT_CONFIDENCE) -> CapacityBracket:
     lo, hi = _bracket(points)
     low = lo.rate if lo is not None else 0.0
     high = hi.rate if hi is not None else None
     if high is None:  # nothing decided missed: the highest rate that met the SLOs by its values
         top = [p.rate for p in points if p.ok]
         return CapacityBracket(low, None, max(top + [low]))
+    fit = knee_fit(points, confidence)
+    if fit is not None and max(low, fit[1]) <= min(high, fit[2]):
+        # The line's interval, inside what the decided levels allow (a level decided met at a
+        # rate the line puts above the capacity is the stronger evidence there).
+        f_lo, f_hi = max(low, fit[1]), min(high, fit[2])
+        return CapacityBracket(f_lo, f_hi, float(min(max(fit[0], f_lo), f_hi)), fitted=True)
     inside = [p for p in points if low <= p.rate <= high and math.isfinite(p.violation) and not p.saturated]
     estimate = _crossing(inside)
     if estimate is None:
@@ -260,10 +357,10 @@ def capacity_bracket(points: Sequence[LevelPoint]) -> CapacityBracket:
 
 
 def _crossing(points: Sequence[LevelPoint], near: int = 2) -> Optional[float]:
-    """The rate where the SLO margin crosses zero: a straight line (least squares) through the
-    ``near`` highest-rate points that met and the ``near`` lowest that missed (the margin is
-    convex in the rate, so far points bend the line); None with fewer than two rates or a
-    margin that does not grow with the rate."""
+    """The rate where the SLO margin crosses zero, from the ``near`` highest-rate points that met
+    and the ``near`` lowest that missed (a straight line, least squares: the margin is convex in
+    the rate, so far points bend it); None with fewer than two rates or a margin that does not
+    grow with the rate. What :func:`capacity_bracket` falls back to without :func:`knee_fit`."""
     met = sorted((p for p in points if p.violation <= 0), key=lambda p: p.rate)[-near:]
     missed = sorted((p for p in points if p.violation > 0), key=lambda p: p.rate)[:near]
     points = met + missed
@@ -290,6 +387,8 @@ def next_rate(points: Sequence[LevelPoint], spec, start_rate: float) -> tuple[Op
         return float(min(max(start_rate, spec.min_rate), spec.max_rate)), ""
     if len(points) >= spec.max_levels:
         return None, f"max_levels ({spec.max_levels}) measured"
+    if spec.max_windows is not None and sum(p.windows for p in points) >= spec.max_windows:
+        return None, f"max_windows ({spec.max_windows}) measured"
     lo, hi = _bracket(points)
     if hi is None:  # nothing decided missed so far: go up
         top = max(p.rate for p in points)
@@ -301,8 +400,17 @@ def next_rate(points: Sequence[LevelPoint], spec, start_rate: float) -> tuple[Op
         if bottom <= spec.min_rate:
             return None, f"min_rate ({spec.min_rate:g}/s) failed the SLOs"
         return max(min(bottom, hi.rate) / spec.growth, spec.min_rate), ""
-    if (hi.rate - lo.rate) / hi.rate <= spec.tolerance:
-        return None, f"bracketed within {spec.tolerance:.0%}"
+    cap = capacity_bracket(points, spec.confidence)
+    if cap.high is not None and (cap.high - cap.low) / cap.high <= spec.tolerance:
+        return None, f"bracketed within {spec.tolerance:.0%}" + (" (the levels' line)" if cap.fitted else "")
+    if cap.fitted:
+        # Measure where the line crosses zero: a level there tells the most about the crossing.
+        # Next to a level already there, half the tolerance to the side with fewer levels.
+        x = cap.estimate
+        if any(abs(p.rate - x) <= spec.tolerance / 4 * x for p in points):
+            above = sum(p.rate > x for p in points)
+            x *= 1 + (spec.tolerance / 2 if above <= len(points) - above else -spec.tolerance / 2)
+        return float(min(max(x, cap.low), cap.high)), ""
     inside = sorted({p.rate: p for p in points if lo.rate <= p.rate <= hi.rate}.values(), key=lambda p: p.rate)
     gaps = [(b.rate - a.rate, a, b) for a, b in zip(inside, inside[1:]) if (b.rate - a.rate) / hi.rate > spec.tolerance]
     if not gaps:
@@ -339,7 +447,7 @@ class LevelResult:
     @property
     def point(self) -> LevelPoint:
         return LevelPoint(self.rate, self.verdict.ok, self.verdict.violation, self.saturated_at_s is not None,
-                          self.verdict.decided)
+                          self.verdict.decided, self.verdict.margin, self.verdict.margin_sd, self.windows)
 
     def row(self) -> dict:
         """One row of the ``levels`` table (see :mod:`orchestrator.results.levels`)."""
@@ -357,14 +465,15 @@ class LevelResult:
 class CapacityResult:
     levels: list[LevelResult]
     stop_reason: str
+    confidence: float = DEFAULT_CONFIDENCE
 
     @property
     def bracket(self) -> CapacityBracket:
-        return capacity_bracket([lv.point for lv in self.levels])
+        return capacity_bracket([lv.point for lv in self.levels], self.confidence)
 
     @property
     def best(self) -> Optional[LevelResult]:
-        i = capacity_index([lv.point for lv in self.levels])
+        i = capacity_index([lv.point for lv in self.levels], self.confidence)
         return None if i is None else self.levels[i]
 
     @property
@@ -385,7 +494,7 @@ def search_capacity(measure: Callable[[int, float], LevelResult], spec, start_ra
     while True:
         rate, why = next_rate([lv.point for lv in levels], spec, start_rate)
         if rate is None:
-            return CapacityResult(levels, why)
+            return CapacityResult(levels, why, spec.confidence)
         levels.append(measure(len(levels), rate))
 
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from orchestrator.capacity import (LevelResult, SaturationDetector, detect_saturation, judge_level, level_workload,
-                                   search_capacity)
+                                   search_capacity, slo_backlog)
 from orchestrator.harness import harness_verdict
 from orchestrator.loadgen import Endpoint, run_load_sync
 from orchestrator.confidence import DEFAULT_CONFIDENCE, INTERVAL_METRICS, Interval, metric_intervals
@@ -151,6 +151,7 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
     slo_metrics = [c.metric for c in slo]
     base_rate = requests.requested_rate
     records: list[RequestRecord] = []
+    spent = [0]  # windows measured so far (capacity.max_windows)
 
     def measure_level(level: int, rate: float) -> LevelResult:
         # Prompts of the level's own: no level is answered from the prefix cache an earlier one filled.
@@ -168,7 +169,8 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
             rs = study_requests(study, workload, level=level, replicate=window)
             if level > 0 or window > 0:  # the engine is warm after the first level
                 rs = dataclasses.replace(rs, warmup=(), warmup_stream=None)
-            monitor = SaturationDetector(spec.saturation) if served else None
+            floor = slo_backlog(slo, rate, [r.output_len for r in rs.measured])
+            monitor = SaturationDetector(spec.saturation, floor) if served else None
             recs, tel = run_level(rs, monitor, window > 0)
             for r in recs:
                 r.level, r.window = level, window
@@ -178,15 +180,17 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
                 warm, planned = warmup_of(telemetry), len(rs.measured)
             else:
                 warmup_of(telemetry)
-            saturated_at = monitor.saturated_at if monitor is not None else detect_saturation(recs, spec.saturation)
+            saturated_at = monitor.saturated_at if monitor is not None else \
+                detect_saturation(recs, spec.saturation, floor)
             m = summarise_records(study, mine, rs.requested_rate, window_scale=scale)
             intervals = record_intervals(study, mine, slo_metrics, confidence=spec.confidence, window_scale=scale)
             verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None,
-                                  intervals=intervals)
+                                  intervals=intervals, confidence=spec.confidence)
             log.info("level %d at %.3g req/s (window %d): %s", level, rate, window,
                      ("meets the SLOs" if verdict.ok else "; ".join(verdict.reasons))
                      + ("" if verdict.decided else f" (undecided at {spec.confidence:.0%})"))
-            if verdict.decided or saturated_at is not None:
+            spent[0] += 1
+            if verdict.decided or saturated_at is not None or (spec.max_windows and spent[0] >= spec.max_windows):
                 break
         records.extend(mine)
         return LevelResult(level, rate, planned, mine, m, verdict, saturated_at,

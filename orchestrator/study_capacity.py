@@ -53,9 +53,12 @@ class CapacitySpec(_Strict):
     confidence: float = Field(default=DEFAULT_CONFIDENCE, ge=0.5, le=0.999,
                               description="a level's verdict is decided when each SLO metric's interval at this "
                                           "confidence lies on one side of its limit; the capacity interval holds it")
-    repeats: int = Field(default=2, ge=0, le=10,
+    repeats: int = Field(default=1, ge=0, le=10,
                          description="times an undecided level is measured again (fresh arrivals and prompts, "
                                      "pooled with what it measured) before it is left undecided")
+    max_windows: Optional[int] = Field(default=None, ge=1, le=1000,
+                                       description="load windows (levels and their measurements again) a search "
+                                                   "may spend in all; default: max_levels x (1 + repeats)")
     slo: Optional[list[Constraint]] = Field(
         default=None, description="what a level must meet; default: the study's constraints on load metrics")
     saturation: SaturationSettings = SaturationSettings()

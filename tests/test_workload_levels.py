@@ -93,9 +93,12 @@ def test_a_level_shares_only_the_shared_prefixes_with_level_zero_and_the_warmup(
     assert all(r.prompt_token_ids[:PLEN] == prefixes[r.prefix_group]
                for r in other.measured + other.warmup if r.prefix_group is not None)
     assert sum(r.prefix_group is not None for r in other.measured) > 10
-    # Same shapes: arrivals, lengths and groups are paired with level 0's (only the prompts differ).
-    assert [(r.index, r.arrival_s, r.prompt_len, r.output_len, r.prefix_group) for r in other.measured] == \
-           [(r.index, r.arrival_s, r.prompt_len, r.output_len, r.prefix_group) for r in base.measured]
+    # A draw of its own (arrivals, lengths, groups: levels average the workload's noise instead of
+    # repeating one draw), of the same workload at the same rate over the same span.
+    assert [r.index for r in other.measured] == [r.index for r in base.measured]
+    assert [r.arrival_s for r in other.measured] != [r.arrival_s for r in base.measured]
+    assert [(r.prompt_len, r.output_len) for r in other.measured] != [(r.prompt_len, r.output_len) for r in base.measured]
+    assert other.measured[-1].arrival_s == pytest.approx(base.measured[-1].arrival_s)
     assert other.requested_rate == base.requested_rate and [r.index for r in other.warmup] == [-3, -2, -1]
     # Deterministic per level, and each level its own.
     assert build_requests(spec, 11, VOCAB, level=level) == other
@@ -104,7 +107,7 @@ def test_a_level_shares_only_the_shared_prefixes_with_level_zero_and_the_warmup(
 
 
 def test_capacity_levels_get_their_own_prompts_at_every_rate():
-    """The level builder of the capacity search: a level's rate scales the gaps, its index picks the prompts."""
+    """The level builder of the capacity search: a level's rate sets the span, its index the draw and the prompts."""
     from orchestrator.capacity import level_workload
     from orchestrator.study import CapacitySpec
 
@@ -112,7 +115,8 @@ def test_capacity_levels_get_their_own_prompts_at_every_rate():
     lv0 = build_requests(level_workload(spec, 5.0, cap, 5.0), 11, VOCAB, level=0)
     lv1 = build_requests(level_workload(spec, 10.0, cap, 5.0), 11, VOCAB, level=1)
     assert lv0.measured == build_requests(spec, 11, VOCAB).measured
-    assert np.allclose([r.arrival_s * 2 for r in lv1.measured], [r.arrival_s for r in lv0.measured])
+    assert lv1.measured[-1].arrival_s * 2 == pytest.approx(lv0.measured[-1].arrival_s)  # twice the rate
+    assert not np.allclose([r.arrival_s * 2 for r in lv1.measured], [r.arrival_s for r in lv0.measured])
     assert not {unique_part(r) for r in lv1.measured} & {unique_part(r) for r in lv0.measured}
 
 
@@ -121,7 +125,8 @@ def test_dataset_levels_take_the_next_entries_of_the_seeded_order(tmp_path):
     lv0, lv1 = build_requests(spec, 5, VOCAB), build_requests(spec, 5, VOCAB, level=1)
     assert len({r.prompt_text for r in lv0.measured}) == 12 == len({r.prompt_text for r in lv1.measured})
     assert not {r.prompt_text for r in lv0.measured} & {r.prompt_text for r in lv1.measured}
-    assert [r.arrival_s for r in lv1.measured] == [r.arrival_s for r in lv0.measured]
+    assert [r.arrival_s for r in lv1.measured] != [r.arrival_s for r in lv0.measured]
+    assert lv1.measured[-1].arrival_s == pytest.approx(lv0.measured[-1].arrival_s)
     # Warm-up prompts are random ids, never a measured text.
     warm = lv1.warmup + tuple(itertools.islice(lv1.warmup_stream, 20))
     assert all(r.prompt_text is None for r in warm)
@@ -129,6 +134,18 @@ def test_dataset_levels_take_the_next_entries_of_the_seeded_order(tmp_path):
     short = dataset_spec(tmp_path, entries=7)
     assert {r.prompt_text for r in build_requests(short, 5, VOCAB, level=1).measured} <= \
            {r.prompt_text for r in build_requests(short, 5, VOCAB).measured}
+
+
+def test_a_level_measured_again_is_a_fresh_draw_of_everything_but_the_shared_prefixes():
+    spec = synthetic()
+    first, again = build_requests(spec, 11, VOCAB, level=2), build_requests(spec, 11, VOCAB, level=2, replicate=1)
+    assert [r.arrival_s for r in first.measured] != [r.arrival_s for r in again.measured]
+    assert not {unique_part(r) for r in first.measured} & {unique_part(r) for r in again.measured}
+    prefixes = {r.prefix_group: r.prompt_token_ids[:PLEN] for r in first.measured if r.prefix_group is not None}
+    assert all(r.prompt_token_ids[:PLEN] == prefixes[r.prefix_group] for r in again.measured
+               if r.prefix_group is not None)
+    assert build_requests(spec, 11, VOCAB, level=2, replicate=1) == again  # deterministic
+    assert again.measured != build_requests(spec, 11, VOCAB, level=3, replicate=1).measured
 
 
 def test_trace_levels_keep_text_prompts_and_refresh_drawn_ones(tmp_path):

@@ -17,11 +17,14 @@ its prompts, and its warm-up requests, from streams of its own (spawn key
 ``(LEVEL_KEY, k)``), so that no level replays a prompt the engine has already seen
 and its prefix cache holds: vLLM caches prefixes by default, and a replayed prompt
 is answered from the cache (measured on an H200: TTFT 30 ms instead of 79 ms).
-Everything else is the same at every level: the shared-prefix contents (sharing them
-is the point), and, on purpose, the arrival gaps (before the level's rate scales
-them), the lengths and the prefix groups: levels are then a paired comparison in
-which only the rate and the prompt text differ, and the capacity search's
-interpolation between two levels is not thrown off by a different draw of lengths.
+The shared-prefix contents are the same at every level (sharing them is the point).
+The arrival gaps, the lengths and the prefix groups of level k > 0 are a draw of their own
+too (spawn key ``(REPLICATE_KEY, 0, k)``): a capacity search fits a line through its levels'
+SLO margins, and levels that replayed one draw of bursts (as they did once, to pair them)
+moved together, so one unlucky draw moved the whole trial's capacity (on the simulator, a
+seed's capacity spread +-30% around the median). Every trial of a study still sees the
+same draw at each level index. A level measured again (``replicate`` r > 0) is a fresh
+draw of all of these and of its prompts (``(REPLICATE_KEY, r, k)``).
 Datasets take the next ``num_requests`` entries of their seeded order at each level
 (entries ``k n .. (k + 1) n - 1``, cycling once the file is used up: only then does a
 level repeat a text prompt). A trace's text prompts are the trace's own: every level
@@ -112,7 +115,7 @@ def build_requests(spec: WorkloadSpec, seed: int, vocab_size: int,
         return _build_from_file(spec, seed, vocab_size, base_dir, level, replicate)
     seqs = seed_streams(seed)
     own = level_streams(seed, level, seqs, replicate)
-    draws = replicate_streams(seed, replicate, seqs)
+    draws = replicate_streams(seed, replicate, seqs, level)
     n = spec.num_requests
 
     prefix_rng = make_rng(seqs["prefix"])  # prefix contents first, then the measured requests' groups
@@ -165,7 +168,7 @@ def _build_from_file(spec: WorkloadSpec, seed: int, vocab_size: int,
                      base_dir: Optional[Union[str, Path]], level: int = 0, replicate: int = 0) -> RequestSet:
     seqs = seed_streams(seed)
     own = level_streams(seed, level, seqs, replicate)
-    draws = replicate_streams(seed, replicate, seqs)
+    draws = replicate_streams(seed, replicate, seqs, level)
     entries = load_entries(spec, base_dir)
     closed = None
     gaps: tuple = ()

@@ -46,8 +46,8 @@ STREAMS = ("arrivals", "input_len", "output_len", "prefix", "prompts", "warmup",
 # the positions of ``STREAMS`` and from a trace's group prefixes, ``(len(STREAMS), group)``).
 LEVEL_KEY = 1000  # (LEVEL_KEY, level): a load level's own prompts and warm-up burst
 STEADY_KEY = 1001  # (STEADY_KEY, level): the steady warm-up's arrivals, lengths, groups, prompts
-# (REPLICATE_KEY, r): a level measured again (replicate r > 0): its arrivals, lengths and prefix
-# groups; (REPLICATE_KEY, r, level): its prompts.
+# (REPLICATE_KEY, r, level): the arrivals, lengths and prefix groups of load level k > 0 or of its
+# r-th measurement again, and the prompts of a measurement again (r > 0).
 REPLICATE_KEY = 1002
 
 
@@ -60,7 +60,7 @@ def level_streams(seed: int, level: int, seqs: dict[str, np.random.SeedSequence]
     """The ``prompts`` and ``warmup`` streams of a load level (level 0: the workload's own), or of
     its ``replicate``-th measurement again."""
     if replicate > 0:
-        key = (REPLICATE_KEY, replicate, level)
+        key = (REPLICATE_KEY, replicate, level, 0)
     elif level == 0:
         return {"prompts": seqs["prompts"], "warmup": seqs["warmup"]}
     else:
@@ -68,13 +68,15 @@ def level_streams(seed: int, level: int, seqs: dict[str, np.random.SeedSequence]
     return dict(zip(("prompts", "warmup"), np.random.SeedSequence(seed, spawn_key=key).spawn(2)))
 
 
-def replicate_streams(seed: int, replicate: int,
-                      seqs: dict[str, np.random.SeedSequence]) -> dict[str, np.random.SeedSequence]:
-    """The arrival, length and prefix-group streams of a level's ``replicate``-th measurement
-    again (0: the workload's own; ``groups`` is then None: they follow the prefix contents)."""
-    if replicate == 0:
+def replicate_streams(seed: int, replicate: int, seqs: dict[str, np.random.SeedSequence],
+                      level: int = 0) -> dict[str, np.random.SeedSequence]:
+    """The arrival, length and prefix-group streams of load ``level``'s ``replicate``-th measurement
+    (level 0, replicate 0: the workload's own; ``groups`` is then None: they follow the prefix
+    contents). Every other level and measurement draws its own: independent draws, so that a
+    capacity search's levels average the workload's noise instead of repeating one draw."""
+    if replicate == 0 and level == 0:
         return {**seqs, "groups": None}
-    fresh = np.random.SeedSequence(seed, spawn_key=(REPLICATE_KEY, replicate)).spawn(4)
+    fresh = np.random.SeedSequence(seed, spawn_key=(REPLICATE_KEY, replicate, level)).spawn(4)
     return {**seqs, **dict(zip(("arrivals", "input_len", "output_len", "groups"), fresh))}
 
 
