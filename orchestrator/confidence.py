@@ -45,6 +45,7 @@ __all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "INTERVAL_METRI
 DEFAULT_CONFIDENCE = 0.90
 BOOTSTRAP_SAMPLES = 400
 BLOCK_S = 2.0  # seconds of due times per block (benchmarks/ci_coverage.py)
+MIN_BLOCKS = 6  # a shorter window gets shorter blocks: a bootstrap over two or three blocks is no spread
 # How much wider than the block bootstrap's an interval must be to cover the truth as often as it
 # says, by statistic: what the simulator needed over many seeds (benchmarks/ci_coverage.py). A
 # window cannot see fluctuations slower than itself (near capacity the queue remembers a burst for
@@ -115,7 +116,8 @@ class _Blocks:
 
 
 def _blocks(records: Sequence[RequestRecord], block_s: float) -> _Blocks:
-    """Blocks of ``block_s`` seconds of due times, window by window. A window's duration (first
+    """Blocks of ``block_s`` seconds of due times (shorter in a window shorter than
+    :data:`MIN_BLOCKS` of them), window by window. A window's duration (first
     send to last end, as :func:`orchestrator.metrics.summarise`) is shared out over its blocks:
     full blocks ``block_s`` each, its last block the rest."""
     by_window: dict[int, list[int]] = {}
@@ -126,14 +128,16 @@ def _blocks(records: Sequence[RequestRecord], block_s: float) -> _Blocks:
     for _, idx in sorted(by_window.items()):
         recs = [records[i] for i in idx]
         due = np.array([r.scheduled_s for r in recs], dtype=float)
-        local = np.floor((due - due.min()) / block_s).astype(np.int64)
+        span = float(due.max() - due.min())
+        size = min(block_s, span / MIN_BLOCKS) if span > 0 else block_s
+        local = np.floor((due - due.min()) / size).astype(np.int64)
         used, local = np.unique(local, return_inverse=True)  # blocks without a request are dropped
         of_request[idx] = local + len(seconds)
         sends = [r.sent_s for r in recs if r.sent_s is not None]
         ends = [e for r in recs for e in ((r.end_s if r.success else (r.finished_s or r.end_s)),) if e is not None]
         duration = (max(ends + sends) - min(sends)) if sends else 0.0
-        share = np.full(len(used), float(block_s))
-        share[-1] = max(duration - block_s * (len(used) - 1), 1e-9)
+        share = np.full(len(used), float(size))
+        share[-1] = max(duration - size * (len(used) - 1), 1e-9)
         if duration <= 0:
             share[:] = 1e-9
         seconds.extend(share.tolist())

@@ -13,7 +13,11 @@ the study's budget) with two additions:
   ``orchestrator run`` that set the baseline). Compared:
   the best capacity under the SLOs, and for each re-measured configuration its
   capacity, its p99 latencies and whether it still starts and meets the SLOs. A
-  change for the worse beyond ``threshold`` (relative) is a regression.
+  change for the worse is a regression only beyond the measurements' noise: the two
+  nights' intervals of the metric (``<metric>_low`` / ``_high``) do not overlap, and
+  the change is at least ``threshold`` (relative). A change inside the noise is
+  reported as such, never flagged. Rows without intervals (written before they
+  existed) are compared by ``threshold`` alone.
 
 The verdict is written as JSON to ``<output>/<study>/_nightly/<run_id>.json`` (the
 report's nightly section reads these); ``orchestrator nightly`` exits 3 on a
@@ -33,6 +37,7 @@ import pandas as pd
 from orchestrator.metrics import default_direction
 from orchestrator.results.analysis import best_under_slos, config_key
 from orchestrator.results.pareto import pareto_front
+from orchestrator.results.ties import bounds
 from orchestrator.study import Study
 
 log = logging.getLogger(__name__)
@@ -45,7 +50,7 @@ SUMMARY_VERSION = 1
 class NightlyPolicy:
     """What counts as a regression, and how much of the budget re-measures last night's front."""
 
-    threshold: float = 0.10  # relative change for the worse that is flagged (0.10 = 10 %)
+    threshold: float = 0.03  # smallest change for the worse worth flagging (0.03 = 3 %), beyond the noise
     latency_metrics: tuple[str, ...] = ("ttft_p99_ms", "tpot_p99_ms")
     capacity_metric: Optional[str] = None  # None: capacity_rps when measured, else the first maximised objective
     remeasure: Optional[int] = None  # front points re-measured first; None: up to half the budget (at least 1)
@@ -113,7 +118,8 @@ class NightlySummary:
         text = f"best {self.capacity_metric} {best}"
         if self.previous_run_id is None:
             return text + "; first nightly run on this workload: nothing to compare with"
-        text += f"; compared with run {self.previous_run_id} (threshold {self.threshold:.0%})"
+        text += (f"; compared with run {self.previous_run_id} (a regression: worse beyond the noise, "
+                 f"by {self.threshold:.0%} or more)")
         prev, cur = self.versions.get("previous") or {}, self.versions.get("current") or {}
         moved = [f"{k} {prev.get(k)} -> {cur.get(k)}" for k in ("vllm", "ray", "torch", "orchestrator")
                  if prev.get(k) != cur.get(k)]
@@ -217,6 +223,30 @@ def _worse(metric: str, previous: Optional[float], current: Optional[float]) -> 
     return (current - previous) / abs(previous)
 
 
+def _beyond_noise(metric: str, previous: Optional[pd.Series], current: Optional[pd.Series]) -> Optional[bool]:
+    """Whether ``current`` is worse than ``previous`` beyond both measurements' noise (their intervals
+    do not overlap); None when neither row has an interval of ``metric``."""
+    if previous is None or current is None:
+        return None
+    both = pd.DataFrame([previous, current])
+    if not any(f"{metric}_{end}" in both and both[f"{metric}_{end}"].notna().any() for end in ("low", "high")):
+        return None
+    low, high = bounds(both, metric)
+    if default_direction(metric) == "maximize":
+        return bool(high[1] < low[0])
+    return bool(low[1] > high[0])
+
+
+def _regression(metric: str, worse: Optional[float], previous, current, policy: NightlyPolicy) -> tuple[bool, str]:
+    """(flagged, note): worse by at least the threshold, and beyond the noise where it is known."""
+    if worse is None or worse <= policy.threshold:
+        return False, ""
+    beyond = _beyond_noise(metric, previous, current)
+    if beyond is False:
+        return False, f"{worse:+.1%} worse, within the noise (the two nights' intervals overlap)"
+    return True, ""
+
+
 def _value(row: Optional[pd.Series], metric: str) -> Optional[float]:
     if row is None or metric not in row or pd.isna(row[metric]):
         return None
@@ -247,10 +277,10 @@ def compare_nights(previous: pd.DataFrame, current: pd.DataFrame, study: Study, 
     if p_row is not None:
         worse = _worse(cap, _value(p_row, cap), _value(c_row, cap))
         lost = c_row is None
+        flagged, note = _regression(cap, worse, p_row, c_row, policy)
         add(Change("best under SLOs", cap, _value(p_row, cap), _value(c_row, cap), p_row["trial_id"],
-                   None if c_row is None else c_row["trial_id"], worse,
-                   regression=lost or (worse is not None and worse > policy.threshold),
-                   note="no trial met the SLOs tonight" if lost else ""))
+                   None if c_row is None else c_row["trial_id"], worse, regression=lost or flagged,
+                   note="no trial met the SLOs tonight" if lost else note))
 
     keys_prev, keys_cur = config_key(previous), config_key(current)
     wanted = config_key(pd.DataFrame({"params_json": [json.dumps(dict(c)) for c in configs]}))
@@ -260,11 +290,11 @@ def compare_nights(previous: pd.DataFrame, current: pd.DataFrame, study: Study, 
         if before.empty:
             continue
         what = _label(before["params_json"].iloc[-1], study)
-        b = before.iloc[-1]
+        b = _first_draw(before)
         if after.empty:
             add(Change(what, "status", None, None, b["trial_id"], None, None, False, note="not re-measured"))
             continue
-        a = after.iloc[-1]
+        a = _first_draw(after)
         if a["status"] != "completed":
             add(Change(what, "status", None, None, b["trial_id"], a["trial_id"], None, regression=True,
                        note=f"was {b['status']}, now {a['status']} ({a.get('failure_kind')})"))
@@ -274,9 +304,21 @@ def compare_nights(previous: pd.DataFrame, current: pd.DataFrame, study: Study, 
                        note="met every SLO last time, misses one now"))
         for metric in dict.fromkeys([cap, *policy.latency_metrics]):
             worse = _worse(metric, _value(b, metric), _value(a, metric))
+            flagged, note = _regression(metric, worse, b, a, policy)
             add(Change(what, metric, _value(b, metric), _value(a, metric), b["trial_id"], a["trial_id"], worse,
-                       regression=worse is not None and worse > policy.threshold))
+                       regression=flagged, note=note))
     return changes, reasons
+
+
+def _first_draw(rows: pd.DataFrame) -> pd.Series:
+    """A night's row of one configuration to compare: its latest measurement with the study's own
+    workload seed (``measurement`` 0), which every night draws alike; else its latest row (a
+    racing measurement again has a draw of its own)."""
+    if "measurement" in rows.columns:
+        own = rows[pd.to_numeric(rows["measurement"], errors="coerce").fillna(0) == 0]
+        if len(own):
+            return own.iloc[-1]
+    return rows.iloc[-1]
 
 
 def _versions(trials: pd.DataFrame) -> dict[str, Any]:

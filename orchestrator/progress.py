@@ -16,6 +16,7 @@ from typing import Any, Optional
 from orchestrator.study import Study
 from orchestrator.judge import feasible_mask
 from orchestrator.pricing import study_price
+from orchestrator.results.ties import bounds
 
 
 def _fmt(v: Any) -> str:
@@ -46,6 +47,7 @@ class ProgressPrinter:
         self.feasible = 0
         self.running = 0
         self.best: Optional[float] = None
+        self.feasible_values: list[tuple[float, float, float]] = []  # (value, low, high) of the first objective
         self.quiet = quiet
         self.stream = stream  # None: sys.stdout at print time (a stored stream may not pickle)
         self.t0 = time.monotonic()
@@ -71,6 +73,8 @@ class ProgressPrinter:
             values = pd.to_numeric(trials.loc[ok, first.metric], errors="coerce").dropna()
             if len(values):
                 self.best = float(values.max() if first.resolved_direction == "maximize" else values.min())
+                low, high = bounds(trials.loc[values.index], first.metric)
+                self.feasible_values += [(float(v), float(lo), float(hi)) for v, lo, hi in zip(values, low, high)]
 
     def _print(self, text: str) -> None:
         self._last_print = time.monotonic()
@@ -139,6 +143,10 @@ class ProgressPrinter:
         if result.get("feasible"):
             self.feasible += 1
             if value is not None:
+                low, high = result.get(f"{first.metric}_low"), result.get(f"{first.metric}_high")
+                self.feasible_values.append((value, value if low is None else min(low, value),
+                                             (value if low is None else float("inf")) if high is None
+                                             else max(high, value)))
                 better = (self.best is None or (value > self.best if first.resolved_direction == "maximize"
                                                 else value < self.best))
                 if better:
@@ -153,11 +161,21 @@ class ProgressPrinter:
         left = self.total - self.done
         eta = elapsed / self.finished_here * left / 1 if self.finished_here else 0
         best = _fmt(self.best) if self.best is not None else "-"
+        tied = self.tied_with_best()
+        if tied:
+            best += f" (tied with {tied} other{'s' if tied != 1 else ''} within the noise)"
         width = len(str(self.total))
         self._print(f"[{self.done:>{width}}/{self.total}] {result.get('tid', '')} {status:<10} {shown}")
         self._print(f"{'':>{2 * width + 4}}{objs}{slo} | done {self.done}, running {self.running}, "
                     f"not completed {self.failed} | best {first.metric} {best} | "
                     f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
+
+    def tied_with_best(self) -> int:
+        """Feasible trials other than the best whose interval of the first objective overlaps the best's."""
+        if self.best is None:
+            return 0
+        _, lo, hi = next((v for v in self.feasible_values if v[0] == self.best), (None, self.best, self.best))
+        return sum(1 for v, l2, h2 in self.feasible_values if l2 <= hi and lo <= h2) - 1
 
     def finish(self, trials) -> None:
         """The run's outcome in one line per status; why, if nothing completed."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import shlex
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 import pandas as pd
@@ -23,6 +23,7 @@ from orchestrator.engine_args import EngineArgs
 from orchestrator.pricing import unit_columns
 from orchestrator.redaction import EnvRef, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
+from orchestrator.results.ties import combine_repeats
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
 from orchestrator.study import Constraint, Study
 
@@ -47,6 +48,17 @@ class Recommendation:
     metrics: dict[str, Optional[float]]  # the trial's objective, SLO, per-GPU and cost metrics, as measured
     slos: tuple[Constraint, ...]
     agreement: Optional[str] = None  # the probe's agreement with the baseline it was chosen under
+    choice: Optional[str] = None  # how it was chosen among trials tied within the noise
+    intervals: dict[str, tuple[Optional[float], Optional[float]]] = field(default_factory=dict)
+
+    def measured_text(self) -> str:
+        """``metric value [low, high], ...``: what was measured, with the interval where known."""
+        def one(k: str, v: float) -> str:
+            lo, hi = self.intervals.get(k, (None, None))
+            band = "" if lo is None else f" [{lo:,.4g}, {'inf' if hi is None else f'{hi:,.4g}'}]"
+            return f"{k} {v:,.4g}{band}"
+
+        return ", ".join(one(k, v) for k, v in self.metrics.items() if v is not None)
 
     def slo_lines(self) -> list[str]:
         """Each SLO with the trial's measured value and whether it was met."""
@@ -96,7 +108,8 @@ class Recommendation:
         import yaml
 
         head = (f"# Ray Serve LLM config for trial {self.trial_id} (run {self.run_id}).\n"
-                + (f"# {self.agreement}\n" if self.agreement else "") +
+                + (f"# {self.agreement}\n" if self.agreement else "")
+                + (f"# {self.choice}\n" if self.choice else "") +
                 "# Deploy: serve run THIS_FILE   (or: serve deploy THIS_FILE on a running cluster)\n")
         return head + yaml.safe_dump(self.serve_config(), sort_keys=False)
 
@@ -153,10 +166,57 @@ def select_trial(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] 
     constraints = normalize_constraints(study.constraints if slos is None else slos)
     objective_text = objective or f"{study.objectives[0].resolved_direction} {study.objectives[0].metric}"
     (metric, direction), = normalize_objectives([objective_text])
-    ranked = best_under_slos(trials, metric, direction, constraints)
+    completed = trials[trials["status"] == "completed"] if "status" in trials.columns else trials
+    pooled = combine_repeats(completed, [metric, "ttft_p99_ms"])  # a configuration measured again: pooled
+    ranked = best_under_slos(pooled, metric, direction, constraints)
     if ranked.empty:
         raise RecommendError(_why_none(trials, constraints))
-    return ranked.iloc[0]
+    return break_tie(ranked[ranked["tied_with_best"]], metric)
+
+
+TIE_RULE = "fewer GPUs, then lower p99 TTFT, then closer to vLLM's defaults"
+
+
+def break_tie(contenders: pd.DataFrame, metric: str) -> pd.Series:
+    """The trial to deploy among ``contenders``, all tied with the best within the noise (the best
+    first): by :data:`TIE_RULE`, then the better measured value. Its ``choice`` says so."""
+    best = contenders.iloc[0].copy()
+    if len(contenders) == 1:
+        best["choice"] = None
+        return best
+
+    def key(item):
+        position, (_, row) = item
+        gpus = row.get("gpus")
+        ttft = row.get("ttft_p99_ms")
+        return (gpus if gpus is not None and not pd.isna(gpus) else 1,
+                ttft if ttft is not None and not pd.isna(ttft) else float("inf"),
+                distance_from_defaults(row), position)
+
+    _, (_, chosen) = min(enumerate(contenders.iterrows()), key=key)
+    chosen = chosen.copy()
+    others = len(contenders) - 1
+    chosen["choice"] = (f"tied on {metric} with {others} other{'s' if others != 1 else ''} within the noise "
+                        f"(best measured: trial {best['trial_id']}, {best[metric]:,.4g}); chosen by {TIE_RULE}")
+    return chosen
+
+
+def distance_from_defaults(row: pd.Series) -> int:
+    """How many engine arguments of a trial differ from what vLLM picks by itself on its hardware
+    (the model length and dtype are the workload's, not a tuning choice)."""
+    from orchestrator.sim.hardware import get_gpu
+
+    try:
+        args = engine_args_of(row)
+    except RecommendError:
+        return 10 ** 6
+    gpu = str(row.get("gpu") or "")
+    cpu = gpu.upper() == "CPU"
+    memory = 0.0 if cpu else get_gpu(gpu).memory_mib / 1024
+    default = EngineArgs(max_model_len=args.max_model_len, dtype=args.dtype).resolved(
+        device_memory_gib=memory, device_name=gpu, platform="cpu" if cpu else "cuda")
+    names = [f.name for f in fields(EngineArgs) if f.name not in ("extra", "max_model_len", "dtype")]
+    return sum(getattr(args, n) != getattr(default, n) for n in names)
 
 
 def _why_none(trials: pd.DataFrame, constraints: Sequence[Constraint]) -> str:
@@ -206,11 +266,18 @@ def recommend(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] = N
     ranked_by = [normalize_objectives([objective])[0][0]] if objective else []
     shown = ranked_by + [o.metric for o in study.objectives] + [c.metric for c in constraints] + unit_columns(row)
     metrics = {m: (None if pd.isna(row.get(m)) else float(row.get(m))) for m in dict.fromkeys(shown) if m in row}
+    intervals = {}
+    for m in metrics:
+        lo, hi = row.get(f"{m}_low"), row.get(f"{m}_high")
+        if lo is not None and not pd.isna(lo):
+            intervals[m] = (float(lo), None if hi is None or pd.isna(hi) else float(hi))
+    choice = row.get("choice")
     return Recommendation(
         trial_id=str(row["trial_id"]), run_id=str(row["run_id"]), engine_args=args,
         model=model or default_model(study), served_name=study.model.served_name or study.model.name,
         accelerator_type=accelerator, env=_engine_env(study, gpu),
-        metrics=metrics, slos=constraints, agreement=agreement_line(row))
+        metrics=metrics, slos=constraints, agreement=agreement_line(row),
+        choice=choice if isinstance(choice, str) else None, intervals=intervals)
 
 
 def agreement_line(row: pd.Series) -> Optional[str]:

@@ -50,6 +50,11 @@ class SearchSettings(_Strict):
     fidelity_min_gain: float = Field(
         default=0.01, ge=0, le=1, description="fidelity sim: stop when another real trial is predicted to improve "
                                               "the best objective by less than this share")
+    remeasure: Optional[int] = Field(
+        default=None, ge=0, le=100_000,
+        description="trials at the end of the budget that measure again the configurations tied with the "
+                    "best within the noise (fresh arrivals and prompts), before a winner is named; "
+                    "default: an eighth of the budget (0 below 8 trials)")
     fidelity_candidates: int = Field(
         default=2048, ge=1, le=100_000, description="fidelity sim: most configurations scored (the whole space "
                                                     "if it is smaller, else a seeded sample)")

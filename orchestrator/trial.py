@@ -29,6 +29,7 @@ from orchestrator.pricing import study_price, unit_metric_intervals, unit_metric
 from orchestrator.probe import probe_trial
 from orchestrator.study import Study
 from orchestrator.trial_result import PhaseTimings, TrialResult
+from orchestrator.workload.synthesis import measurement_seed
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class _Builder:
     params: dict[str, Any]
     started_at: datetime
     t0: float
+    measurement: int = 0
     args: Optional[EngineArgs] = None
     status: TrialStatus = TrialStatus.ERROR
     failure: Optional[Failure] = None
@@ -118,13 +120,17 @@ class _Builder:
             failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
             engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
             levels=levels, unit_metrics=unit, probe=dict(self.probe or {}), intervals=intervals,
-            confidence=confidence)
+            confidence=confidence, measurement=self.measurement)
 
 
 def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,
-                  ctx: TrialContext, engine: Optional[Engine] = None) -> TrialResult:
-    """Run one configuration end to end; never raises for configuration or engine problems."""
-    b = _Builder(ctx.run_id, trial_id, trial_number, dict(params), _utc_now(), time.monotonic())
+                  ctx: TrialContext, engine: Optional[Engine] = None, measurement: int = 0) -> TrialResult:
+    """Run one configuration end to end; never raises for configuration or engine problems.
+
+    ``measurement`` k > 0: the configuration measured again (racing), with a workload seed of its
+    own (:func:`orchestrator.workload.synthesis.measurement_seed`): other arrivals and prompts."""
+    b = _Builder(ctx.run_id, trial_id, trial_number, dict(params), _utc_now(), time.monotonic(),
+                 measurement=measurement)
     try:
         engine = engine or create_engine(study, ctx.engine_context())
         fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
@@ -144,17 +150,20 @@ def judge_result(study: Study, result: TrialResult) -> Judgement:
 
 def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
     args = b.args
+    # What the load sends: the study's workload, drawn with the measurement's own seed.
+    loaded = study if b.measurement == 0 else study.model_copy(
+        update={"seed": measurement_seed(study.seed, b.measurement)})
     if feasibility.preflight_on(study):
         verdict = feasibility.check(study, args, cluster_units=ctx.cluster_units, units_per_node=ctx.units_per_node)
         if not verdict.ok:
             b.fail(Failure(FailureKind.PREFLIGHT, f"[{verdict.kind.value}] {verdict.reason}"))
             return
 
-    requests = study_requests(study)
+    requests = study_requests(loaded)
     if not engine.serves_http:
         t_load = time.monotonic()
         try:
-            b.phase = measure(study, requests, lambda rs, monitor, again: engine.measure(args, rs), served=False)
+            b.phase = measure(loaded, requests, lambda rs, monitor, again: engine.measure(args, rs), served=False)
         except EngineStartError as e:
             b.fail(start_failure(e))
             return
@@ -185,7 +194,7 @@ def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
                 if note:
                     b.engine_facts["probe_errors"] = note
             t_load = time.monotonic()
-            b.phase = served_load(study, deployment, requests)
+            b.phase = served_load(loaded, deployment, requests)
             b.load_window_s = time.monotonic() - t_load
             health = deployment.health()
             t_down = time.monotonic()

@@ -87,6 +87,7 @@ class TrialResult:
     probe: Mapping[str, Any] = field(default_factory=dict)  # agreement with the baseline (orchestrator.probe)
     intervals: Mapping[str, Interval] = field(default_factory=dict)  # where each metric's true value lies
     confidence: Optional[float] = None  # ... at this confidence (orchestrator.confidence)
+    measurement: int = 0  # which measurement of its configuration (> 0: measured again, racing)
 
     @property
     def completed(self) -> bool:

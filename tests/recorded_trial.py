@@ -23,7 +23,8 @@ class RecordedTrial:
         return list(self.result.levels)
 
 
-def run_trial(study, params, *, trial_id, trial_number, ctx, engine=None) -> RecordedTrial:
+def run_trial(study, params, *, trial_id, trial_number, ctx, engine=None, measurement=0) -> RecordedTrial:
     """``execute_trial`` + the judge + the row, as ``orchestrator.search.tune.tune_trainable`` does."""
-    result = execute_trial(study, params, trial_id=trial_id, trial_number=trial_number, ctx=ctx, engine=engine)
+    result = execute_trial(study, params, trial_id=trial_id, trial_number=trial_number, ctx=ctx, engine=engine,
+                           measurement=measurement)
     return RecordedTrial(result, trial_row(study, result, judge_result(study, result)))

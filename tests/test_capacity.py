@@ -3,6 +3,7 @@ dense sweep (virtual sim), the levels table, and study validation."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -83,6 +84,47 @@ def test_judge_level():
     assert judge_level(metrics(100, failed=1), slo, max_error_rate=0.1).ok
     sat = judge_level(metrics(100), slo, saturated=True)
     assert not sat.ok and "saturated" in sat.reasons[0]
+
+
+def test_a_level_is_decided_only_when_every_interval_is_on_one_side_of_its_limit():
+    from orchestrator.confidence import Interval
+
+    slo = [Constraint.model_validate("ttft_p99_ms <= 200"), Constraint.model_validate("output_throughput >= 1")]
+    m = metrics(150)  # ttft p99 150 ms, met by its value
+    sure = judge_level(m, slo, intervals={"ttft_p99_ms": Interval(120, 180)})
+    assert sure.ok and sure.decided and sure.outcome == "met"
+    maybe = judge_level(m, slo, intervals={"ttft_p99_ms": Interval(110, 240)})
+    assert maybe.ok and not maybe.decided and maybe.outcome == "undecided"
+    assert maybe.margin == pytest.approx(math.log(150 / 200)) and maybe.margin_sd > 0
+    worse = metrics(300)
+    assert judge_level(worse, slo, intervals={"ttft_p99_ms": Interval(250, 400)}).outcome == "missed"
+    assert judge_level(worse, slo, intervals={"ttft_p99_ms": Interval(150, 400)}).outcome == "undecided"
+    # Unbounded above: never sure to meet an upper limit; a lower limit is not surely missed.
+    assert judge_level(m, slo, intervals={"ttft_p99_ms": Interval(120, None)}).outcome == "undecided"
+    assert judge_level(m, slo, intervals={"output_throughput": Interval(0.5, None)}).outcome == "undecided"
+    # Saturation and failed requests decide a miss whatever the intervals say.
+    assert judge_level(m, slo, saturated=True, intervals={"ttft_p99_ms": Interval(1, 1e6)}).outcome == "missed"
+    assert judge_level(metrics(150, failed=2), slo, intervals={"ttft_p99_ms": Interval(1, 1e6)}).outcome == "missed"
+
+
+def test_the_line_through_the_levels_narrows_the_bracket_around_its_crossing():
+    from orchestrator.capacity import capacity_bracket, knee_fit
+
+    # Margins log(value / limit) linear in the rate, crossing at 20 req/s, each known to +-0.05.
+    pts = [LevelPoint(r, r <= 20, r / 20 - 1, decided=abs(r - 20) > 2, margin=0.08 * (r - 20), margin_sd=0.05)
+           for r in (12, 16, 19, 21, 24, 30)]
+    crossing, lo, hi = knee_fit(pts)
+    assert crossing == pytest.approx(20.0, rel=1e-6) and lo < 20 < hi and hi - lo < 4
+    cap = capacity_bracket(pts)
+    assert cap.fitted and cap.estimate == pytest.approx(20.0) and 16 <= cap.low < 20 < cap.high <= 24
+    # Levels that disagree more than their intervals say widen the answer.
+    noisy = [dataclasses.replace(p, margin=p.margin + (0.3 if i % 2 else -0.3)) for i, p in enumerate(pts)]
+    _, lo2, hi2 = knee_fit(noisy)
+    assert hi2 - lo2 > 2 * (hi - lo)
+    # Without levels near the knee, the decided levels alone bound it.
+    far = [LevelPoint(10, True, -0.5, margin=-0.7), LevelPoint(40, False, 1.0, margin=0.7)]
+    cap = capacity_bracket(far)
+    assert not cap.fitted and (cap.low, cap.high) == (10, 40)
 
 
 SPEC = CapacitySpec(min_rate=1, max_rate=100, growth=2, tolerance=0.05, max_levels=12)

@@ -165,3 +165,23 @@ def test_nightly_command_flags_a_slower_engine_only(ray_session, tmp_path_factor
     assert [s.run_id for s in load_summaries(str(output / "quickstart"))] == [night1.run_id, night2.run_id]
     page = (output / "quickstart" / "report" / "index.html").read_text()
     assert 'id="nightly"' in page and "Regression flagged" in page
+
+
+def test_a_change_inside_the_noise_is_reported_not_flagged():
+    """Tonight measured the same engine with another draw of the workload (and 5% slower): any
+    change stays inside the two nights' intervals, so nothing is flagged, whatever its size."""
+    base = _night(_study(), "r1", POINTS)
+    configs = front_points(base, _study(), limit=5)
+    policy = NightlyPolicy(threshold=0.03)
+    study = _study(slowdown=1.05)
+    tonight = []
+    for i, params in enumerate(configs):
+        out = run_trial(study, params, trial_id=f"r2-{i:04d}", trial_number=i, ctx=TrialContext(run_id="r2"),
+                        measurement=1)
+        tonight.append(trial_row_to_table(out.row, trials_schema(study.space.column_types())).to_pandas())
+    tonight = pd.concat(tonight, ignore_index=True)
+    changes, reasons = compare_nights(base, tonight, study, policy, configs)
+    assert reasons == [], reasons
+    moved = [c for c in changes if c.change is not None and c.change > policy.threshold]
+    assert moved, "a change beyond the threshold happened, inside the noise"
+    assert all(not c.regression and "within the noise" in c.note for c in moved)

@@ -68,26 +68,36 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     import pandas as pd
 
     from orchestrator.pricing import unit_columns
-    from orchestrator.results import load_trials, pareto_front
+    from orchestrator.results import load_trials
+    from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
 
     df = load_trials(study_dir)
     if run_id is not None and "run_id" in df:
         df = df[df["run_id"] == run_id]
     counts = df["status"].value_counts().to_dict() if len(df) else {}
     print("trials: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    front = pareto_front(df, study.objectives, study.constraints)
+    front = front_with_ties(df, study.objectives, study.constraints)
     if front.empty:
         print(explain_empty_front(study, df))
         return
-    cols = ["trial_id"] + [n for n in study.space.params if n in front] + [o.metric for o in study.objectives]
+    objectives = [o.metric for o in study.objectives]
+    cols = ["trial_id"] + [n for n in study.space.params if n in front] + objectives
     cols += [c.metric for c in study.constraints if c.metric not in cols]
     cols += [m for m in unit_columns(front) if m not in cols]
     title = "Pareto front (" + ", ".join(f"{o.resolved_direction} {o.metric}" for o in study.objectives) + ")"
     if study.constraints:
         title += " under " + ", ".join(str(c) for c in study.constraints)
-    print(title + ":")
-    with pd.option_context("display.width", 200, "display.max_columns", 50):
-        print(front[cols].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    print(title + ", intervals [low, high] where measured:")
+    shown = shown_with_intervals(front, objectives)
+    shown["noise"] = ["" if strict and not tied else ("on the front only within the noise; " if not strict else "")
+                      + tie_note(int(tied)) for strict, tied in zip(front["strict_front"], front["tied_with"])]
+    shown["noise"] = shown["noise"].str.rstrip("; ")
+    with pd.option_context("display.width", 250, "display.max_columns", 50, "display.max_colwidth", 80):
+        print(shown[cols + ["noise"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    tied = front[front["tied_with"] > 0]
+    if len(tied):
+        print(f"{len(tied)} of {len(front)} front trials are tied with another within the noise: "
+              "their differences are not measured beyond it (docs/querying.md, \"Ties\").")
 
 
 def explain_empty_front(study, df) -> str:

@@ -53,8 +53,9 @@ def register(sub) -> None:
                                    "night's front first; compare best capacity and p99 latencies with the previous "
                                    f"night. Exit {EXIT_REGRESSION} on a regression, 0 otherwise.")
     n.add_argument("study", help="study YAML file")
-    n.add_argument("--threshold", type=float, default=0.10,
-                   help="relative change for the worse that is a regression (default 0.10 = 10%%)")
+    n.add_argument("--threshold", type=float, default=0.03,
+                   help="smallest relative change for the worse that is a regression, when it is also beyond "
+                        "both nights' measurement intervals (default 0.03 = 3%%)")
     n.add_argument("--remeasure", type=int,
                    help="how many of the previous night's front points to re-measure first (default: half the budget)")
     n.add_argument("--capacity-metric", help="metric compared as capacity (default: capacity_rps when measured, "

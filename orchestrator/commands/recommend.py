@@ -33,8 +33,11 @@ def cmd_recommend(args) -> int:
     if args.format == "yaml":
         print(config_yaml, end="")
         return EXIT_OK
-    measured = ", ".join(f"{k} {v:,.4g}" for k, v in rec.metrics.items() if v is not None)
-    print(f"trial {rec.trial_id} (run {rec.run_id}): {measured}")
+    print(f"trial {rec.trial_id} (run {rec.run_id}): {rec.measured_text()}")
+    if rec.intervals:
+        print("  ([low, high]: where the true value lies, at the confidence the trial was measured with)")
+    if rec.choice:
+        print(f"  {rec.choice}")
     if rec.slos:
         print("SLOs: " + "; ".join(rec.slo_lines()))
     if rec.agreement:

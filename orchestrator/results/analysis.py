@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.results.pareto import ConstraintLike, _candidates, feasible_mask, normalize_objectives, to_losses
+from orchestrator.results.ties import tie_mask
 
 __all__ = ["best_per_gpu", "best_under_slos", "capacity_by_night", "config_history", "config_key", "param_importance"]
 
@@ -22,12 +23,15 @@ def best_under_slos(df: pd.DataFrame, objective: str, direction: str,
     """Completed rows that meet every constraint, best ``objective`` first.
 
     Rows with a missing objective value are dropped; ``.iloc[0]`` is the best trial
-    (an empty frame when none qualifies). Ties keep their order in ``df``.
+    (an empty frame when none qualifies). Equal values keep their order in ``df``.
+    ``tied_with_best``: the row's interval of ``objective`` overlaps the best row's
+    (:mod:`orchestrator.results.ties`): it is not worse beyond the measurement's noise.
     """
     objs = normalize_objectives([(objective, direction)])
     cand, values = _candidates(df, objs, constraints)
     losses = to_losses(values, [direction])[:, 0]
-    return cand.iloc[np.argsort(losses, kind="stable")]
+    ranked = cand.iloc[np.argsort(losses, kind="stable")]
+    return ranked.assign(tied_with_best=tie_mask(ranked, 0, objective) if len(ranked) else np.zeros(0, dtype=bool))
 
 
 def config_key(df: pd.DataFrame) -> pd.Series:

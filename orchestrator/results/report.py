@@ -196,10 +196,10 @@ def _recommendation_section(trials: pd.DataFrame, study: Study) -> Section:
                        [f'<p class="note">No recommendation:</p><pre>{esc(e)}</pre>',
                         '<p class="note">Pick a trial yourself: '
                         '<code>orchestrator recommend PATH --trial ID</code>.</p>'])
-    measured = ", ".join(f"{k} {v:,.4g}" for k, v in rec.metrics.items() if v is not None)
+    choice = f'<p class="note">{esc(rec.choice)}.</p>' if rec.choice else ""
     return Section("recommendation", "Recommended deployment", [
         f"<p>Trial <code>{esc(rec.trial_id)}</code>: the best {esc(study.objectives[0].metric)} under "
-        f"{esc(', '.join(str(c) for c in rec.slos) or 'no SLO')} ({esc(measured)}).</p>",
+        f"{esc(', '.join(str(c) for c in rec.slos) or 'no SLO')} ({esc(rec.measured_text())}).</p>" + choice,
         "<p><code>vllm serve</code>:</p>", f"<pre>{esc(rec.vllm_command())}</pre>",
         "<p>Ray Serve LLM config (<code>serve run FILE</code>):</p>", f"<pre>{esc(rec.serve_config_yaml())}</pre>",
     ])
@@ -255,12 +255,17 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
     if front.empty:
         table_body = ['<p class="note">No trial completed: there is no front.</p>']
     elif under_slos:
+        tied = int((front["noise"] != "").sum())
+        noise = (f' {tied} of them are tied with another within the measurement noise, or on the front only '
+                 'within it (column <i>noise</i>): their differences are not measured beyond it. '
+                 'Intervals are [low, high] at the confidence the trials were measured with.') if tied else ""
         table_body = [f'<p class="note">{len(front)} trial(s): each meets every SLO and no other trial that '
-                      'does is better in every objective.</p>', table_html(front, text_columns=["trial_id"])]
+                      f'does is better in every objective beyond the measurement noise.{noise}</p>',
+                      table_html(front, text_columns=["trial_id", "noise"] + [o.metric for o in study.objectives])]
     else:
         table_body = ['<p class="note bad">No completed trial met every SLO. Below is the front of the '
                       'completed trials ignoring the SLOs (diamonds in the figures): the closest candidates.</p>',
-                      table_html(front, text_columns=["trial_id"])]
+                      table_html(front, text_columns=["trial_id", "noise"] + [o.metric for o in study.objectives])]
     sections.append(Section("front-table", "Front table", table_body))
     harness = _harness_section(trials)
     if harness is not None:

@@ -16,6 +16,7 @@ import pandas as pd
 from orchestrator.pricing import unit_columns
 from orchestrator.metrics import PROBE_METRIC_NAMES
 from orchestrator.results.pareto import pareto_front
+from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
 from orchestrator.results.analysis import param_importance
 from orchestrator.study import Study
 
@@ -168,11 +169,13 @@ def config_table(trials: pd.DataFrame, study: Study, trial_ids: Sequence[str]) -
 
 
 def front_of(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
-    """The study's Pareto front under its SLOs, or (when no trial met them) ignoring them; and which it is."""
-    front = pareto_front(trials, study.objectives, study.constraints)
+    """The study's Pareto front under its SLOs, or (when no trial met them) ignoring them; and which it is.
+    Noise-aware (:func:`orchestrator.results.ties.front_with_ties`): rows only the noise keeps off the
+    point values' front are on it, marked (``strict_front`` False, ``tied_with``)."""
+    front = front_with_ties(trials, study.objectives, study.constraints)
     if len(front) or not study.constraints:
         return front, True
-    return pareto_front(trials, study.objectives), False
+    return front_with_ties(trials, study.objectives), False
 
 
 def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
@@ -185,4 +188,10 @@ def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]
                                       + [y] + unit_columns(front)) if m in trials.columns]
     if "harness_bound" in front.columns and front["harness_bound"].notna().any():
         cols.append("harness_bound")
-    return front.sort_values(y, ascending=False)[cols], under_slos
+    objectives = [o.metric for o in study.objectives]
+    shown = shown_with_intervals(front, objectives)
+    shown["noise"] = [("" if strict else "only within the noise; ") + tie_note(int(tied))
+                      for strict, tied in zip(front["strict_front"], front["tied_with"])]
+    shown["noise"] = shown["noise"].str.rstrip("; ")
+    order = front[y].to_numpy(dtype=float).argsort(kind="stable")[::-1] if y in front else slice(None)
+    return shown.iloc[order][cols + ["noise"]], under_slos

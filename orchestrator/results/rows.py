@@ -49,6 +49,7 @@ def _description(study: "Study", result: "TrialResult") -> dict[str, Any]:
         "run_id": result.run_id,
         "trial_id": result.trial_id,
         "trial_number": result.trial_number,
+        "measurement": result.measurement,
         "started_at": result.started_at,
         "finished_at": result.finished_at,
         "engine": study.engine.kind,

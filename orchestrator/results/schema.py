@@ -4,7 +4,9 @@ Both tables carry ``schema_version``. The trials table puts configuration, metri
 environment in one flat row so that ``pandas.read_parquet``, ``pyarrow.dataset``,
 DuckDB and Polars read it with no project code:
 
-* identity and outcome: study, fingerprint, run, trial, status, failure, times;
+* identity and outcome: study, fingerprint, run, trial, ``measurement`` (0, or k > 0 for
+  a configuration measured again by racing, with a workload seed of its own), status,
+  failure, times;
 * where it ran: engine, engine mode, model, GPU type and count;
 * feasibility: ``feasible`` (completed and every constraint met) and the largest
   constraint violation (:meth:`orchestrator.study.Constraint.violation`);
@@ -70,6 +72,7 @@ _HEAD: tuple[tuple[str, pa.DataType], ...] = (
     ("run_id", pa.string()),
     ("trial_id", pa.string()),
     ("trial_number", pa.int64()),
+    ("measurement", pa.int64()),  # of its configuration: 0 first, k > 0 measured again (racing)
     ("status", pa.string()),
     ("failure_kind", pa.string()),
     ("failure_message", pa.string()),

@@ -34,11 +34,13 @@ from orchestrator.engines.serve_app import delete_app
 from orchestrator.failures import root_message, storage_problem
 from orchestrator.gpu_ledger import GpuLedgerActor
 from orchestrator.progress import ProgressPrinter
+from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
 from orchestrator.resume import RunInProgress, RunLock, RunState, drop_orphan_requests, process_identity, stop_orphans
 from orchestrator.search.fidelity import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
+from orchestrator.search.racing import Racer
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen, trimmed_space
@@ -227,7 +229,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         staged=StagedSearch(recorded) if study.search.stages else None,
         screen=PreflightScreen(recorded, create_engine(recorded), run.run_id, sink, printer, cluster_units=ctx.cluster_units,
                                 units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
-        fidelity=fidelity,
+        fidelity=fidelity, racer=_racer(recorded, store, remaining),
     )
     enqueue_probe_baseline(study, searcher, resumed=resumed)
     enqueue_initial_points(study, searcher, resumed=resumed)
@@ -275,6 +277,17 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     if stopper.message and out.stop_message is None:
         out.stop_message = _stopped_text(study, store, run, f"results could not be written ({stopper.message})")
     return out
+
+
+def _racer(study: Study, store, remaining: int) -> Optional[Racer]:
+    """The run's racing state (``search.remeasure``), with the trials recorded before it."""
+    racer = Racer.for_study(study, remaining)
+    if racer is not None:
+        try:
+            racer.observe_rows(load_trials(store.study_path))
+        except FileNotFoundError:
+            pass
+    return racer
 
 
 class _PredictionWriter:

@@ -27,13 +27,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.judge import judge
 from orchestrator.search import fidelity_model as fm
 from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, finite_float, fit_levels,
+                                                  noise_columns,
                                                   score_in_simulator, study_metrics)
 
 __all__ = ["PREDICTION_KEY", "MEASURED_KEY", "PICK_ATTR", "FidelitySearch", "Pick", "prediction_columns",
-           "point_key", "fidelity_metrics", "fit_levels", "score_in_simulator", "SimScorer"]
+           "point_key", "fidelity_metrics", "fit_levels", "noise_columns", "score_in_simulator", "SimScorer"]
 
 PREDICTION_KEY = "__prediction"  # in a trial's config: the prediction it was picked on (JSON)
 MEASURED_KEY = "fidelity_measured"  # in a Tune result: the metrics the calibration is fitted to (JSON)
@@ -90,6 +92,8 @@ class FidelitySearch:
         self.measured: dict[tuple, tuple[dict, str, dict]] = {}  # key -> (params, status, metrics)
         self.fit_rms: Optional[float] = None
         self.stop_reason: Optional[str] = None
+        # A real measurement's interval is at the capacity search's confidence (or the default).
+        self.z = z_of(study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE)
         self.scored = 0  # simulations run
         self._encode = None
         self._ranked: list[tuple[float, tuple, Pick]] = []
@@ -166,7 +170,7 @@ class FidelitySearch:
             if row.get("fidelity", "real") == "sim":
                 continue
             params = json.loads(row["params_json"])
-            measured = {m: row.get(m) for m in self.fit_metrics}
+            measured = {m: row.get(m) for m in self.fit_metrics + noise_columns(self.study)}
             if row["trial_id"] in by_trial:
                 measured["levels"] = fit_levels(self.study, by_trial[row["trial_id"]])
             self.observe(params, row["status"], measured, refit=False)
@@ -221,6 +225,17 @@ class FidelitySearch:
             return None
         return max(vals) if maximize else min(vals)
 
+    def _best_noise(self) -> float:
+        """The relative sd of the best real trial's first objective (its interval; else the default)."""
+        metric = self.study.objectives[0].metric
+        maximize = self.study.objectives[0].resolved_direction == "maximize"
+        feasible = [(j.objectives[0], m) for p, s, m in self.measured.values()
+                    if (j := judge(self.study, m, s)).feasible and j.objectives[0] is not None]
+        if not feasible:
+            return 0.0
+        _, m = (max if maximize else min)(feasible, key=lambda vm: vm[0])
+        return math.exp(fm.noise_log_sd(m, metric, self.z)) - 1.0
+
     def _rank(self, exclude: Sequence[tuple] = ()) -> list[tuple[float, tuple, Pick]]:
         """Unmeasured candidates that start, by expected gain (largest first)."""
         keys = [k for k, c in self.candidates.items() if k not in self.measured and k not in exclude
@@ -232,14 +247,15 @@ class FidelitySearch:
         xr = np.array([self._encode(p) for p, _ in real]) if real else np.zeros((0, xs.shape[1]))
 
         def corrected(metric: str) -> tuple[np.ndarray, np.ndarray]:
-            errs, rows = [], []
+            errs, rows, noise = [], [], []
             for i, (p, m) in enumerate(real):
                 c = self.candidates.get(point_key(p))
                 ly, lp = fm.log_value(m.get(metric)), fm.log_value(c.metrics.get(metric) if c else None)
                 if ly is not None and lp is not None:
                     errs.append(ly - lp)
                     rows.append(i)
-            model = fm.Residuals.fit(xr[rows], np.array(errs), fm.prior_log_sd(metric))
+                    noise.append(fm.noise_log_sd(m, metric, self.z))  # each measurement's own noise
+            model = fm.Residuals.fit(xr[rows], np.array(errs), fm.prior_log_sd(metric), np.array(noise))
             mean, sd = model.predict(xs)
             lp = np.array([fm.log_value(self.candidates[k].metrics.get(metric)) or np.nan for k in keys])
             return lp + mean, sd
@@ -288,9 +304,13 @@ class FidelitySearch:
         gain, _, pick = ranked[0]
         best = self._best_real()
         min_gain = self.study.search.fidelity_min_gain
-        if best is not None and gain < min_gain * abs(best):
+        # A gain inside the best's own measurement noise would not be told apart from it.
+        noise = self._best_noise()
+        if best is not None and gain < max(min_gain, noise) * abs(best):
+            why = (f"search.fidelity_min_gain {min_gain:.2%}" if min_gain >= noise else
+                   f"the best's own measurement noise ({noise:.2%})")
             self.stop_reason = (f"the largest predicted gain of another real trial is {gain / abs(best):.2%} of the "
-                                f"best ({best:.4g}), below search.fidelity_min_gain {min_gain:.2%}")
+                                f"best ({best:.4g}), below {why}")
             return None
         if best is None and gain <= 0:
             self.stop_reason = "no configuration left is predicted to meet the SLOs"

@@ -48,7 +48,11 @@ FIT_ITERATIONS = 2  # from the last fit: each real trial moves it little
 PRIOR_LOG_SD = {"throughput": 0.05, "tpot": 0.15, "ttft": 0.2}
 PRIOR_LOG_SD_OTHER = 0.2
 PRIOR_WEIGHT = 1.0
-NOISE_LOG_SD = 0.03  # run-to-run spread of one real measurement
+# The run-to-run spread of one real measurement (log sd) when its row carries no interval: one
+# configuration's capacity measured again on an H200 spread 47.5-57.5 req/s (log sd ~0.065,
+# docs/benchmarks.md, "Repeatability"). A row with an interval (orchestrator.confidence) gives
+# its own: noise_log_sd.
+NOISE_LOG_SD = 0.065
 MIN_LOG_SD = 0.005  # a configuration's value is never known more closely than this
 LENGTH_SCALE = 0.35  # of the residual model, in normalised parameter units
 
@@ -63,6 +67,15 @@ def prior_log_sd(metric: str) -> float:
     if "ttft" in m:
         return PRIOR_LOG_SD["ttft"]
     return PRIOR_LOG_SD_OTHER
+
+
+def noise_log_sd(measured: Mapping[str, Any], metric: str, z: float) -> float:
+    """The log sd of one real measurement of ``metric``: from its interval ``<metric>_low`` /
+    ``_high`` (at the two-sided normal quantile ``z``), else :data:`NOISE_LOG_SD`."""
+    lo, hi = log_value(measured.get(f"{metric}_low")), log_value(measured.get(f"{metric}_high"))
+    if lo is None or hi is None or hi < lo:
+        return NOISE_LOG_SD
+    return max((hi - lo) / (2.0 * z), MIN_LOG_SD)
 
 
 def log_value(v: Any) -> Optional[float]:
@@ -168,14 +181,17 @@ class Residuals:
     e: np.ndarray  # (n,) their log errors, less the mean
     mean: float
     signal_var: float
+    noise: Optional[np.ndarray] = None  # (n,) each real measurement's log sd (default NOISE_LOG_SD)
 
     @classmethod
-    def fit(cls, x: np.ndarray, e: np.ndarray, prior_sd: float = PRIOR_LOG_SD_OTHER) -> "Residuals":
+    def fit(cls, x: np.ndarray, e: np.ndarray, prior_sd: float = PRIOR_LOG_SD_OTHER,
+            noise: Optional[np.ndarray] = None) -> "Residuals":
         n = len(e)
         mean = float(e.sum()) / (PRIOR_WEIGHT + n) if n else 0.0
         d = e - mean
         var = (PRIOR_WEIGHT * prior_sd ** 2 + float(d @ d)) / (PRIOR_WEIGHT + n)
-        return cls(x.reshape(n, -1) if n else x, d, mean, max(var, MIN_LOG_SD ** 2))
+        return cls(x.reshape(n, -1) if n else x, d, mean, max(var, MIN_LOG_SD ** 2),
+                   None if noise is None else np.asarray(noise, dtype=float))
 
     def _k(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
@@ -185,7 +201,8 @@ class Residuals:
         """Mean log correction and the standard deviation of the true value's log at ``xs`` (m, d)."""
         if len(self.e) == 0:
             return np.full(len(xs), self.mean), np.full(len(xs), math.sqrt(self.signal_var))
-        kxx = self._k(self.x, self.x) + NOISE_LOG_SD ** 2 * np.eye(len(self.e))
+        noise = self.noise if self.noise is not None else np.full(len(self.e), NOISE_LOG_SD)
+        kxx = self._k(self.x, self.x) + np.diag(noise ** 2)
         ks = self._k(xs, self.x)
         sol = np.linalg.solve(kxx, np.column_stack([self.e, ks.T]))
         mean = self.mean + ks @ sol[:, 0]

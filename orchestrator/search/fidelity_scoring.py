@@ -39,6 +39,12 @@ def fidelity_metrics(study) -> list[str]:
     return list(dict.fromkeys(list(fm.FIT_METRICS) + study_metrics(study)))
 
 
+def noise_columns(study) -> list[str]:
+    """The intervals of the study's own metrics a real trial reports beside them: how sure each
+    measurement is (the residual model's noise, the stop rule's threshold)."""
+    return [f"{m}_{end}" for m in study_metrics(study) for end in ("low", "high")]
+
+
 def fit_levels(study, level_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A capacity trial's load levels as the calibration fit compares them with the simulator.
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orchestrator.search.fidelity import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
+from orchestrator.search.racing import REMEASURE_ATTR, REMEASURE_KEY
 from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch, enqueue_stage
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,13 @@ def tell(ostudy, trial, values=None, state=None) -> None:
     except RuntimeError as e:
         if "Study.stop" not in str(e):
             raise
+
+
+def _waiting(ostudy) -> bool:
+    """A trial is queued (a retry, an initial point, a racing trial): it goes first."""
+    from optuna.trial import TrialState
+
+    return any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False))
 
 
 def grid_exhausted(ostudy, space) -> bool:
@@ -231,17 +239,58 @@ def searcher_class():
         :func:`tell_report`; the Optuna trial number goes down to the trial (it names its rows)."""
 
         def __init__(self, *args, staged: Optional[StagedSearch] = None,
-                     screen: Optional[Callable[[Any, dict], bool]] = None, fidelity=None, **kwargs):
+                     screen: Optional[Callable[[Any, dict], bool]] = None, fidelity=None, racer=None, **kwargs):
             super().__init__(*args, **kwargs)
             self._staged = staged
             self._screen = screen
             self._fidelity = fidelity  # search.fidelity sim: a FidelitySearch picks every trial
+            self._racer = racer  # search.remeasure: the last trials measure the leading contenders again
             self._picked: dict[str, dict] = {}  # Tune trial id -> parameters, until its result
+            self._started: dict[str, dict] = {}  # Tune trial id -> parameters (racing), until its result
             self._study_space = getattr(kwargs["space"], "__self__", None)  # the SearchSpace of space.suggest
 
+        def _race(self, stopping: bool = False) -> bool:
+            """Queue the next racing trial, if it is racing's turn (or the search is ``stopping``)."""
+            if self._racer is None:
+                return False
+            if _waiting(self._ot_study):
+                return True  # queued already: it goes first
+            race = self._racer.next_remeasure(stopping)
+            if race is None:
+                return False
+            params, k = race
+            self._ot_study.enqueue_trial(params, user_attrs={REMEASURE_ATTR: k}, skip_if_exists=False)
+            return True
+
         def suggest(self, trial_id: str):
-            if trial_id not in self._ot_trials and grid_exhausted(self._ot_study, self._study_space):
+            if trial_id not in self._ot_trials and grid_exhausted(self._ot_study, self._study_space) \
+                    and not self._race(stopping=True):
                 return Searcher.FINISHED  # the grid is done: end the run early
+            if trial_id not in self._ot_trials and not _waiting(self._ot_study):
+                self._race()
+            got = self._propose(trial_id)
+            if got is None and self._fidelity is not None and self._fidelity.stop_reason is not None \
+                    and self._race(stopping=True):
+                got = self._propose(trial_id)
+            if got is None:
+                if self._fidelity is not None and self._fidelity.stop_reason is not None and not self._picked:
+                    return Searcher.FINISHED  # nothing left worth a real trial
+                return None  # Tune asks again later
+            trial, config = got
+            extra = {TRIAL_NUMBER_KEY: trial.number}
+            measurement = trial.user_attrs.get(REMEASURE_ATTR)
+            if measurement:
+                extra[REMEASURE_KEY] = int(measurement)
+            if self._racer is not None:
+                self._racer.trial_started(config)
+                self._started[trial_id] = dict(config)
+            if self._fidelity is None:
+                return {**config, **extra}
+            self._picked[trial_id] = dict(config)
+            predicted = json.dumps(self._fidelity.prediction_for(config), default=str)
+            return {**config, **extra, PREDICTION_KEY: predicted}
+
+        def _propose(self, trial_id: str):
 
             def ask():
                 config = OptunaSearch.suggest(self, trial_id)
@@ -257,18 +306,8 @@ def searcher_class():
                     if turned_away:
                         fidelity.observe(params, "pruned", {}, refit=False)
                     return turned_away
-            got = propose(self._ot_study, ask, staged=self._staged, screen=screen,
-                          discard=lambda trial: self._ot_trials.pop(trial_id, None))
-            if got is None:
-                if fidelity is not None and fidelity.stop_reason is not None and not self._picked:
-                    return Searcher.FINISHED  # nothing left worth a real trial
-                return None  # Tune asks again later
-            trial, config = got
-            if fidelity is None:
-                return {**config, TRIAL_NUMBER_KEY: trial.number}
-            self._picked[trial_id] = dict(config)
-            predicted = json.dumps(fidelity.prediction_for(config), default=str)
-            return {**config, TRIAL_NUMBER_KEY: trial.number, PREDICTION_KEY: predicted}
+            return propose(self._ot_study, ask, staged=self._staged, screen=screen,
+                           discard=lambda trial: self._ot_trials.pop(trial_id, None))
 
         def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
             ot_trial = self._ot_trials.get(trial_id)
@@ -276,6 +315,7 @@ def searcher_class():
                 return
             self._completed_trials.add(trial_id)
             params = self._picked.pop(trial_id, None)
+            started = self._started.pop(trial_id, None)
             if error:
                 # The trial's process was lost for good (its row says so): the configuration
                 # is not to blame, so the sampler ignores it.
@@ -285,6 +325,10 @@ def searcher_class():
             if report is None or report.write_error or ROW_KEY not in result:
                 return  # no row: leave the trial RUNNING in the journal; the next start retries it
             tell_report(self._ot_study, ot_trial, report)
+            if self._racer is not None and started is not None:
+                metric = self._racer.metric
+                self._racer.observe(started, bool(result.get("feasible")), result.get(metric),
+                                    result.get(f"{metric}_low"), result.get(f"{metric}_high"))
             if self._fidelity is not None and params is not None:
                 measured = json.loads(result.get(MEASURED_KEY) or "{}")
                 try:

@@ -22,7 +22,9 @@ from orchestrator.judge import Judgement
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.rows import trial_row
 from orchestrator.results.schema import requests_to_table
-from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, prediction_columns
+from orchestrator.search.racing import REMEASURE_KEY
+from orchestrator.search.fidelity import (MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns,
+                                          prediction_columns)
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.study import Study
 from orchestrator.trial import TrialContext, execute_trial, judge_result
@@ -38,9 +40,10 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     from ray import tune
 
     number = int(config[TRIAL_NUMBER_KEY])
-    params = {k: v for k, v in config.items() if k not in (TRIAL_NUMBER_KEY, PREDICTION_KEY)}
+    params = {k: v for k, v in config.items() if k not in (TRIAL_NUMBER_KEY, PREDICTION_KEY, REMEASURE_KEY)}
     trial_id = f"{ctx.run_id}-{number:04d}"
-    result = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx)
+    result = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx,
+                           measurement=int(config.get(REMEASURE_KEY) or 0))
     judgement = judge_result(study, result)
     row = trial_row(study, result, judgement)
     if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured
@@ -65,6 +68,10 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
     """What a trial reports to Tune: the sampler's report, what the progress line shows, and
     (``search.fidelity: sim``) what the calibration is fitted to: ``levels``, a capacity search's rows."""
     out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, judgement.optuna_values())}
+    for o in study.objectives:  # where each objective's true value lies (the progress line's ties)
+        for end in ("low", "high"):
+            if row.get(f"{o.metric}_{end}") is not None:
+                out[f"{o.metric}_{end}"] = row[f"{o.metric}_{end}"]
     out[REPORT_KEY] = report.to_tune()
     out["status"] = row["status"] if report.write_error is None else "not recorded"
     if report.write_error is None:
@@ -73,7 +80,7 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
     out["failure_kind"] = row.get("failure_kind") or ""
     out["harness_bound"] = bool(row.get("harness_bound"))
     if study.search.fidelity == "sim":  # what the searcher fits the simulator's calibration to
-        measured = {**{m: row.get(m) for m in fidelity_metrics(study)}, "status": row["status"]}
+        measured = {**{m: row.get(m) for m in fidelity_metrics(study) + noise_columns(study)}, "status": row["status"]}
         if study.capacity is not None:
             measured["levels"] = fit_levels(study, levels)
         out[MEASURED_KEY] = json.dumps(measured, default=str)

@@ -34,7 +34,7 @@ from orchestrator.workload.spec import (
 from orchestrator.workload.tokens import MIN_TOKEN_ID, text_token_ids
 from orchestrator.workload.trace import TraceEntry
 
-__all__ = ["LEVEL_KEY", "REPLICATE_KEY", "STEADY_KEY", "STREAMS", "draw_prefixes", "entry_requests", "group_prefix",
+__all__ = ["LEVEL_KEY", "REPLICATE_KEY", "measurement_seed", "STEADY_KEY", "STREAMS", "draw_prefixes", "entry_requests", "group_prefix",
            "level_streams", "make_requests", "make_rng", "replicate_streams", "sample_lengths", "seed_streams"]
 
 # Child streams of the per-seed SeedSequence, by position. Append new ones at the
@@ -49,6 +49,15 @@ STEADY_KEY = 1001  # (STEADY_KEY, level): the steady warm-up's arrivals, lengths
 # (REPLICATE_KEY, r, level): the arrivals, lengths and prefix groups of load level k > 0 or of its
 # r-th measurement again, and the prompts of a measurement again (r > 0).
 REPLICATE_KEY = 1002
+REMEASURE_KEY = 1003  # (REMEASURE_KEY, k): the seed of a configuration's k-th measurement again
+
+
+def measurement_seed(seed: int, measurement: int) -> int:
+    """The workload seed of a configuration's ``measurement``-th measurement (0: the study's seed):
+    a trial that measures a configuration again sees other arrivals, lengths and prompts."""
+    if measurement == 0:
+        return seed
+    return int(np.random.SeedSequence(seed, spawn_key=(REMEASURE_KEY, measurement)).generate_state(1)[0])
 
 
 def seed_streams(seed: int) -> dict[str, np.random.SeedSequence]:
