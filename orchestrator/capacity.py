@@ -343,9 +343,10 @@ def capacity_bracket(points: Sequence[LevelPoint], confidence: float = DEFAULT_C
         top = [p.rate for p in points if p.ok]
         return CapacityBracket(low, None, max(top + [low]))
     fit = knee_fit(points, confidence)
-    if fit is not None and max(low, fit[1]) <= min(high, fit[2]):
+    if fit is not None and low < fit[0] < high and max(low, fit[1]) <= min(high, fit[2]):
         # The line's interval, inside what the decided levels allow (a level decided met at a
-        # rate the line puts above the capacity is the stronger evidence there).
+        # rate the line puts above the capacity is the stronger evidence there). A line that
+        # crosses outside them disagrees with a decided level: the levels alone answer then.
         f_lo, f_hi = max(low, fit[1]), min(high, fit[2])
         return CapacityBracket(f_lo, f_hi, float(min(max(fit[0], f_lo), f_hi)), fitted=True)
     inside = [p for p in points if low <= p.rate <= high and math.isfinite(p.violation) and not p.saturated]
