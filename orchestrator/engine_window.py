@@ -233,6 +233,8 @@ def engine_segments_metrics(segments: Sequence[tuple[EngineSnapshot, EngineSnaps
     """:func:`engine_window_metrics` over several windows of one level (``(start, end, first send)``
     each): their histograms' differences added, their tokens over their summed active times."""
     out: dict[str, Optional[float]] = {name: None for name in ENGINE_WINDOW_METRIC_NAMES}
+    if any(a is None or b is None for a, b, _ in segments):
+        return out  # a scrape failed: the windows cannot be told apart from what came between
     parts = [_segment(a, b, series, t) for a, b, t in segments]
     if not parts:
         return out

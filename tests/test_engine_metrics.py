@@ -260,3 +260,20 @@ def test_progress_line_shows_the_flag(study_doc):
                       "output_throughput_per_gpu": 90.0, "ttft_p99_ms": 40.0}, {"max_num_seqs": 16})
     lines = out.getvalue().splitlines()
     assert "SLO ok  harness-bound |" in lines[1] and "harness-bound" not in lines[3]
+
+
+def test_a_level_measured_again_adds_its_windows_and_a_failed_scrape_gives_none():
+    from orchestrator.engine_window import Histogram, engine_segments_metrics
+
+    def snap(t, ttft_counts, tokens):
+        h = Histogram(((0.05, ttft_counts[0]), (0.1, ttft_counts[1]), (float("inf"), ttft_counts[1])),
+                      sum=0.04 * ttft_counts[1], count=ttft_counts[1])
+        return EngineSnapshot(t, {"ttft": h}, {"generation_tokens": tokens, "request_success": ttft_counts[1]})
+
+    first = (snap(0.0, (0, 0), 0), snap(10.0, (8, 10), 500), 0.0)
+    again = (snap(20.0, (8, 10), 500), snap(30.0, (16, 20), 1000), 20.0)
+    both = engine_segments_metrics([first, again])
+    assert both["engine_ttft_mean_ms"] == pytest.approx(40.0)
+    assert both["engine_output_throughput"] == pytest.approx(1000 / 20.0)  # the pause between is not counted
+    assert both["engine_request_throughput"] == pytest.approx(20 / 20.0)
+    assert engine_segments_metrics([first, (None, None, 20.0)])["engine_ttft_mean_ms"] is None
