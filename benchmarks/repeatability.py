@@ -75,6 +75,7 @@ def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate,
 
 
 def run(args) -> int:
+    from orchestrator.results.definition import write_study_definition
     from orchestrator.search import run_study
     from orchestrator.study import parse_study
 
@@ -83,6 +84,7 @@ def run(args) -> int:
         doc = study_doc(args.study, seed, args.output, params, args.label, args.rate, args.duration, args.virtual)
         study = parse_study(doc, source_path=args.study)
         t0 = time.monotonic()
+        write_study_definition(study)  # study.json beside the data: show, pareto and report read it
         result = run_study(study, quiet=True, resume=False)
         print(f"{study.name}: run {result.run_id} in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
