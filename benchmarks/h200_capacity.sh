@@ -6,20 +6,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source benchmarks/bare_vllm.sh
 case "$1" in
   reference)
     model=$2 out=$3
-    python3 -m vllm.entrypoints.openai.api_server --model "$model" --served-model-name llama-3.1-8b \
-      --load-format dummy --max-num-seqs 256 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 \
-      --max-model-len 4096 --port 8100 --disable-uvicorn-access-log --uvicorn-log-level warning \
-      > "$out/reference_server.log" 2>&1 &
-    server=$!
-    t0=$(date +%s)
-    until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8100/health', timeout=2)" 2>/dev/null; do
-      kill -0 $server 2>/dev/null || { echo "vllm serve exited"; tail -30 "$out/reference_server.log"; exit 1; }
-      sleep 1
-    done
-    echo "reference server up after $(( $(date +%s) - t0 )) s"
+    start_bare_vllm "$model" 256 "$out/reference_server.log"
     python3 -m orchestrator run search_spaces/llama3-8b-h200-reference.yaml --output "$out"
     rc=$?
     kill $server; wait $server 2>/dev/null

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Optional
 
-from orchestrator.capacity import (LevelResult, SaturationDetector, detect_saturation, judge_level, level_workload,
-                                   search_capacity, slo_backlog)
+from orchestrator.capacity import LevelResult, judge_level, level_workload, search_capacity
+from orchestrator.saturation import SaturationDetector, detect_saturation, slo_backlog
 from orchestrator.harness import harness_verdict
 from orchestrator.loadgen import Endpoint, run_load_sync
 from orchestrator.confidence import DEFAULT_CONFIDENCE, INTERVAL_METRICS, Interval, metric_intervals

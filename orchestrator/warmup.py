@@ -44,6 +44,7 @@ from typing import Optional
 import numpy as np
 
 from orchestrator.records import RequestRecord
+from orchestrator.saturation import SaturationDetector
 
 __all__ = ["WarmupOutcome", "SteadyJudge", "MIN_WINDOW_REQUESTS"]
 
@@ -94,8 +95,6 @@ class SteadyJudge:
     """
 
     def __init__(self, settings, start: float):
-        from orchestrator.capacity import SaturationDetector
-
         self.s = settings
         self.start = start
         self.check_interval_s = min(0.25, settings.window_s / 4)

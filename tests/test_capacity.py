@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.capacity import (LevelPoint, SaturationDetector, capacity_index, detect_saturation, judge_level,
-                                   level_workload, next_rate)
+from orchestrator.capacity import LevelPoint, capacity_index, judge_level, level_workload, next_rate
+from orchestrator.saturation import SaturationDetector, detect_saturation
 from orchestrator.metrics import summarise
 from orchestrator.records import RequestRecord
 from orchestrator.study import CapacitySpec, Constraint, SaturationSettings, StudyFileError, parse_study

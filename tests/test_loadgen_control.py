@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from orchestrator.capacity import SaturationDetector
+from orchestrator.saturation import SaturationDetector
 from orchestrator.loadgen import run_load_sync
 from orchestrator.metrics import summarise
 from orchestrator.records import RequestErrorKind

@@ -60,13 +60,19 @@ def cmd_show(args) -> int:
 def _print_best(frame, metrics: list[tuple[str, str]], bound=None) -> None:
     """One line per (metric, direction): its best value in ``frame`` and the trial that has it
     (flagged where ``bound``, a harness-bound mask, says so)."""
+    from orchestrator.results.ties import shown_with_intervals, tie_mask, tie_note
+
     for name, direction in metrics:
         col = frame[name].dropna() if name in frame else ()
         if len(col) == 0:
             continue
         idx = col.idxmax() if direction == "maximize" else col.idxmin()
         flag = ", harness-bound" if bound is not None and bool(bound.get(idx, False)) else ""
-        print(f"  {direction} {name}: {col[idx]:,.4g} ({frame.loc[idx, 'trial_id']}{flag})")
+        present = frame.loc[col.index]
+        tied = int(tie_mask(present, present.index.get_loc(idx), name).sum()) - 1
+        note = f"; {tie_note(tied)}" if tied else ""
+        value = shown_with_intervals(present.loc[[idx]], [name])[name].iloc[0]
+        print(f"  {direction} {name}: {value} ({frame.loc[idx, 'trial_id']}{flag}{note})")
 
 
 def _print_unit_best(completed, study) -> None:

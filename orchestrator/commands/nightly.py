@@ -11,7 +11,8 @@ EXIT_REGRESSION = 3
 
 
 def cmd_nightly(args) -> int:
-    from orchestrator.nightly import NightlyPolicy, run_nightly
+    from orchestrator.nightly import NightlyPolicy
+    from orchestrator.nightly_run import run_nightly
 
     study = load_study_with_overrides(args)
     if study is None:

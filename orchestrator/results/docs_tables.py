@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from orchestrator.results import h200_tables as h200
+from orchestrator.results import repeatability
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = "python -m orchestrator.results.docs_tables"
@@ -64,6 +65,11 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
     DocTable("h200-fidelity-calibration", (_EX + "llama3-8b-h200-fidelity-levels", _EX + "llama3-8b-h200-fidelity"),
              h200.calibration_table),
     DocTable("h200-kv-fp8", (_EX + "llama3-8b-h200-kv-fp8",), h200.kv_dtype_table),
+    DocTable("h200-interactive", (_EX + "llama3-8b-h200-interactive",), h200.interactive_table),
+    DocTable("repeatability-capacity", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm",
+                                        _EX + "repeatability-h200"), repeatability.repeatability_table),
+    DocTable("repeatability-fixed-rate", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm"),
+             repeatability.fixed_rate_table),
     # docs/simulator.md: the datasets replayed by the simulator with its current constants
     DocTable("sim-vs-h200-ingress", (_EX + "h200-ingress",), h200.sim_ingress_table),
     DocTable("sim-vs-h200-capacity", (_EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"),

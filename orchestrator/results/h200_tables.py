@@ -313,3 +313,29 @@ def sim_ingress_table(folder: str | Path) -> str:
 
 def sim_capacity_table(*study_dirs: str | Path) -> str:
     return sim_vs_real_table([("study", d) for d in study_dirs])
+
+
+def interval(row: pd.Series, metric: str, spec: str = ".1f") -> str:
+    """``value [low, high]`` of a row's metric (``inf`` for an unbounded high end)."""
+    lo, hi = row.get(f"{metric}_low"), row.get(f"{metric}_high")
+    band = "" if missing(lo) else f" [{fmt(lo, spec)}, {'inf' if missing(hi) else fmt(hi, spec)}]"
+    return fmt(row.get(metric), spec) + band
+
+
+def interactive_table(study_dir: str | Path) -> str:
+    """A capacity study's real trials with each capacity's interval: the pick, the simulator's
+    prediction, the measurement [low, high], what binds at capacity, and the trial's wall time."""
+    trials = trials_of(study_dir)
+    journal = journal_trials(study_dir)
+    points = read_study_definition(str(study_dir)).search.initial_points
+    rows = []
+    for _, t in trials.iterrows():
+        attrs = journal[int(t["trial_number"])].user_attrs if int(t["trial_number"]) in journal else {}
+        pick = "vLLM's defaults (initial point)" if initial_point(t, points) else str(attrs.get("fidelity_pick", DASH))
+        rows.append([short_id(t["trial_id"]), pick, param("max_num_batched_tokens", t["max_num_batched_tokens"]),
+                     param("max_num_seqs", t["max_num_seqs"]), fmt(t.get("predicted_capacity_rps"), ".1f"),
+                     bold(interval(t, "capacity_rps")), fmt(t["ttft_p99_ms"], ".0f"), fmt(t["itl_p99_ms"], ".1f"),
+                     fmt(t["wall_time_s"], ".0f")])
+    return markdown(["real trial", "pick", "max_num_batched_tokens", "max_num_seqs", "predicted capacity req/s",
+                     "**measured capacity req/s [low, high]**", "TTFT p99 ms at capacity", "ITL p99 ms at capacity",
+                     "trial wall s"], "llrrrrrrr", rows)

@@ -24,6 +24,7 @@ import numpy as np
 
 from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.results.ties import pool
+from orchestrator.search.fidelity_scoring import finite_float
 
 __all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "remeasure_trials"]
 
@@ -94,7 +95,7 @@ class Racer:
             if params is None:
                 continue
             feasible = row.get("status") == "completed" and bool(row.get("feasible"))
-            self.observe(params, feasible, _finite(row.get(self.metric)), float(lo), float(hi))
+            self.observe(params, feasible, finite_float(row.get(self.metric)), float(lo), float(hi))
 
     def contenders(self) -> list[str]:
         """The best configuration (pooled measurements) first, then those tied with it."""
@@ -122,11 +123,3 @@ class Racer:
             return None
         k = min(lead, key=lambda c: (self.started.get(c, 1), lead.index(c)))
         return dict(self.params[k]), self.started.get(k, 1)
-
-
-def _finite(v: Any) -> Optional[float]:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
