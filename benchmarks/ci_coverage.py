@@ -24,11 +24,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.confidence import DEFAULT_CONFIDENCE, metric_intervals  # noqa: E402
+from orchestrator.confidence import BLOCK_S, DEFAULT_CONFIDENCE, metric_intervals  # noqa: E402
 from orchestrator.metrics import summarise  # noqa: E402
 
 METRICS = ("ttft_p99_ms", "ttft_p90_ms", "ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms", "e2el_p99_ms", "output_throughput")
-BLOCKS_S = (1.0, 2.0, 4.0)
+BLOCKS_S = (BLOCK_S,)  # --blocks 0.5,1,2,4 compares block lengths
 DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9}
 
 
@@ -63,7 +63,7 @@ def window(rate: float, duration: float, seed: int):
     return [r for r in records if not r.warmup]
 
 
-def coverage(rate: float, seeds: int, duration: float) -> list[dict]:
+def coverage(rate: float, seeds: int, duration: float, blocks=BLOCKS_S) -> list[dict]:
     points: dict[str, list[float]] = {m: [] for m in METRICS}
     bands: dict[tuple[str, float], list[tuple[float, float]]] = {}
     for seed in range(seeds):
@@ -71,14 +71,14 @@ def coverage(rate: float, seeds: int, duration: float) -> list[dict]:
         m = summarise(recs).as_dict()
         for name in METRICS:
             points[name].append(m[name])
-        for b in BLOCKS_S:
+        for b in blocks:
             for name, iv in metric_intervals(recs, METRICS, block_s=b, seed=seed).items():
                 bands.setdefault((name, b), []).append((iv.low, iv.high))
     rows = []
     for name in METRICS:
         truth = statistics.median(points[name])
         spread = (np.percentile(points[name], 95) - np.percentile(points[name], 5)) / truth
-        for b in BLOCKS_S:
+        for b in blocks:
             ivs = bands.get((name, b), [])
             covered = sum(lo <= truth <= hi for lo, hi in ivs) / max(len(ivs), 1)
             width = statistics.median((hi - lo) / truth for lo, hi in ivs) if ivs else float("nan")
@@ -92,9 +92,11 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=60)
     ap.add_argument("--duration", type=float, default=12.0)
     ap.add_argument("--rates", default="40,50,55")
+    ap.add_argument("--blocks", default=",".join(f"{b:g}" for b in BLOCKS_S), help="block lengths (s) to compare")
     ap.add_argument("--markdown", help="also write the table here")
     a = ap.parse_args()
-    rows = [r for rate in (float(x) for x in a.rates.split(",")) for r in coverage(rate, a.seeds, a.duration)]
+    blocks = tuple(float(b) for b in a.blocks.split(","))
+    rows = [r for rate in (float(x) for x in a.rates.split(",")) for r in coverage(rate, a.seeds, a.duration, blocks)]
     lines = [f"Coverage of {DEFAULT_CONFIDENCE:.0%} intervals, {a.seeds} seeds x {a.duration:g} s windows "
              "(virtual simulator, H200 chat workload, vLLM's defaults)", "",
              "| rate req/s | metric | truth (median) | seeds' 5-95% spread | block s | coverage | median interval width |",

@@ -90,8 +90,10 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
         m = _log_margin(op, limit, c.value)
         if m is not None and (margin is None or m > margin):
             margin = m
-            margin_sd = (math.log(hi / lo) / (2.0 * z_of(confidence))
-                         if lo is not None and hi is not None and lo > 0 and hi >= lo else None)
+            # The wider side of the interval: a tail's is lopsided (wide above, narrow below), and
+            # the line through the levels must not trust the narrow side.
+            margin_sd = (max(math.log(hi / c.value), math.log(c.value / lo)) / z_of(confidence)
+                         if lo is not None and hi is not None and lo > 0 and hi >= c.value >= lo else None)
     error_rate = metrics.failed / metrics.num_requests
     if error_rate > max_error_rate:  # only a failing error rate enters the margin
         violation = max(violation, (error_rate - max_error_rate) / max(max_error_rate, 0.01))

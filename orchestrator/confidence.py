@@ -47,14 +47,21 @@ BOOTSTRAP_SAMPLES = 400
 BLOCK_S = 2.0  # seconds of due times per block (benchmarks/ci_coverage.py)
 MIN_BLOCKS = 6  # a shorter window gets shorter blocks: a bootstrap over two or three blocks is no spread
 # How much wider than the block bootstrap's an interval must be to cover the truth as often as it
-# says, by statistic: what the simulator needed over many seeds (benchmarks/ci_coverage.py). A
-# window cannot see fluctuations slower than itself (near capacity the queue remembers a burst for
-# longer than a level lasts), and a resampled tail quantile never exceeds the window's largest
-# values: the tail needs the most. Applied in log space around the point value.
-# A request's TPOT and E2E latency average over its whole life, so their tails move with the
-# batch size over many seconds: slower than TTFT's, and they need more.
-INFLATION = {"mean": 1.25, "p50": 1.25, "p90": 1.5, "p95": 2.0, "p99": 3.0, "throughput": 1.5}
-SLOW_TAIL_INFLATION = {"p95": 3.0, "p99": 4.5}  # tpot, e2el, itl
+# says, by statistic, (below, above) the value: what the simulator needed over many seeds
+# (benchmarks/ci_coverage.py). A window cannot see fluctuations slower than itself (near capacity
+# the queue remembers a burst for longer than a level lasts), and a resampled tail quantile never
+# exceeds the window's largest values: a tail's interval needs widening above its value, hardly
+# below (a window with a burst has a high p99, and the draws without that burst's block reach
+# below the truth already). Applied in log space around the point value.
+INFLATION = {"mean": (1.25, 1.25), "p50": (1.25, 1.5), "p90": (1.0, 1.5), "p95": (1.0, 2.5),
+             "p99": (1.0, 4.0), "throughput": (1.5, 1.5)}
+# A request's TPOT and E2E latency (and a token gap's) average over its whole life, so their
+# tails move with the batch size over many seconds: slower than TTFT's, and they need more.
+SLOW_TAIL_INFLATION = {"p95": (1.5, 4.0), "p99": (2.0, 6.0)}  # tpot, e2el, itl
+# A tail quantile of few values is one or two requests: with fewer than this many above it (p99
+# of fewer than 500), both sides widen by sqrt(MIN_TAIL / those above), so that a p99 of 60
+# requests, their largest, is not taken for a measurement of the tail.
+MIN_TAIL = 5.0
 _ITL_CAP = 200_000  # token gaps kept for the ITL interval (a seeded subsample beyond: memory, not accuracy)
 
 _STATS = ("mean",) + tuple(f"p{p}" for p in PERCENTILES)
@@ -168,18 +175,19 @@ def _weighted_means(values: np.ndarray, groups: np.ndarray, counts: np.ndarray) 
         return np.where(den > 0, num / den, np.nan)
 
 
-def _band(draws: np.ndarray, confidence: float, point: float, inflation: float) -> Optional[Interval]:
-    """The central ``confidence`` share of the draws, widened ``inflation`` times in log space around
-    ``point`` (a band that does not hold the point is first stretched to it)."""
+def _band(draws: np.ndarray, confidence: float, point: float, inflation: tuple[float, float]) -> Optional[Interval]:
+    """The central ``confidence`` share of the draws, widened ``inflation`` (below, above) times in
+    log space around ``point`` (a band that does not hold the point is first stretched to it)."""
     draws = draws[np.isfinite(draws)]
     if len(draws) == 0 or not math.isfinite(point):
         return None
     a = (1.0 - confidence) / 2.0
     lo, hi = (float(x) for x in np.quantile(draws, [a, 1.0 - a]))
     lo, hi = min(lo, point), max(hi, point)
+    below, above = inflation
     if point <= 0 or lo <= 0:
-        return Interval(point - inflation * (point - lo), point + inflation * (hi - point))
-    return Interval(point * (lo / point) ** inflation, point * (hi / point) ** inflation)
+        return Interval(point - below * (point - lo), point + above * (hi - point))
+    return Interval(point * (lo / point) ** below, point * (hi / point) ** above)
 
 
 # ------------------------------------------------------------------ the intervals
@@ -233,6 +241,9 @@ def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *
                 q = int(stat[1:])
                 draws, point = _weighted_quantiles(values, groups, counts, q / 100.0), float(np.percentile(values, q))
             widen = SLOW_TAIL_INFLATION.get(stat, INFLATION[stat]) if fam != "ttft" else INFLATION[stat]
+            if stat != "mean" and stat != "p50":
+                few = max(1.0, math.sqrt(MIN_TAIL / max(len(values) * (1.0 - int(stat[1:]) / 100.0), 1e-9)))
+                widen = (widen[0] * few, widen[1] * few)
             band = _band(draws, confidence, point, widen)
             if band is not None:
                 out[m] = band

@@ -152,6 +152,9 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
     base_rate = requests.requested_rate
     records: list[RequestRecord] = []
     spent = [0]  # windows measured so far (capacity.max_windows)
+    # Each level is decided at a stricter confidence than the capacity's: the capacity's interval
+    # rests on two decisions (a level met below it, one missed above), and either may be wrong.
+    decide_at = level_confidence(spec.confidence)
 
     def measure_level(level: int, rate: float) -> LevelResult:
         # Prompts of the level's own: no level is answered from the prefix cache an earlier one filled.
@@ -183,12 +186,12 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
             saturated_at = monitor.saturated_at if monitor is not None else \
                 detect_saturation(recs, spec.saturation, floor)
             m = summarise_records(study, mine, rs.requested_rate, window_scale=scale)
-            intervals = record_intervals(study, mine, slo_metrics, confidence=spec.confidence, window_scale=scale)
+            intervals = record_intervals(study, mine, slo_metrics, confidence=decide_at, window_scale=scale)
             verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None,
-                                  intervals=intervals, confidence=spec.confidence)
+                                  intervals=intervals, confidence=decide_at)
             log.info("level %d at %.3g req/s (window %d): %s", level, rate, window,
                      ("meets the SLOs" if verdict.ok else "; ".join(verdict.reasons))
-                     + ("" if verdict.decided else f" (undecided at {spec.confidence:.0%})"))
+                     + ("" if verdict.decided else f" (undecided at {decide_at:.1%})"))
             spent[0] += 1
             if verdict.decided or saturated_at is not None or (spec.max_windows and spent[0] >= spec.max_windows):
                 break
@@ -196,12 +199,19 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
         return LevelResult(level, rate, planned, mine, m, verdict, saturated_at,
                            stopped_early=monitor is not None and monitor.saturated_at is not None,
                            telemetry=telemetry, warmup=warm, windows=window + 1, intervals=intervals,
-                           confidence=spec.confidence)
+                           confidence=decide_at)
 
     result = search_capacity(measure_level, spec, spec.start_rate or base_rate or spec.min_rate)
     chosen = result.best or min(result.levels, key=lambda lv: lv.rate)
     return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result, warmup=result.levels[0].warmup,
                      levels_base_rate=base_rate)
+
+
+def level_confidence(confidence: float) -> float:
+    """The confidence a capacity search decides each level at, for a capacity interval at
+    ``confidence``: each of the two decisions bounding it may be wrong (1 - confidence) / 2 of the
+    time (0.90 -> 0.95)."""
+    return 1.0 - (1.0 - confidence) / 2.0
 
 
 def _wait_idle(ep, timeout_s: float = 30.0) -> None:
