@@ -8,6 +8,7 @@ first objective so far and an ETA from the mean trial time.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -47,7 +48,8 @@ class ProgressPrinter:
         self.feasible = 0
         self.running = 0
         self.best: Optional[float] = None
-        self.feasible_values: list[tuple[float, float, float]] = []  # (value, low, high) of the first objective
+        # (value, low, high) of the first objective, and the configuration (a racing trial measures one again)
+        self.feasible_values: list[tuple[float, float, float, str]] = []
         self.quiet = quiet
         self.stream = stream  # None: sys.stdout at print time (a stored stream may not pickle)
         self.t0 = time.monotonic()
@@ -74,7 +76,9 @@ class ProgressPrinter:
             if len(values):
                 self.best = float(values.max() if first.resolved_direction == "maximize" else values.min())
                 low, high = bounds(trials.loc[values.index], first.metric)
-                self.feasible_values += [(float(v), float(lo), float(hi)) for v, lo, hi in zip(values, low, high)]
+                keys = trials.loc[values.index, "params_json"] if "params_json" in trials else values.index.astype(str)
+                self.feasible_values += [(float(v), float(lo), float(hi), str(k))
+                                         for v, lo, hi, k in zip(values, low, high, keys)]
 
     def _print(self, text: str) -> None:
         self._last_print = time.monotonic()
@@ -144,9 +148,11 @@ class ProgressPrinter:
             self.feasible += 1
             if value is not None:
                 low, high = result.get(f"{first.metric}_low"), result.get(f"{first.metric}_high")
+                key = json.dumps({k: v for k, v in params.items() if not k.startswith("__")}, sort_keys=True,
+                                 default=str)
                 self.feasible_values.append((value, value if low is None else min(low, value),
                                              (value if low is None else float("inf")) if high is None
-                                             else max(high, value)))
+                                             else max(high, value), key))
                 better = (self.best is None or (value > self.best if first.resolved_direction == "maximize"
                                                 else value < self.best))
                 if better:
@@ -171,11 +177,11 @@ class ProgressPrinter:
                     f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
 
     def tied_with_best(self) -> int:
-        """Feasible trials other than the best whose interval of the first objective overlaps the best's."""
+        """Configurations other than the best's whose interval of the first objective overlaps the best's."""
         if self.best is None:
             return 0
-        _, lo, hi = next((v for v in self.feasible_values if v[0] == self.best), (None, self.best, self.best))
-        return sum(1 for v, l2, h2 in self.feasible_values if l2 <= hi and lo <= h2) - 1
+        _, lo, hi, key = next((v for v in self.feasible_values if v[0] == self.best), (None, self.best, self.best, ""))
+        return len({k for _, l2, h2, k in self.feasible_values if l2 <= hi and lo <= h2 and k != key})
 
     def finish(self, trials) -> None:
         """The run's outcome in one line per status; why, if nothing completed."""
