@@ -62,6 +62,9 @@ SLOW_TAIL_INFLATION = {"p95": (1.5, 4.0), "p99": (2.0, 6.0)}  # tpot, e2el, itl
 # of fewer than 500), both sides widen by sqrt(MIN_TAIL / those above), so that a p99 of 60
 # requests, their largest, is not taken for a measurement of the tail.
 MIN_TAIL = 5.0
+# Widening multiplies a band's log width: past a tenfold ratio it says nothing more than "unknown",
+# and the numbers only grow absurd. A band stops at a tenth and ten times the value.
+MAX_RATIO = 10.0
 _ITL_CAP = 200_000  # token gaps kept for the ITL interval (a seeded subsample beyond: memory, not accuracy)
 
 _STATS = ("mean",) + tuple(f"p{p}" for p in PERCENTILES)
@@ -187,7 +190,8 @@ def _band(draws: np.ndarray, confidence: float, point: float, inflation: tuple[f
     below, above = inflation
     if point <= 0 or lo <= 0:
         return Interval(point - below * (point - lo), point + above * (hi - point))
-    return Interval(point * (lo / point) ** below, point * (hi / point) ** above)
+    return Interval(max(point * (lo / point) ** below, point / MAX_RATIO),
+                    min(point * (hi / point) ** above, point * MAX_RATIO))
 
 
 # ------------------------------------------------------------------ the intervals
