@@ -37,6 +37,34 @@ def vllm_study(tmp_path):
     })
 
 
+def test_the_vllm_server_log_line_and_its_failure_messages_hold_no_token(tmp_path, monkeypatch):
+    """The command the replica writes at the top of its log (in Ray's session folder), and the
+    failure messages Serve copies into its own logs, built as ``VllmServer`` builds them."""
+    from orchestrator.engine_args import engine_args_from_params
+    from orchestrator.engines.vllm_process import command_secrets, failure_text, log_command, server_command
+    from orchestrator.engines.vllm_serve import VllmServeEngine
+
+    monkeypatch.setenv("ORCH_TEST_HF_TOKEN", TOKEN)
+    study = vllm_study(tmp_path)
+    engine = VllmServeEngine(study)
+    args = engine.resolve(engine_args_from_params({"max_num_seqs": 4}, fixed=dict(study.engine.engine_kwargs)))
+    env = engine.engine_env(args)
+    cmd = server_command(8123, engine.server_argv("t1", args, str(tmp_path / "model")))
+    assert cmd[cmd.index("--hf-token") + 1] == TOKEN  # the server itself gets it
+    secrets = command_secrets(cmd, env)
+
+    log = tmp_path / "vllm_server-t1.log"
+    with open(log, "ab") as f:
+        log_command(f, cmd, secrets)
+        # The server quoting them back, as a failing download or proxy may.
+        f.write(f"401 for token {TOKEN} through {env['HTTPS_PROXY']}\n".encode())
+    head = log.read_text().splitlines()[0]
+    assert TOKEN not in head and "--hf-token '***'" in head and "--max-num-seqs 4" in head, head
+    message = failure_text("vllm serve exited with code 1 while starting:\n", log, secrets)
+    assert "--hf-token '***'" in message and "401 for token ***" in message
+    assert not [s for s in PLANTED if s in message], message
+
+
 def test_credentials_under_unknown_names_are_never_written(tmp_path, monkeypatch, capsys):
     """study.json, the trials Parquet (a failure message quoting them too), what Tune pickles and
     ``recommend``'s output hold neither the proxy password nor the fragment's token."""
