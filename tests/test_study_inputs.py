@@ -313,3 +313,20 @@ def test_a_problem_with_the_whole_study_summarises_it(tmp_path, study_doc):
     (line,) = problem_lines(validate(f))
     assert line.startswith(f"{f}: <root>: expected a mapping at the top level (got a list of 1 entries)"), line
 
+
+# ------------------------------------------------------------------ served name
+@pytest.mark.parametrize("name", ["llama\nrm -rf ~", "llama\x00", "llama\tb", "llama\x1b[2J"])
+def test_a_served_name_with_control_characters_is_a_validate_error(tmp_path, study_doc, name):
+    """It is printed inside recommend's `vllm serve` command and sent as the model id."""
+    study_doc["model"]["served_name"] = name
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: model.served_name: control characters (line breaks, tabs, NUL, ...) are not "
+                           "allowed; use printable characters (letters, digits, punctuation, spaces) (got "), line
+    assert line.isprintable()
+
+
+def test_a_served_name_of_printable_characters_validates(tmp_path, study_doc):
+    study_doc["model"]["served_name"] = "Llama 3.1 8B (ß, 量化)/v2"
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc, allow_unicode=True))
+    assert load_study(f).model.served_name == "Llama 3.1 8B (ß, 量化)/v2"
