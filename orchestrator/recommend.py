@@ -21,7 +21,7 @@ import pandas as pd
 from orchestrator.accelerator import runs_on_cpu
 from orchestrator.engine_args import EngineArgs
 from orchestrator.pricing import unit_columns
-from orchestrator.redaction import EnvRef, is_secret_key, redact, shell_line
+from orchestrator.redaction import EnvRef, holds_secret, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.ties import combine_repeats
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
@@ -78,9 +78,11 @@ class Recommendation:
     def vllm_command(self) -> str:
         """The shell command line (with environment assignments first when the engine had any).
 
-        A secret is never printed: its variable is expanded by the shell (``HF_TOKEN="${HF_TOKEN}"``).
+        A secret is never printed: its variable is expanded by the shell (``HF_TOKEN="${HF_TOKEN}"``), as is
+        a value that holds one (``HTTPS_PROXY=http://user:pw@proxy``).
         """
-        env = [f'{k}="${{{k}}}"' if is_secret_key(k) else f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        env = [f'{k}="${{{k}}}"' if is_secret_key(k) or holds_secret(v) else f"{k}={shlex.quote(v)}"
+               for k, v in sorted(self.env.items())]
         return " ".join(env + [shell_line(self.vllm_argv())])
 
     def llm_config(self) -> dict[str, Any]:

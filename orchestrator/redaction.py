@@ -9,9 +9,14 @@ A study may carry credentials two ways:
   (``engine_kwargs: {hf_token_env: HF_TOKEN}``, ``engine.api_key_env``): the study and
   its records hold only the variable's name; the value is read when the engine starts.
 
-Text that may quote a secret (an engine's log, an exception) is scrubbed of every known
-secret value before it is recorded. URLs must not carry credentials at all (refused when the
-study is read): they are recorded, and printed in errors.
+Values are redacted too, whatever their key: any URL's userinfo (``http://user:pw@proxy``), any
+credential-like query or fragment parameter (``?sig=``, ``#access_token=``) and, in free text, a
+value assigned to a secret-named key (``HF_TOKEN=...``, ``"api_key": "..."``) become ``***``.
+Text that may quote a secret (an engine's log, an exception, a command line) is scrubbed of
+every known secret value and of those before it is written or raised: :func:`scrub`
+is the one text redactor, and :func:`redact`, :func:`redact_argv` and :func:`shell_line` go
+through it. URLs the study names for the tuner to call must not carry credentials at all
+(refused when the study is read).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 REDACTED = "***"
 ENV_SUFFIX = "_env"
@@ -43,43 +48,117 @@ def is_secret_key(name: Any) -> bool:
     return bool(words) and (words[-1] in SECRET_WORDS or any(w in ALWAYS_SECRET for w in words))
 
 
-def redact(value: Any) -> Any:
-    """A copy of ``value`` (dicts and lists, nested) with every secret-named key's value ``***``."""
+def redact(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """A copy of ``value`` (dicts and lists, nested) with every secret-named key's value ``***`` and
+    every string :func:`scrub`-bed (URL credentials, the known ``secrets``)."""
+    secrets = tuple(secrets)
     if isinstance(value, Mapping):
-        return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact(v)) for k, v in value.items()}
+        return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact(v, secrets))
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
+        return [redact(v, secrets) for v in value]
+    if isinstance(value, str):
+        return scrub(value, secrets)
     return value
 
 
-def redact_argv(argv: Iterable[str]) -> list[str]:
-    """Command-line words with the value of every secret-named flag ``***`` (``--hf-token X``, ``--api-key=X``)."""
+def _secret_flag(word: str) -> tuple[bool, bool]:
+    """(whether ``word`` is a secret-named flag, whether its value is in it: ``--api-key=X``)."""
+    flag, eq, _ = word.partition("=")
+    return flag.startswith("--") and is_secret_key(flag[2:]), bool(eq)
+
+
+def redact_argv(argv: Iterable[str], secrets: Iterable[str] = ()) -> list[str]:
+    """Command-line words with the value of every secret-named flag ``***`` (``--hf-token X``,
+    ``--api-key=X``) and every other word :func:`scrub`-bed."""
     out: list[str] = []
     hide_next = False
+    secrets = tuple(secrets)
     for word in argv:
+        secret, inline = _secret_flag(word)
         if hide_next:
             out.append(REDACTED)
-            hide_next = False
-            continue
-        flag, eq, _ = word.partition("=")
-        if flag.startswith("--") and is_secret_key(flag[2:]):
-            if eq:
-                out.append(f"{flag}={REDACTED}")
-            else:
-                out.append(word)
-                hide_next = True
-            continue
-        out.append(word)
+        elif secret and inline:
+            out.append(f"{word.partition('=')[0]}={REDACTED}")
+        else:
+            out.append(word if secret else scrub(word, secrets))
+        hide_next = secret and not inline and not hide_next
     return out
 
 
-def scrub(text: Optional[str], secrets: Iterable[str]) -> Optional[str]:
-    """``text`` with every occurrence of a secret value replaced by ``***``."""
+def argv_secrets(argv: Iterable[str]) -> set[str]:
+    """The values of a command line's secret-named flags, and the URL credentials in its words."""
+    words = list(argv)
+    found: set[str] = set()
+    for i, word in enumerate(words):
+        secret, inline = _secret_flag(word)
+        if secret and inline:
+            found.add(word.partition("=")[2])
+        elif secret and i + 1 < len(words):
+            found.add(words[i + 1])
+        found |= url_secrets(word)
+    return {s for s in found if s}
+
+
+# A URL in free text (log lines, JSON, a repr): scheme, then everything up to a space or quote.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+# A query or fragment parameter (also ``#/route?token=`` and ``;``-separated ones).
+_PARAM = re.compile(r"([?&#;])([^=&#;?\s]+)=([^&#;\s]*)")
+# Outside URLs: NAME=value (HF_TOKEN=hf_..., --api-key=...) and "name": "value" (JSON, a dict's repr).
+_ASSIGNED = re.compile(r"(?<![\w.])([A-Za-z][\w.-]*)=(\"[^\"]*\"|'[^']*'|[^\s&;,#'\"]+)")
+_QUOTED = re.compile(r"([\"'])([A-Za-z][\w.-]*)\1(\s*:\s*)([\"'])(.*?)(?<!\\)\4")
+
+
+def _url_parts(url: str) -> tuple[str, str, str, str]:
+    """(scheme://, userinfo, host and port, the rest) of a URL; userinfo "" where there is none."""
+    scheme, _, rest = url.partition("://")
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:cut].rpartition("@")
+    return scheme + "://", userinfo if at else "", host, rest[cut:]
+
+
+def _credential_params(rest: str) -> list[tuple[str, str]]:
+    return [(m[2], m[3]) for m in _PARAM.finditer(rest) if is_secret_key(unquote(m[2]))]
+
+
+def url_secrets(text: str) -> set[str]:
+    """The credentials the URLs in ``text`` carry: userinfo (and its parts), credential parameters' values."""
+    found: set[str] = set()
+    for url in _URL.findall(text):
+        _, userinfo, _, rest = _url_parts(url)
+        # user:password, or a token alone (https://TOKEN@host); a user name alone is no secret
+        values = [userinfo, userinfo.partition(":")[2]] + [v for _, v in _credential_params(rest)]
+        found |= {x for v in values for x in (v, unquote(v))}
+    return {s for s in found if s and s != REDACTED}
+
+
+def _clean_url(match: "re.Match[str]") -> str:
+    scheme, userinfo, host, rest = _url_parts(match[0])
+    rest = _PARAM.sub(lambda m: f"{m[1]}{m[2]}={REDACTED}" if is_secret_key(unquote(m[2])) else m[0], rest)
+    return scheme + (f"{REDACTED}@" if userinfo else "") + host + rest
+
+
+def scrub(text: Optional[str], secrets: Iterable[str] = ()) -> Optional[str]:
+    """``text`` with every occurrence of a known secret value, every URL's userinfo, every
+    credential-like URL parameter's value and every value assigned to a secret-named key
+    (``HF_TOKEN=...``, ``"api_key": "..."``) replaced by ``***``: the one text redactor."""
     if not text:
         return text
     for s in sorted({s for s in secrets if s and len(s) >= _MIN_SCRUB_LEN}, key=len, reverse=True):
         text = text.replace(s, REDACTED)
+    if "://" in text:
+        text = _URL.sub(_clean_url, text)
+    if "=" in text:
+        text = _ASSIGNED.sub(lambda m: f"{m[1]}={REDACTED}" if is_secret_key(m[1]) else m[0], text)
+    if ":" in text:
+        text = _QUOTED.sub(lambda m: f"{m[1]}{m[2]}{m[1]}{m[3]}{m[4]}{REDACTED}{m[4]}" if is_secret_key(m[2])
+                           else m[0], text)
     return text
+
+
+def holds_secret(text: str) -> bool:
+    """Whether :func:`scrub` would hide part of ``text`` (or already did)."""
+    return REDACTED in text or scrub(text) != text
 
 
 def is_reference(key: Any) -> bool:
@@ -108,6 +187,8 @@ def secret_values(engine_spec: Any, environ: Mapping[str, str] = os.environ) -> 
             found.add(str(v))
         elif is_reference(k) and isinstance(v, str) and environ.get(v):
             found.add(environ[v])
+        elif isinstance(v, str):
+            found |= url_secrets(v)
     return found
 
 
@@ -121,10 +202,10 @@ class EnvRef:
         return f"${{{self.variable}}}"
 
 
-def shell_line(words: Iterable[Any]) -> str:
-    """A command as one shell line: a secret flag's value ``***``, an :class:`EnvRef` ``"${VAR}"``."""
+def shell_line(words: Iterable[Any], secrets: Iterable[str] = ()) -> str:
+    """A command as one shell line, :func:`redact_argv`-ed; an :class:`EnvRef` ``"${VAR}"``."""
     words = list(words)
-    shown = redact_argv([w if isinstance(w, str) else "" for w in words])
+    shown = redact_argv([w if isinstance(w, str) else "" for w in words], secrets)
     return " ".join(f'"{w}"' if isinstance(w, EnvRef) else shlex.quote(s) for w, s in zip(words, shown))
 
 
@@ -164,10 +245,11 @@ def url_credential_problem(url: str) -> Optional[str]:
     if parts.username is not None or parts.password is not None:
         return ("credentials do not belong in the URL (it is recorded); put the key in an environment "
                 "variable and name it in api_key_env")
-    named = sorted({k for k, _ in parse_qsl(parts.query, keep_blank_values=True) if is_secret_key(k)})
-    if named:
-        return (f"the query string carries a credential ({', '.join(named)}); URLs are recorded and printed: "
-                "put the key in an environment variable and name it in api_key_env")
+    for part, name in ((parts.query, "query string"), (parts.fragment, "fragment")):
+        named = sorted({unquote(k) for k, _ in _credential_params("?" + part)})
+        if named:
+            return (f"the {name} carries a credential ({', '.join(named)}); URLs are recorded and printed: "
+                    "put the key in an environment variable and name it in api_key_env")
     return None
 
 

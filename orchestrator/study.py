@@ -59,6 +59,15 @@ class ModelSpec(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     served_name: Optional[str] = Field(default=None, description="model id the endpoint serves")
 
+    @field_validator("served_name")
+    @classmethod
+    def _printable(cls, v: Optional[str]) -> Optional[str]:
+        # It goes into command lines and log lines: a line break or NUL would split or cut them.
+        if v is not None and not v.isprintable():
+            raise ValueError("control characters (line breaks, tabs, NUL, ...) are not allowed; use printable "
+                             "characters (letters, digits, punctuation, spaces)")
+        return v
+
 
 class HardwareSpec(_Strict):
     gpu: str = Field(description="GPU type from the catalog (orchestrator.sim.hardware)")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import difflib
 import json
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.redaction import is_secret_key, url_credential_problem
+from orchestrator.redaction import is_secret_key, redact
 
 # The model describing the mapping at a key path of a document (None: unknown).
 ModelAt = Callable[[Any, tuple[str, ...]], Optional[type[BaseModel]]]
@@ -41,7 +42,16 @@ def _one_line(text: str) -> str:
 
 
 def _short(value: Any) -> str:
+    """The value redacted (secret keys' values, URL credentials); a long mapping by its keys only,
+    a long list of mappings by its length: the offending block may hold a credential under any name."""
+    value = redact(value)
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    if len(text) <= 80:
+        return text
+    if isinstance(value, Mapping):
+        text = f"a mapping with keys {', '.join(map(str, value))}"
+    elif isinstance(value, list) and any(isinstance(v, (Mapping, list)) for v in value):
+        return f"a list of {len(value)} entries"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -99,16 +109,16 @@ def problems_from_validation(err: ValidationError, data: Any, model_at: ModelAt)
             expected = ctx.get("expected_tags") or ctx.get("expected")
             if expected:
                 msg = f"not allowed; expected one of {expected}"
-        shown = "input" in e and etype != "missing" and not _may_be_secret(loc, e.get("input"))
+            if etype == "union_tag_invalid":  # the bad tag, not the whole block it selects
+                e = {**e, "input": ctx.get("tag")}
+        shown = "input" in e and etype != "missing" and not _may_be_secret(loc)
         problems.append(Problem(path, msg, e.get("input") if shown else None, has_value=shown))
     return problems
 
 
-def _may_be_secret(loc: list[str], value: Any) -> bool:
-    """An error never echoes a credential: the value of a secret-named key, or a URL that carries one."""
-    if loc and is_secret_key(loc[-1]):
-        return True
-    return isinstance(value, str) and "://" in value and url_credential_problem(value) is not None
+def _may_be_secret(loc: list[str]) -> bool:
+    """The value of a secret-named key is never echoed (other values are shown redacted, see :func:`_short`)."""
+    return bool(loc) and is_secret_key(loc[-1])
 
 
 def data_path(data: Any, loc: list[str]) -> list[str]:

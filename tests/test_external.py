@@ -84,6 +84,8 @@ def test_a_model_the_endpoint_does_not_serve(fake, tmp_path):
     ("base_url", "http://127.0.0.1:8000/?api_key=PLANTED-9f3", "the query string carries a credential (api_key)"),
     ("base_url", "https://gw.example/v1?x=1&access_token=PLANTED-9f3", "a credential (access_token)"),
     ("metrics_url", "http://127.0.0.1:8000/metrics?sig=PLANTED-9f3", "a credential (sig)"),
+    ("base_url", "https://gw.example/#access_token=PLANTED-9f3&token_type=bearer",
+     "the fragment carries a credential (access_token)"),
 ])
 def test_bad_urls_are_refused_when_the_study_loads_without_echoing_a_credential(tmp_path, key, url, message):
     engine = {"metrics_url": url} if key == "metrics_url" else {}

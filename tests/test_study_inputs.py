@@ -278,3 +278,55 @@ def test_long_synthetic_requests_that_fit_the_model_still_validate(tmp_path, stu
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump(study_doc))
     assert validate(f).returncode == 0
+
+
+# ------------------------------------------------------------------ credentials in problem lines
+PLANTED = "hf_planted_validate_3b7e"
+
+
+@pytest.mark.parametrize("engine, expected", [
+    # A misspelt kind: the bad tag, not the block it selects (an env token, a URL with user:pw@).
+    ({"kind": "vlm", "env": {"HF_TOKEN": PLANTED, "HTTPS_PROXY": f"http://u:{PLANTED}@proxy:3128"},
+      "base_url": f"https://u:{PLANTED}@h:8000"},
+     "engine: not allowed; expected one of 'sim', 'vllm', 'external' (got 'vlm')"),
+    ({"kind": "external", "base_url": f"https://u:{PLANTED}@h:8000/v1"},
+     "engine.base_url: credentials do not belong in the URL (it is recorded); put the key in an environment "
+     "variable and name it in api_key_env (got 'https://***@h:8000/v1')"),
+    ({"kind": "external", "base_url": f"https://h:8000/#access_token={PLANTED}"},
+     "engine.base_url: the fragment carries a credential (access_token)"),
+])
+def test_problem_lines_never_echo_a_credential(tmp_path, study_doc, engine, expected):
+    study_doc["engine"] = engine
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: {expected}") and PLANTED not in line, line
+
+
+def test_a_problem_with_the_whole_study_summarises_it(tmp_path, study_doc):
+    """A problem of the study as a whole would show the document, which starts with the engine and
+    its token here: its keys are shown instead."""
+    engine = {"kind": "vllm", "env": {"HF_TOKEN": PLANTED, "NOTE": f"via http://u:{PLANTED}@proxy"}}
+    doc = {"engine": engine, **study_doc, "objectives": ["maximize output_throughput"] * 2}
+    f, line = the_one_problem(tmp_path, doc)
+    assert line.startswith(f"{f}: <root>: objectives: each metric at most once"), line
+    assert "(got a mapping with keys constraints, engine, hardware, " in line and PLANTED not in line, line
+    f.write_text(yaml.safe_dump([doc]))  # not a mapping at all: redacted, and cut short
+    (line,) = problem_lines(validate(f))
+    assert line.startswith(f"{f}: <root>: expected a mapping at the top level (got a list of 1 entries)"), line
+
+
+# ------------------------------------------------------------------ served name
+@pytest.mark.parametrize("name", ["llama\nrm -rf ~", "llama\x00", "llama\tb", "llama\x1b[2J"])
+def test_a_served_name_with_control_characters_is_a_validate_error(tmp_path, study_doc, name):
+    """It is printed inside recommend's `vllm serve` command and sent as the model id."""
+    study_doc["model"]["served_name"] = name
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: model.served_name: control characters (line breaks, tabs, NUL, ...) are not "
+                           "allowed; use printable characters (letters, digits, punctuation, spaces) (got "), line
+    assert line.isprintable()
+
+
+def test_a_served_name_of_printable_characters_validates(tmp_path, study_doc):
+    study_doc["model"]["served_name"] = "Llama 3.1 8B (ß, 量化)/v2"
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc, allow_unicode=True))
+    assert load_study(f).model.served_name == "Llama 3.1 8B (ß, 量化)/v2"

@@ -124,6 +124,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {**caches, "ORCH_TEST_HF_TOKEN": PLANTED_REFERENCED}})
+    session_dir = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001 - no public API
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
     # lands in the measured window of the first level.
     killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", tmp_path / "cache", after_rows=3,
@@ -142,6 +143,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     trials = load_trials(run.study_dir).set_index("trial_number").sort_index()
     assert len(trials) == 4, trials[["status", "failure_kind"]]
     _assert_no_secret_written(tmp_path / "out", trials)
+    _assert_no_secret_logged(session_dir)
 
     def row(params):
         (match,) = [r for _, r in trials.iterrows() if all(r[k] == v for k, v in params.items())]
@@ -205,6 +207,19 @@ def _assert_no_secret_written(out: Path, trials: pd.DataFrame) -> None:
     assert argv[argv.index("--hf-token") + 1] == "***"  # it reached the engine, and the record hides it
     assert '--hf-token "${ORCH_TEST_HF_TOKEN}"' in completed["vllm_command"]
     assert json.loads(completed["engine_args_json"])["extra"]["hf_token_env"] == "ORCH_TEST_HF_TOKEN"
+
+
+def _assert_no_secret_logged(session_dir: Path) -> None:
+    """Nor does Ray's session folder: the servers' logs (their command lines), Serve's controller and
+    replica logs (the failed start's message), the workers' .out/.err. Only Ray's runtime-env agent
+    logs the env_vars of the runtime_env this test passes the referenced one in (docs/study-file.md)."""
+    files = [p for p in session_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.name.startswith("vllm_server-") for p in files), "no server log in the session folder"
+    for secret in (PLANTED_LITERAL, PLANTED_REFERENCED):
+        leaked = [f"{p.relative_to(session_dir)}: {line[:160]!r}" for p in files
+                  for line in p.read_bytes().splitlines() if secret.encode() in line
+                  and not (secret == PLANTED_REFERENCED and b"runtime_env" in line.replace(b" ", b"_").lower())]
+        assert not leaked, (secret, leaked[:5])
 
 
 def _assert_warmup_outside_the_window(row, mine, levels) -> None:

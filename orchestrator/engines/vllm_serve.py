@@ -28,7 +28,8 @@ from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, Resour
 from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
 from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
-from orchestrator.redaction import MissingSecret, env_references, is_reference, redact_argv, resolve_env_references
+from orchestrator.redaction import (MissingSecret, env_references, is_reference, redact, redact_argv,
+                                    resolve_env_references, scrub, secret_values)
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class VllmServeEngine(Engine):
             info = handle.info.remote().result(timeout_s=60)
         except EngineStartError as e:
             # The replica's node may be this one: its server log says why, line by line.
-            text = e.message + "\n" + tail(local_log, 200)
+            text = scrub(e.message + "\n" + tail(local_log, 200), secret_values(spec))
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
             release.wait(timeout_s=spec.teardown_timeout_s)
             raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
@@ -262,7 +263,9 @@ class VllmServeEngine(Engine):
                 serving["ingress_deployment_config"] = {"ray_actor_options": {"num_cpus": 0}}
             app = build_openai_app(serving)
         except Exception as e:  # noqa: BLE001 - pydantic/vLLM argument validation
-            raise EngineStartError(FailureKind.INVALID_ARGS, f"{type(e).__name__}: {e}"[:4000]) from None
+            # pydantic quotes the input: the resolved engine_kwargs and env_vars, secrets included
+            raise EngineStartError(FailureKind.INVALID_ARGS,
+                                   scrub(f"{type(e).__name__}: {e}", secret_values(spec))[:4000]) from None
         release = ReleaseCheck(self.resources(args).resource)
         served = cfg["model_loading_config"]["model_id"]
         t_wall = time.time()
@@ -272,7 +275,7 @@ class VllmServeEngine(Engine):
             serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0)
         except EngineStartError as e:
             logs = replica_log_tail(name, marker=served, since=t_wall)
-            text = e.message + ("\n" + logs if logs else "")
+            text = scrub(e.message + ("\n" + logs if logs else ""), secret_values(spec))
             serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
             # The next trial must not start while this engine's memory is still held.
             release.wait(timeout_s=spec.teardown_timeout_s)
@@ -280,7 +283,7 @@ class VllmServeEngine(Engine):
         base = self.context.serve_url(route)
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
-                                 "llm_config": json.loads(json.dumps(cfg, default=str))}
+                                 "llm_config": redact(json.loads(json.dumps(cfg, default=str)), secret_values(spec))}
         facts.update(kv_cache_facts(replica_log_tail(name, lines=3000, marker=served, since=t_wall)))
         facts["ingress"] = "serve_llm"
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),

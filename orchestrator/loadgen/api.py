@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
-from orchestrator.redaction import join_url
+from orchestrator.redaction import join_url, scrub
 from orchestrator.workload.requests import Request
 from orchestrator.workload.tokens import token_ids_to_text
 
@@ -114,7 +114,5 @@ class Endpoint:
         return h
 
     def scrub(self, text: str) -> str:
-        """``text`` without the API key, cut to :data:`MAX_ERROR_CHARS`."""
-        if self.api_key and self.api_key in text:
-            text = text.replace(self.api_key, "***")
-        return text[:MAX_ERROR_CHARS]
+        """``text`` without the API key (nor URL credentials), cut to :data:`MAX_ERROR_CHARS`."""
+        return (scrub(text, [self.api_key] if self.api_key else []) or "")[:MAX_ERROR_CHARS]

@@ -97,8 +97,6 @@ def trial_row(study: "Study", result: "TrialResult", judgement: Optional[Judgeme
     if extra is not None:
         row["extra_json"] = extra
     row.update(judgement.columns())
-    # An engine's log or an exception may quote a secret the study carries: never record it.
+    # An engine's log or an exception may quote a secret the study carries, or a URL with credentials.
     secrets = secret_values(study.engine)
-    if secrets:
-        row = {k: scrub(v, secrets) if isinstance(v, str) else v for k, v in row.items()}
-    return row
+    return {k: scrub(v, secrets) if isinstance(v, str) else v for k, v in row.items()}
