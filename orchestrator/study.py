@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.metrics import LOAD_METRIC_NAMES, RequestSLO
 from orchestrator.redaction import redact
 from orchestrator.probe_spec import ProbeSpec, probe_problems
-from orchestrator.study_capacity import CapacitySpec, SaturationSettings
+from orchestrator.study_capacity import CAPACITY_DEFAULTS_ADDED_LATER, CapacitySpec, SaturationSettings
 from orchestrator.study_goals import Constraint, Objective, parse_objective
 from orchestrator.sim.hardware import GPUS, get_gpu
 from orchestrator.sim.models import find_model_config
@@ -212,6 +212,10 @@ class Study(_Strict):
             body["hardware"].pop("price_per_gpu_hour", None)
         if body.get("probe") is None:  # added later: hashed only when set
             body.pop("probe", None)
+        capacity = body.get("capacity") or {}
+        for key, default in CAPACITY_DEFAULTS_ADDED_LATER.items():  # hashed only when set
+            if key in capacity and capacity[key] == default:
+                capacity.pop(key)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     @property

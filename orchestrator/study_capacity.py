@@ -85,3 +85,8 @@ class CapacitySpec(_Strict):
                              f"{self.max_rate * self.level_duration_s:.3g} requests a level, more than "
                              f"{MAX_LEVEL_REQUESTS:,}; lower one of them")
         return self
+
+
+# Keys added after studies were recorded: a fingerprint hashes them only when set away from these,
+# so that a study recorded before them still resumes.
+CAPACITY_DEFAULTS_ADDED_LATER = {"confidence": DEFAULT_CONFIDENCE, "repeats": 1, "max_windows": None}

@@ -2,7 +2,7 @@
 
 The served simulator (real Ray Serve, real HTTP load, real time): the same configuration measured
 twice with different workload seeds (equal by construction) must come out tied in
-``best_under_slos``, the noise-aware front and ``recommend``; an engine 30% slower must be
+``best_under_slos``, the noise-aware front and ``recommend``; another configuration on an engine 60% slower must be
 ranked below, beyond the noise. The capacity search's intervals are checked the same way on the
 virtual simulator, where they are cheap.
 """
@@ -24,6 +24,10 @@ from recorded_trial import run_trial
 
 SERVE_PORT = 8241
 PARAMS = {"max_num_seqs": 64}
+# At 8 req/s about ten requests run at once: these bounds are never reached, so these
+# configurations perform the same on the same engine.
+OTHER_PARAMS = {"max_num_seqs": 48}
+SLOW_PARAMS = {"max_num_seqs": 32}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,7 @@ def served_study(tmp_path, slowdown: float = 1.0):
         "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
         "workload": {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 96, "warmup_requests": 2,
                      "input_len": {"kind": "uniform", "min": 100, "max": 600}, "output_len": 48, "timeout_s": 30},
-        "space": {"max_num_seqs": 64},
+        "space": {"max_num_seqs": [32, 48, 64]},
         "objectives": ["minimize tpot_p50_ms"],
         "output": str(tmp_path / "out"),
     })
@@ -65,8 +69,10 @@ def test_equal_configurations_are_tied_and_a_slower_one_is_ranked(ray_serve, tmp
     # The same configuration, measured twice with other arrivals, lengths and prompts.
     a = run_trial(study, PARAMS, trial_id="r1-0000", trial_number=0, ctx=ctx)
     b = run_trial(study, PARAMS, trial_id="r1-0001", trial_number=1, ctx=ctx, measurement=1)
-    slow_study = served_study(tmp_path, slowdown=1.3)
-    c = run_trial(slow_study, PARAMS, trial_id="r1-0002", trial_number=2, ctx=ctx)
+    # Another configuration on an engine 60% slower (another configuration: recommend pools the
+    # measurements of one configuration, and this one must stay a row of its own).
+    slow_study = served_study(tmp_path, slowdown=1.6)
+    c = run_trial(slow_study, SLOW_PARAMS, trial_id="r1-0002", trial_number=2, ctx=ctx)
     rows = _frame(study, [a, b, c])
     assert list(rows["status"]) == ["completed"] * 3, rows[["status", "failure_message"]]
     assert list(rows["measurement"]) == [0, 1, 0]
@@ -84,21 +90,32 @@ def test_equal_configurations_are_tied_and_a_slower_one_is_ranked(ray_serve, tmp
     assert len(front) == 2 and list(front["tied_with"]) == [1, 1]  # both stay: neither is better beyond the noise
     assert front["strict_front"].sum() == 1  # the point values alone would have named one
 
-    # 30% slower: ranked below both, beyond the noise, off the front.
+    # 60% slower: ranked below both, beyond the noise, off the front.
     ranked = best_under_slos(rows, "tpot_p50_ms", "minimize")
     assert ranked["trial_id"].iloc[-1] == "r1-0002" and not ranked["tied_with_best"].iloc[-1]
     assert rows["tpot_p50_ms"].iloc[2] > 1.2 * rows["tpot_p50_ms"].iloc[:2].max()
     front = front_with_ties(rows, ["minimize tpot_p50_ms"])
     assert set(front["trial_id"]) == {"r1-0000", "r1-0001"}
 
-    # recommend says the two are tied and chooses by its stated rule; the pooled pair is one row.
-    rec = recommend(rows, study)
-    assert rec.trial_id in {"r1-0000", "r1-0001"} and rec.choice is not None
-    assert "tied on tpot_p50_ms with 1 other within the noise" in rec.choice and "fewer GPUs" in rec.choice
+    # The pair is one configuration measured twice: pooled into one row, which recommend chooses
+    # with the pooled value (nothing else is within the noise of it: no tie to break).
     pooled = combine_repeats(rows, ["tpot_p50_ms"])
-    assert len(pooled) == 2 and sorted(pooled["measurements"]) == [1, 2]
+    assert len(pooled) == 2 and sorted(pooled["measurements"]) == [1, 2]  # the slow configuration alone
     both = pooled[pooled["measurements"] == 2].iloc[0]
     assert rows["tpot_p50_ms"].iloc[:2].min() <= both["tpot_p50_ms"] <= rows["tpot_p50_ms"].iloc[:2].max()
+    rec = recommend(rows, study)
+    assert rec.trial_id in {"r1-0000", "r1-0001"} and rec.choice is None
+    assert rec.metrics["tpot_p50_ms"] == pytest.approx(both["tpot_p50_ms"])
+
+    # Another configuration that performs the same: tied with the pair, and recommend says so and
+    # chooses by its stated rule.
+    d = run_trial(study, OTHER_PARAMS, trial_id="r1-0003", trial_number=3, ctx=ctx)
+    rows = _frame(study, [a, b, c, d])
+    assert rows["status"].iloc[3] == "completed", rows["failure_message"].iloc[3]
+    rec = recommend(rows, study)
+    assert rec.trial_id in {"r1-0000", "r1-0001", "r1-0003"}
+    assert rec.choice is not None and "tied on tpot_p50_ms with 1 other within the noise" in rec.choice
+    assert "fewer GPUs" in rec.choice
 
 
 def capacity_study(slowdown: float = 1.0):
@@ -112,7 +129,7 @@ def capacity_study(slowdown: float = 1.0):
         "objectives": ["maximize capacity_rps"],
         "constraints": ["ttft_p99_ms <= 500", "tpot_p50_ms <= 50"],
         "capacity": {"start_rate": 12, "growth": 1.5, "tolerance": 0.08, "max_levels": 8, "level_duration_s": 12,
-                     "min_requests": 100, "max_rate": 200},
+                     "min_requests": 500, "max_rate": 200},
     })
 
 

@@ -122,11 +122,10 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
     assert show.returncode == 0, show.stderr
     best_goodput = trials.loc[trials["goodput_per_gpu"].idxmax()]  # best completed trial per objective
     assert f"price ${PRICE:.2f} per GPU-hour" in show.stdout
-    assert f"maximize goodput_per_gpu: {best_goodput['goodput_per_gpu']:,.4g} ({best_goodput['trial_id']})" \
-        in show.stdout
+    _assert_best_line(show.stdout, "maximize", "goodput_per_gpu", best_goodput)
     ok = trials[trials["feasible"]]
     cheapest = ok.loc[ok["cost_per_mtok"].idxmin()]
-    assert f"minimize cost_per_mtok: {cheapest['cost_per_mtok']:,.4g} ({cheapest['trial_id']})" in show.stdout
+    _assert_best_line(show.stdout, "minimize", "cost_per_mtok", cheapest)
 
     pareto = cli("pareto", str(study_dir))
     assert pareto.returncode == 0, pareto.stderr
@@ -164,13 +163,13 @@ def test_capacity_per_gpu_as_objective_and_constraint(tmp_path):
     _check_judged(trials, constraints)
     show = cli("show", str(study_dir))
     best = trials.loc[trials["capacity_rps_per_gpu"].idxmax()]
-    assert f"maximize capacity_rps_per_gpu: {best['capacity_rps_per_gpu']:,.4g}" in show.stdout
+    _assert_best_line(show.stdout, "maximize", "capacity_rps_per_gpu", best)
     # The metrics that are not objectives: the best trial meeting the SLOs by each, and in the front table.
     ok = trials[trials["feasible"]]
     assert len(ok), trials[["gpus", "capacity_rps_per_gpu", "constraint_violation"]]
     cheapest = ok.loc[ok["cost_per_mtok"].idxmin()]
     assert "per GPU and per dollar, best trial meeting the SLOs:" in show.stdout
-    assert f"minimize cost_per_mtok: {cheapest['cost_per_mtok']:,.4g} ({cheapest['trial_id']})" in show.stdout
+    _assert_best_line(show.stdout, "minimize", "cost_per_mtok", cheapest)
     header = next(line for line in show.stdout.splitlines() if line.lstrip().startswith("trial_id"))
     assert {"capacity_rps_per_gpu", "goodput_per_gpu", "cost_per_mtok"} <= set(header.split())
 
@@ -237,3 +236,20 @@ def test_imported_vllm_bench_results_get_them_from_their_gpu():
     assert data["request_goodput"] is None and row["goodput_per_gpu"] is None  # run without --goodput
     data["request_goodput"] = 40.0  # what `vllm bench serve --goodput ...` writes
     assert imported(gpus=2, gpu="H200")["goodput_per_gpu"] == 20.0
+
+
+def _assert_best_line(out: str, direction: str, metric: str, row) -> None:
+    """``show``'s best line for ``metric`` names ``row``'s trial, its value and, where the row has
+    one, its interval (``value [low, high]``)."""
+    import math
+    import re
+
+    line = re.search(rf"^  {direction} {metric}: (.*)$", out, flags=re.M)
+    assert line, out
+    text = line.group(1)
+    low, high = row.get(f"{metric}_low"), row.get(f"{metric}_high")
+    shown = f"{row[metric]:,.4g}"
+    if low is not None and not (isinstance(low, float) and math.isnan(low)):
+        high_text = "inf" if math.isinf(high) else f"{high:,.4g}"
+        shown += f" [{low:,.4g}, {high_text}]"
+    assert text.startswith(f"{shown} ({row['trial_id']}"), text

@@ -145,9 +145,11 @@ def study_points(path: str) -> list[Point]:
         ran = mine[[not is_set(v) for v in mine["stopped_early"]]]
         low_ttft = float(ran["ttft_p50_ms"].min()) if len(ran) else float("nan")
         for _, lv in mine.iterrows():
-            # The level's own request set, exactly as the real trial drew it (prompts of its own).
+            # The level's requests as the real trial drew them. These trials ran before levels drew
+            # arrivals and lengths of their own: every level replayed level 0's draw at its own rate
+            # (with prompts of its own, which a fresh simulation cannot tell from level 0's).
             level_wl = level_workload(sim_study.workload, float(lv["rate"]), sim_study.capacity, base_rate)
-            rs = _at_recorded_rate(study_requests(sim_study, level_wl, level=int(lv["level"])), lv)
+            rs = _at_recorded_rate(study_requests(sim_study, level_wl, level=0), lv)
             real = {"req_s": lv["request_throughput"], "ttft_p50_ms": lv["ttft_p50_ms"],
                     "tpot_p50_ms": lv["tpot_p50_ms"], "tpot_mean_ms": lv["tpot_mean_ms"],
                     "itl_mean_ms": lv["itl_mean_ms"], "itl_p50_ms": lv["itl_p50_ms"],
