@@ -109,7 +109,7 @@ DEFAULT_MAX_ERROR_RATE = 0.01
 class Study(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     description: str = ""
-    seed: Count = Field(default=0, ge=0, description="seeds the workload, the sampler and the probe")
+    seed: int = Field(default=0, ge=0, description="seeds the workload, the sampler and the probe")
     engine: EngineSpec = SimEngineSpec()
     model: ModelSpec
     hardware: HardwareSpec
