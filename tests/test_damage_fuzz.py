@@ -5,12 +5,14 @@ trials with their requests and load levels), its Optuna journal, run state and n
 summary written by the project's own writers. Each case copies it, damages one file the way
 a killed copy, a full disk or a hand edit does (cut short, garbage bytes in the middle, a
 column or key of another type, a column or key missing, a folder where the file belongs, a
-file where its folder belongs), and runs ``show``, ``pareto``, ``report --out`` and
-``recommend`` through the command line's entry point:
+file where its folder belongs: the table's, ``_runs``, ``_nightly``, for ``study.json`` and the
+journal the study's; for the tables also a run's partition folder), and runs ``show``,
+``pareto``, ``report --out`` and ``recommend`` through the command line's entry point:
 
 * nothing escapes it (no traceback), and the exit code is 0, 1 (``recommend``: nothing
-  qualifies) or 2 with one line naming the damaged path;
-* a data file that is skipped is named in a warning;
+  qualifies) or 2 with one line naming the damaged path (a command that reads a table whose
+  folder is a file, or a study folder that is a file: always 2, never "no trials recorded");
+* a data file (or partition) that is skipped is named in a warning;
 * no command changes a file of the study.
 """
 
@@ -54,6 +56,7 @@ FILES = {  # one file of each type, relative to the study folder
 COLUMN = {"trials": ("status", "ttft_p99_ms"), "levels": ("rate", "rate"), "requests": ("ttft_ms", "ttft_ms")}
 KEY = {"study.json": "study", "optuna.journal": "op_code", "_runs": "budget_trials", "_nightly": "best_capacity"}
 DAMAGES = ["truncated", "garbage", "wrong_type", "missing_column", "folder_for_file", "file_for_folder"]
+WARNED = ("truncated", "garbage", "wrong_type", "folder_for_file", "file_for_partition")  # a data file skipped
 READERS = {"trials": {"show", "pareto", "report", "recommend"}, "requests": {"report"}, "levels": {"report"}}
 
 
@@ -126,8 +129,9 @@ def _damage(study_dir: Path, kind: str, how: str) -> Path:
     elif how == "folder_for_file":
         path.unlink()
         path.mkdir()
-    else:  # the folder that holds the file is a file; for study.json and the journal, the study folder
-        folder = path.parent if path.parent != study_dir else study_dir
+    else:  # a file where its folder belongs: the table's (or its run's), _runs, _nightly, else the study's
+        parts = Path(FILES[kind]).parts
+        folder = path.parent if how == "file_for_partition" else study_dir / parts[0] if len(parts) > 1 else study_dir
         shutil.rmtree(folder)
         folder.write_text("not a folder")
         return folder
@@ -140,8 +144,8 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else b"<dir>") for p in folder.rglob("*")}
 
 
-@pytest.mark.parametrize("how", DAMAGES)
-@pytest.mark.parametrize("kind", list(FILES))
+@pytest.mark.parametrize("kind, how", [(k, h) for k in FILES for h in DAMAGES]
+                         + [(k, "file_for_partition") for k in COLUMN])
 def test_damaged_results_never_end_in_a_traceback(dataset, tmp_path, capsys, caplog, kind, how):
     study_dir = tmp_path / "cap"
     shutil.copytree(dataset, study_dir)
@@ -155,11 +159,13 @@ def test_damaged_results_never_end_in_a_traceback(dataset, tmp_path, capsys, cap
             rc = main(args)  # an exception here is the traceback a user would see
         out, err = capsys.readouterr()
         assert rc in ((0, 1, 2) if command == "recommend" else (0, 2)), (command, rc, err)
+        if how == "file_for_folder" and (kind in ("study.json", "optuna.journal") or command in READERS.get(kind, ())):
+            assert rc == 2, (command, out, err)  # never "no trials recorded"
         if rc == 2:  # one line, naming the study's folder or a path in it
             lines = err.strip().splitlines()
             assert len(lines) == 1 and str(study_dir) in lines[0], (command, err)
         warnings = " ".join(r.getMessage() for r in caplog.records)
-        if kind in READERS and command in READERS[kind] and how in ("truncated", "garbage", "wrong_type"):
+        if kind in READERS and command in READERS[kind] and how in WARNED:
             assert str(damaged) in warnings, (command, warnings, err)
         if kind == "trials" and how == "missing_column" and rc == 0:  # the row without a status is named
             assert "without a status" in warnings and f"{RUN}-0000" in warnings, (command, warnings)

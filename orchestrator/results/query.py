@@ -89,12 +89,16 @@ def list_data_files(fs: pafs.FileSystem, table_dir: str) -> list[DataFile]:
     infos = fs.get_file_info(pafs.FileSelector(table_dir, recursive=True, allow_not_found=True))
     latest: dict[tuple[str, str], DataFile] = {}
     for info in infos:
-        if not info.base_name.endswith(".parquet"):
-            continue
         rel = info.path[len(table_dir):].strip("/").split("/")
         if any(part.startswith((".", "_")) for part in rel):
             continue
-        if len(rel) != 3 or not rel[0].startswith("date=") or not rel[1].startswith("run="):
+        laid_out = len(rel) == 3 and rel[0].startswith("date=") and rel[1].startswith("run=") \
+            and info.base_name.endswith(".parquet")
+        if info.type == pafs.FileType.File and not laid_out:  # a partition folder that is a file, a stray copy
+            _warn_once(info.path, "skipped %s: not in the table's layout (date=<day>/run=<run id>/<trial>.parquet)",
+                       info.path)
+            continue
+        if not laid_out:
             continue
         if info.type != pafs.FileType.File:
             _warn_once(info.path, "skipped %s: a folder where a data file belongs", info.path)
