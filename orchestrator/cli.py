@@ -40,10 +40,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from orchestrator.results.definition import StudyDefinitionError
+    from orchestrator.results.query import ResultsPathError
+    from orchestrator.resume import DamagedState
 
     try:
         return args.func(args)
-    except StudyDefinitionError as e:  # any command that reads or writes a study.json it cannot read
+    except (StudyDefinitionError, ResultsPathError, DamagedState) as e:  # a study.json, a results or state folder
         print(e, file=sys.stderr)
         return 2
     except KeyboardInterrupt:

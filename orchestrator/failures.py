@@ -38,6 +38,7 @@ class FailureKind(str, Enum):
     UNRESPONSIVE = "unresponsive"  # alive but every request failed / timed out
     TEARDOWN_LEAK = "teardown_leak"  # measured, but resources not released in time
     REQUEST_FAILURES = "request_failures"  # measured, but too many requests failed (degraded)
+    EMPTY_WINDOW = "empty_window"  # the load ran, but no request was due in the measured window
     PREFLIGHT = "preflight"  # rejected before start by the feasibility model
     INTERNAL = "internal"  # orchestrator error
 
@@ -164,6 +165,16 @@ def request_failures(metrics, max_error_rate: float, first_error: Optional[str] 
             f"({metrics.failed / metrics.num_requests:.1%} > {max_error_rate:.1%})"
             + (f": {counted}" if counted else "") + (f"; first: {first_error}" if first_error else ""))
     return Failure(FailureKind.REQUEST_FAILURES, text)
+
+
+def empty_window(metrics, warmup_s: float, cooldown_s: float) -> Optional[Failure]:
+    """A load whose measured window holds no request measured nothing: failed, never completed
+    with NaN latencies and no throughput (None: some request was measured)."""
+    if metrics.num_requests:
+        return None
+    why = f": warmup_s ({warmup_s:g} s) and cooldown_s ({cooldown_s:g} s) left none of the load's requests" \
+        if warmup_s > 0 or cooldown_s > 0 else ""
+    return Failure(FailureKind.EMPTY_WINDOW, "no request in the measured window" + why)
 
 
 def teardown_warning(problems: list[str]) -> Optional[Failure]:

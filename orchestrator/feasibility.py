@@ -20,7 +20,6 @@ numbers is ``tests/test_feasibility_cpu_calibration.py`` (reference file
 from __future__ import annotations
 
 import itertools
-import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -30,12 +29,14 @@ from typing import Any, Optional
 from orchestrator.accelerator import is_cpu_study, with_study_defaults
 from orchestrator.engine_args import EngineArgs, ceil_div, engine_args_from_params, vllm_refusal
 from orchestrator.failures import EngineStartError, FailureKind
+from orchestrator.space import pick_value, value_count
 
 # Real engines use a little memory the model cannot see; only reject configurations
 # that miss by more than this margin, and let borderline ones try.
 PREFLIGHT_MARGIN = 0.03
 # Surveys check every configuration of spaces up to this size, a seeded sample of larger ones.
 SURVEY_MAX_POINTS = 4096
+NEVER_SHOWN = 12  # values named in the pre-flight line; the rest are counted
 # vLLM-CPU KV cache sizes measured with real vLLM (written by the CPU calibration runs).
 CPU_KV_REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "cpu_kv_reference.json"
 GiB = 1 << 30
@@ -231,8 +232,10 @@ class SpaceSurvey:
         if not self.all_infeasible:
             text = f"pre-flight: {self.feasible:,} of {scope} configurations can start"
             if self.never:
+                never = [f"{k}={v} ({kind})" for (k, v), kind in self.never.items()]
+                more = f", ... and {len(never) - NEVER_SHOWN:,} more" if len(never) > NEVER_SHOWN else ""
                 text += ("; never starts" + (" (taken out of the space before sampling)" if trimmed else "")
-                         + ": " + ", ".join(f"{k}={v} ({kind})" for (k, v), kind in self.never.items()))
+                         + ": " + ", ".join(never[:NEVER_SHOWN]) + more)
             return text
         lines = [f"no configuration of the search space can start ({scope} configurations checked "
                  "with the pre-flight memory model):"]
@@ -250,8 +253,7 @@ def space_points(space, seed: int, max_points: int = SURVEY_MAX_POINTS) -> tuple
     The size of a large space is the product of its parameters' value counts (an upper
     bound where conditions switch parameters off).
     """
-    sizes = [len(p.values()) for p in space.params.values()]
-    bound = math.prod(sizes) if sizes else 1
+    bound = space.grid_bound()
     if bound <= max_points:
         pts = space.grid()
         return pts, len(pts)
@@ -263,7 +265,7 @@ def space_points(space, seed: int, max_points: int = SURVEY_MAX_POINTS) -> tuple
         for name in names:
             p = space.params[name]
             if p.active(pt):
-                pt[name] = rng.choice(p.values())
+                pt[name] = pick_value(p, rng)
         key = tuple(sorted((k, repr(v)) for k, v in pt.items()))
         if key not in seen:
             seen.add(key)
@@ -283,13 +285,14 @@ def survey(study, *, cluster_units: Optional[int] = None, units_per_node: Option
     examples: dict[str, tuple[dict[str, Any], str]] = {}
     seen_ok: set[tuple[str, str]] = set()
     seen_bad: dict[tuple[str, str], tuple[Any, str]] = {}
+    searched = {k for k, p in study.space.params.items() if value_count(p) > 1}
     for params in points:
         try:
             args = resolve_args(study, engine_args_from_params(params, fixed=fixed))
             verdict = check(study, args, cluster_units=cluster_units, units_per_node=units_per_node)
         except (ValueError, TypeError) as e:  # arguments the engine could not even build
             verdict = Verdict(False, FailureKind.INVALID_ARGS, str(e))
-        keys = [(k, repr(v)) for k, v in params.items() if len(study.space.params[k].values()) > 1]
+        keys = [(k, repr(v)) for k, v in params.items() if k in searched]
         if verdict.ok:
             feasible += 1
             seen_ok.update(keys)
@@ -297,8 +300,7 @@ def survey(study, *, cluster_units: Optional[int] = None, units_per_node: Option
         kind = (verdict.kind or FailureKind.PREFLIGHT).value
         failures[kind] += 1
         examples.setdefault(kind, (params, verdict.reason))
-        for key, (name, value) in zip(keys, ((k, v) for k, v in params.items()
-                                            if len(study.space.params[k].values()) > 1)):
+        for key, (name, value) in zip(keys, ((k, v) for k, v in params.items() if k in searched)):
             seen_bad.setdefault(key, (value, kind))
     never = {(k, value): kind for (k, r), (value, kind) in seen_bad.items() if (k, r) not in seen_ok} \
         if feasible else {}

@@ -108,10 +108,16 @@ class NightlySummary:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "NightlySummary":
+        """Raises TypeError or ValueError for a summary that is not one (a damaged or hand-edited file)."""
         data = dict(data)
         data["changes"] = [Change(**c) for c in data.get("changes", [])]
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        summary = cls(**{k: v for k, v in data.items() if k in known})
+        for obj in (summary, *summary.changes):
+            for key, want in _TYPES.items():
+                if hasattr(obj, key) and not isinstance(getattr(obj, key), want):
+                    raise TypeError(f"{key}: {getattr(obj, key)!r} is not a {want}")
+        return summary
 
     def headline(self) -> str:
         best = "-" if self.best_capacity is None else f"{self.best_capacity:,.4g}"
@@ -131,6 +137,12 @@ class NightlySummary:
                  else f"{c.change:+.1%}",
                  "verdict": "REGRESSION" if c.regression else (c.note or "ok")} for c in self.changes]
         return pd.DataFrame(rows, columns=["what", "metric", "previous", "current", "change", "verdict"])
+
+
+_NUMBER = (int, float, type(None))
+_TYPES = {"night": str, "run_id": str, "created_at": str, "capacity_metric": str, "regression": bool, "reasons": list,
+          "trials": dict, "versions": dict, "best_capacity": _NUMBER, "threshold": (int, float), "previous": _NUMBER,
+          "current": _NUMBER, "change": _NUMBER, "what": str, "metric": str}
 
 
 # ------------------------------------------------------------------ pure parts
@@ -352,7 +364,11 @@ def load_summaries(study_dir: str, *, filesystem=None) -> list[NightlySummary]:
     from orchestrator.results.query import resolve_location
 
     fs, root = resolve_location(study_dir, filesystem)
-    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{NIGHTLY_DIR}", allow_not_found=True))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(f"{root}/{NIGHTLY_DIR}", allow_not_found=True))
+    except OSError as e:  # a file where the folder belongs: the summaries are a record, not the data
+        log.warning("nightly: skipping %s/%s: %s", root, NIGHTLY_DIR, " ".join(str(e).split()))
+        return []
     out = []
     for info in infos:
         if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):

@@ -203,6 +203,14 @@ def break_tie(contenders: pd.DataFrame, metric: str) -> pd.Series:
     return chosen
 
 
+def _row_gpu(row: pd.Series, fallback: str) -> str:
+    """The row's GPU if it names one the catalog knows (or CPU), else ``fallback`` (a damaged row)."""
+    from orchestrator.sim.hardware import GPUS
+
+    gpu = row.get("gpu")
+    return gpu if isinstance(gpu, str) and (gpu in GPUS or gpu.upper() == "CPU") else fallback
+
+
 def distance_from_defaults(row: pd.Series) -> int:
     """How many engine arguments of a trial differ from what vLLM picks by itself on its hardware
     (the model length and dtype are the workload's, not a tuning choice)."""
@@ -212,7 +220,9 @@ def distance_from_defaults(row: pd.Series) -> int:
         args = engine_args_of(row)
     except RecommendError:
         return 10 ** 6
-    gpu = str(row.get("gpu") or "")
+    gpu = _row_gpu(row, "")
+    if not gpu:
+        return 10 ** 6
     cpu = gpu.upper() == "CPU"
     memory = 0.0 if cpu else get_gpu(gpu).memory_mib / 1024
     default = EngineArgs(max_model_len=args.max_model_len, dtype=args.dtype).resolved(
@@ -263,7 +273,7 @@ def recommend(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] = N
     row = select_trial(trials, study, trial_id=trial_id, slos=slos, objective=objective)
     args = engine_args_of(row)
     constraints = tuple(normalize_constraints(study.constraints if slos is None else slos))
-    gpu = str(row.get("gpu") or study.hardware.gpu)
+    gpu = _row_gpu(row, study.hardware.gpu)
     accelerator = None if gpu.upper() == "CPU" else get_gpu(gpu).ray_accelerator_type
     ranked_by = [normalize_objectives([objective])[0][0]] if objective else []
     shown = ranked_by + [o.metric for o in study.objectives] + [c.metric for c in constraints] + unit_columns(row)

@@ -38,6 +38,26 @@ class RunInProgress(Exception):
     """Another live driver is running this run."""
 
 
+class DamagedState(Exception):
+    """A state file or folder the run cannot use as it is (``str(e)``: one line, naming it and what to do)."""
+
+
+def check_state(state_dir: Path) -> None:
+    """Raises :class:`DamagedState` for a file where the run-state folder belongs, or a folder where
+    the journal does."""
+    for name, folder in (("_runs", True), ("_tune", True), ("optuna.journal", False)):
+        p = state_dir / name
+        if p.exists() and p.is_dir() != folder:
+            raise DamagedState(f"{p}: a {'file' if folder else 'folder'} where the {'folder' if folder else 'file'} "
+                               "belongs; move it away and run the same command again")
+
+
+_damaged_warned: set[str] = set()
+# A state file's fields and their types (a hand edit or garbage must not reach the driver's arithmetic).
+_STATE_TYPES = {"run_id": str, "status": str, "started_at": str, "budget_trials": int, "fingerprint": str,
+                "driver_pid": (int, type(None)), "ray_session": (str, type(None)), "ray_procs": list}
+
+
 @dataclass
 class RunState:
     """``<state>/_runs/<run_id>.json``: lets a killed run resume under the same id."""
@@ -75,8 +95,17 @@ class RunState:
         try:
             data = json.loads(p.read_text())
             known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-            return cls(**known)
-        except Exception:  # noqa: BLE001 - a damaged state file is not resumed
+            st = cls(**known)
+            bad = [k for k, t in _STATE_TYPES.items() if not isinstance(getattr(st, k), t)
+                   or (isinstance(getattr(st, k), bool) and t is int)]
+            if bad or not all(isinstance(x, list) and len(x) == 2 for x in st.ray_procs):
+                raise TypeError(f"{(bad or ['ray_procs'])[0]} has the wrong type")
+            return st
+        except Exception as e:  # noqa: BLE001 - a damaged state file is not resumed
+            if str(p) not in _damaged_warned:
+                _damaged_warned.add(str(p))
+                log.warning("run state %s is damaged (%s): that run is not resumed; the file is left as it is", p,
+                            " ".join(str(e).split()) or type(e).__name__)
             return None
 
     @classmethod
@@ -209,12 +238,30 @@ def stop_orphans(state_dir: Path) -> list[int]:
     return stopped
 
 
-def repair_journal(path: Path) -> int:
-    """Cut a torn last record (a write killed mid-line, or a full disk) off an Optuna journal.
+def _record_problem(line: bytes) -> Optional[str]:
+    """Why a journal line is not an Optuna record (None: it is one)."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
+        return " ".join(str(e).split())[:120]
+    if not isinstance(record, dict) or type(record.get("op_code")) is not int:
+        return "no op_code"
+    return None
 
-    The record was never acknowledged, so nothing is lost; left in place, the next append
-    would glue onto it and make the whole journal unreadable. Returns the bytes removed.
+
+def repair_journal(path: Path) -> int:
+    """Make an Optuna journal readable again, or say why it cannot be; returns the bytes removed.
+
+    A torn last record (a write killed mid-line, or a full disk) is cut: it was never
+    acknowledged, so nothing is lost; left in place, the next append would glue onto it and
+    make the whole journal unreadable. A complete last line that is no record (garbage bytes)
+    is cut too, after a copy of the journal is kept beside it. A damaged line before the last
+    raises :class:`DamagedState` and changes nothing: cutting it would renumber every later
+    trial, whose rows are already written under their numbers.
     """
+    if path.is_dir():
+        raise DamagedState(f"{path}: a folder where the Optuna journal belongs; move it away and run the same "
+                           "command again")
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -222,25 +269,29 @@ def repair_journal(path: Path) -> int:
     if size == 0:
         return 0
     with open(path, "rb+") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n":
+        lines = f.read().split(b"\n")
+        torn = lines.pop()  # b"" when the last record ended with its newline
+        damaged = [(i, why) for i, line in enumerate(lines) if (why := _record_problem(line))]
+        if damaged and damaged[0][0] < len(lines) - 1:
+            i, why = damaged[0]
+            raise DamagedState(f"{path}: line {i + 1} of {len(lines)} is not an Optuna record ({why}): the sampler's "
+                               "history after it cannot be read. Nothing was changed: restore the journal from a "
+                               "copy, or move it away and start a new run with --new-run (the trial rows are kept; "
+                               "the sampler starts afresh)")
+        keep = size - len(torn) - (len(lines[-1]) + 1 if damaged else 0)
+        if keep == size:
             return 0
-        # Find the last complete line (read backwards in blocks).
-        end = size
-        keep = 0
-        while end > 0:
-            start = max(0, end - 65536)
-            f.seek(start)
-            block = f.read(end - start)
-            nl = block.rfind(b"\n")
-            if nl >= 0:
-                keep = start + nl + 1
-                break
-            end = start
+        if damaged:
+            backup = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+            backup.write_bytes(b"\n".join(lines + [torn]))
         f.truncate(keep)
         f.flush()
         os.fsync(f.fileno())
-    log.warning("Optuna journal %s: removed a torn last record (%d bytes)", path, size - keep)
+    if damaged:
+        log.warning("Optuna journal %s: removed a damaged last record (%d bytes: %s); the journal as it was is "
+                    "kept at %s", path, size - keep, damaged[0][1], backup)
+    else:
+        log.warning("Optuna journal %s: removed a torn last record (%d bytes)", path, size - keep)
     return size - keep
 
 

@@ -174,6 +174,22 @@ class FixedParam(_Param):
         return "the fixed value " + json.dumps(self.value)
 
 
+def value_count(p) -> int:
+    """How many values ``p.values()`` lists, without listing a wide range (an int over 1..65536)."""
+    if isinstance(p, IntParam) and not p.log:
+        return len(range(p.low, p.high + 1, p.step))
+    if isinstance(p, FloatParam) and p.step is not None:
+        return int(math.floor((p.high - p.low) / p.step + 1e-9)) + 1
+    return len(p.values())
+
+
+def pick_value(p, rng) -> Any:
+    """``rng.choice(p.values())`` (the same draw), without listing a wide integer range."""
+    if isinstance(p, IntParam) and not p.log:
+        return rng.randrange(p.low, p.high + 1, p.step)
+    return rng.choice(p.values())
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal, and not a bool standing in for a number (``True == 1`` in Python, not in a study)."""
     if isinstance(a, bool) or isinstance(b, bool):
@@ -344,6 +360,11 @@ class SearchSpace(RootModel[dict[str, ParamSpec]]):
 
     def grid_size(self) -> int:
         return len(self.grid())
+
+    def grid_bound(self) -> int:
+        """The grid's size without listing it: the product of the value counts (an upper bound
+        where conditions switch parameters off)."""
+        return math.prod(value_count(p) for p in self.root.values())
 
     def column_types(self) -> dict[str, str]:
         """Arrow-friendly type of each parameter column: bool, int, float or string."""

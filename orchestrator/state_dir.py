@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 STATE_DIR_ENV = "ORCHESTRATOR_STATE_DIR"  # where remote-output studies keep local state
 
@@ -21,3 +22,26 @@ def local_state_dir(study) -> Path:
     else:
         base = Path(study.output.removeprefix("file://"))
     return (base / study.name).resolve()
+
+
+def output_problem(output: str, study_name: str) -> Optional[str]:
+    """Why ``output`` cannot hold the study's results, as far as can be known before writing
+    (None: it can): empty, a URI without a bucket, a path through a file, or a folder to create
+    it in that cannot be written."""
+    text = output.strip()
+    if not text:
+        return "empty; name a folder (e.g. results) or an s3:// / gs:// URI"
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        if scheme != "file":
+            return None if rest.split("/", 1)[0] else f"no bucket in {output!r}; e.g. {scheme}://my-bucket/results"
+        text = rest
+    target = Path(text).expanduser().absolute() / study_name
+    probe = target
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder; name a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):  # a read-only mount (EROFS), or not this user's
+        return f"{probe}: the folder is read-only (or not this user's); name another (or --output DIR)"
+    return None

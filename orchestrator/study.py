@@ -30,6 +30,7 @@ from orchestrator.study_goals import Constraint, Objective, parse_objective
 from orchestrator.sim.hardware import GPUS, get_gpu
 from orchestrator.sim.models import find_model_config
 from orchestrator.space import SearchSpace, space_problems
+from orchestrator.state_dir import output_problem
 from orchestrator.study_engine import (ENGINE_SPECS, EngineSpec, ExternalEngineSpec, SimCalibration, SimEngineSpec,
                                        SimFault, VllmEngineSpec, serving_arg_problems)
 from orchestrator.study_errors import LocatedError, Problem, StudyFileError, models_by_tag, problems_from_validation
@@ -37,7 +38,7 @@ from orchestrator.study_file import read_study_document
 from orchestrator.study_search import SearchSettings, SearchStage, fidelity_problems, search_problems
 from orchestrator.study_workload import workload_file_problems
 from orchestrator.workload.arrivals import is_rate_driven
-from orchestrator.workload.spec import (ArrivalSpec, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec,
+from orchestrator.workload.spec import (ArrivalSpec, Count, DatasetSpec, LengthSpec, SharedPrefix, TraceSpec,
                                         WarmupSpec, WorkloadSpec)
 
 # What callers import from here, the engine section and the problem types included.
@@ -94,7 +95,7 @@ class HardwareSpec(_Strict):
 
 
 class Budget(_Strict):
-    trials: int = Field(default=16, ge=1, le=100_000)
+    trials: Count = Field(default=16, ge=1, le=100_000)
     wall_time_s: Optional[float] = Field(default=None, gt=0)
     max_concurrent_trials: int = Field(default=1, ge=1, le=1024)
     trial_retries: int = Field(default=1, ge=0, le=10,
@@ -168,6 +169,14 @@ class Study(_Strict):
                 raise ValueError(f"capacity: needs a workload whose rate can be varied (arrival kind poisson, "
                                  f"gamma, constant, ramp or diurnal, or a trace); got arrival kind "
                                  f"{self.workload.arrival.kind!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_output(self, info):
+        if not (info.context or {}).get("stored"):  # study.json beside results: read anywhere
+            why = output_problem(self.output, self.name)
+            if why:
+                raise LocatedError([Problem("output", why, self.output, True)])
         return self
 
     def capacity_slo(self) -> list[Constraint]:

@@ -21,6 +21,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+MAX_GRID_POINTS = 100_000  # as budget.trials: a grid sampler lists (and checks off) every point
+
+
 class SearchStage(_Strict):
     """One step of a staged search: its parameters are searched while the others are held."""
 
@@ -92,6 +95,11 @@ def search_problems(s: SearchSettings, space: SearchSpace, budget_trials: int) -
             elif not spec.allows(value):
                 problems.append(Problem(f"search.initial_points.{i}.{name}", f"not in the space: {spec.allowed()}",
                                         value, True))
+    if s.sampler == "grid" and space.params and space.grid_bound() > MAX_GRID_POINTS:
+        problems.append(Problem("search.sampler", f"'grid' lists every configuration: this space has "
+                                f"{space.grid_bound():,}, more than {MAX_GRID_POINTS:,} (the most trials a budget "
+                                "holds); use tpe, nsga2, gp or random, or a coarser space (log: true, a step, "
+                                "fewer choices)", s.sampler, True))
     if not s.stages:
         return problems
     if s.sampler == "grid":

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from orchestrator.sim.models import ModelShape
 from orchestrator.study_errors import Problem
 from orchestrator.workload.generate import load_entries
+from orchestrator.workload.spec import BurstArrival, ConstantArrival, GammaArrival, PoissonArrival
 from orchestrator.workload.trace import TraceError, select_window
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,7 +28,7 @@ def workload_file_problems(study: "Study") -> list[Problem]:
     synthetic lengths no configuration can serve."""
     wl = study.workload
     if wl.trace is None and wl.dataset is None:
-        return synthetic_length_problems(study)
+        return synthetic_length_problems(study) + window_problems(study)
     key = "workload.trace.path" if wl.trace is not None else "workload.dataset.path"
     try:
         entries = load_entries(wl, study.base_dir)
@@ -81,7 +82,33 @@ def synthetic_length_problems(study: "Study") -> list[Problem]:
         return [Problem("workload.input_len", f"input_len (at least {inp}) + output_len (at least {out}) is more "
                                               f"than the largest max_model_len any configuration has ({context}); "
                                               "every request would fail")]
+    sp = wl.shared_prefix
+    if sp is not None and sp.fraction > 0 and sp.length + 1 + out > context:  # a prompt is prefix + >= 1 token
+        return [Problem("workload.shared_prefix.length", f"{sp.length} tokens + 1 of the request's own + output_len "
+                                                         f"(at least {out}) is more than the largest max_model_len any "
+                                                         f"configuration has ({context}); every request with a "
+                                                         "prefix would fail")]
     return []
+
+
+def window_problems(study: "Study") -> list[Problem]:
+    """``warmup_s`` and ``cooldown_s`` that leave no request to measure, where the span of the due
+    times is known before the run: arrivals rescaled to their rate ((n - 1) / rate), or a burst (0)."""
+    wl = study.workload
+    if (wl.warmup_s <= 0 and wl.cooldown_s <= 0) or study.capacity is not None:
+        return []  # a capacity search scales the windows with each level's length
+    if isinstance(wl.arrival, (PoissonArrival, GammaArrival, ConstantArrival)):
+        span = (wl.num_requests - 1) / wl.arrival.rate
+    elif isinstance(wl.arrival, BurstArrival):
+        span = 0.0
+    else:  # a closed loop, a ramp or a daily cycle: the span is the run's
+        return []
+    if wl.warmup_s + wl.cooldown_s < span:
+        return []
+    key = "workload.warmup_s" if wl.warmup_s > 0 else "workload.cooldown_s"
+    fix = "set them to 0" if span == 0 else "lower them, or send more requests (num_requests)"
+    return [Problem(key, f"warmup_s ({wl.warmup_s:g} s) + cooldown_s ({wl.cooldown_s:g} s) leave no request to "
+                         f"measure: the {wl.num_requests} requests are due within {span:.3g} s of the first; {fix}")]
 
 
 def _largest_context(study: "Study") -> int:

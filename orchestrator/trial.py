@@ -20,7 +20,7 @@ from typing import Any, Optional
 from orchestrator import feasibility
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.engines import Engine, EngineContext, create_engine
-from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load,
+from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load, empty_window,
                                    request_failures, start_failure, status_of, teardown_warning)
 from orchestrator.harness import harness_verdict
 from orchestrator.judge import Judgement, judge
@@ -100,9 +100,11 @@ class _Builder:
             metrics, capacity, intervals, confidence = phase_metrics(study, phase, self.args.gpus if self.args else 1)
             if self.status is TrialStatus.COMPLETED:
                 first = next((r.error for r in phase.records if r.error and not r.warmup), None)
-                degraded = request_failures(metrics, study.max_error_rate, first)
-                if degraded is not None:
-                    self.fail(degraded)
+                wl = study.workload
+                failure = empty_window(metrics, wl.warmup_s, wl.cooldown_s) \
+                    or request_failures(metrics, study.max_error_rate, first)
+                if failure is not None:
+                    self.fail(failure)
             telemetry, warmup, records, levels = dict(phase.telemetry), dict(phase.warmup), tuple(phase.records), \
                 tuple(phase.level_rows())
             harness = harness_verdict({**metrics.as_dict(), **telemetry}).columns()

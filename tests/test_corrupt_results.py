@@ -122,3 +122,94 @@ def test_an_unreadable_study_json_is_one_line_and_exit_2(copy, garbage):
         assert "unreadable study definition" in lines[0]
         assert definition.read_bytes() == garbage, f"{args[0]} changed study.json"
     assert len(data_files(study_dir, "trials")) == TRIALS  # run did not start
+
+
+def _retype(path: Path, column: str) -> None:
+    """The column as text (a hand edit in a notebook, a tool that wrote numbers as strings)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    i = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(i, pa.field(column, pa.string()), table.column(column).cast(pa.string())), path)
+
+
+def test_a_column_of_another_type_and_a_row_without_status(copy):
+    """A file whose ``ttft_p99_ms`` is text is skipped with a warning naming the file and the column
+    (the other files read); a row without ``status`` is counted and named, never dropped silently."""
+    import pyarrow.parquet as pq
+
+    study_dir = copy / "results" / "quickstart"
+    retyped, no_status = data_files(study_dir, "trials")[:2]
+    _retype(retyped, "ttft_p99_ms")
+    pq.write_table(pq.read_table(no_status).drop(["status"]), no_status)
+    bad = {p: p.read_bytes() for p in (retyped, no_status)}
+    no_status_id = no_status.stem
+    commands = {
+        "show": ["show", str(study_dir)],
+        "pareto": ["pareto", str(study_dir)],
+        "report": ["report", str(study_dir), "--output", str(copy / "report")],
+        "recommend": ["recommend", str(study_dir), "--slo", "ttft_p99_ms <= 1e9"],
+        "run": ["run", str(copy / "study.yaml"), "--trials", "1", "--quiet"],
+    }
+    for name, args in commands.items():
+        r = cli(*args)
+        assert_clean(r, codes=(0, 1) if name == "recommend" else (0,))
+        warned = r.stderr.splitlines()
+        assert any(str(retyped.resolve()) in line and "column 'ttft_p99_ms' is string where double belongs" in line
+                   for line in warned), (name, r.stderr[-3000:])
+        assert any("1 trial(s) without a status" in line and no_status_id in line for line in warned), \
+            (name, r.stderr[-3000:])
+        if name == "show":  # three trials read, one of them counted without a status
+            assert f": {TRIALS - 1} trials (2 completed, 1 no status)" in r.stdout, r.stdout
+        if name == "pareto":
+            assert "trials: 2 completed, 1 no status" in r.stdout, r.stdout
+        for path, content in bad.items():
+            assert path.read_bytes() == content, f"{name} changed {path}"
+    assert len(data_files(study_dir, "trials")) == TRIALS + 1  # run went on beside them
+
+
+def test_a_file_where_the_trials_folder_belongs_is_one_line(copy):
+    study_dir = copy / "results" / "quickstart"
+    shutil.rmtree(study_dir / "trials")
+    (study_dir / "trials").write_text("not a folder")
+    for args in (["show", str(study_dir)], ["pareto", str(study_dir)],
+                 ["report", str(study_dir), "--output", str(copy / "report")], ["recommend", str(study_dir)],
+                 ["run", str(copy / "study.yaml"), "--quiet"]):
+        r = cli(*args)
+        assert_clean(r, codes=(2,))
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(f"{(study_dir / 'trials').resolve()}: a file where the trials folder belongs"), \
+            (args, line)
+    assert (study_dir / "trials").read_text() == "not a folder"
+
+
+def _read_only(folder: Path, *commands: list[str]) -> list[subprocess.CompletedProcess]:
+    """Run the commands with ``folder`` mounted read-only (a private mount namespace: gone with the
+    process); skipped where this machine cannot make one."""
+    import shlex
+
+    q = shlex.quote(str(folder))
+    script = f"mount --bind {q} {q} && mount -o remount,bind,ro {q} {q} || exit 99\n"
+    for i, args in enumerate(commands):
+        argv = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "orchestrator", *args])
+        script += f"{argv} >{q}.out{i} 2>{q}.err{i}; echo $? >{q}.rc{i}\n"
+    probe = subprocess.run(["unshare", "-rm", "--propagation", "private", "sh", "-c", script], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    if probe.returncode == 99 or not Path(f"{folder}.rc0").exists():
+        pytest.skip(f"no read-only mount here: {probe.stderr.strip()[-200:]}")
+    return [subprocess.CompletedProcess(args, int(Path(f"{folder}.rc{i}").read_text()),
+                                        Path(f"{folder}.out{i}").read_text(), Path(f"{folder}.err{i}").read_text())
+            for i, args in enumerate(commands)]
+
+
+def test_a_read_only_study_folder_is_one_line_naming_the_way_out(copy):
+    """``report`` into its default folder and ``run`` into a read-only study folder (a mounted
+    archive): one line saying it is read-only and which option writes elsewhere; exit 2."""
+    study_dir = copy / "results" / "quickstart"
+    report, run = _read_only(study_dir, ["report", str(study_dir)], ["run", str(copy / "study.yaml"), "--quiet"])
+    for r, option in ((report, "--out DIR"), (run, "--output DIR")):
+        assert_clean(r, codes=(2,))
+        (line,) = r.stderr.strip().splitlines()
+        assert str(study_dir.resolve()) in line and "the folder is read-only" in line and option in line, line
+    assert not (study_dir / "report").exists()

@@ -73,3 +73,44 @@ def test_a_run_recorded_before_the_limit_existed_still_resumes(repo):
     recorded = json.loads((repo / "results/examples/llama3-8b-h200/study.json").read_text())
     assert recorded["fingerprint"] == "41424c4ac475bc33"  # as its run state said when it ran
     assert load_study(repo / "search_spaces/llama3-8b-h200.yaml").fingerprint() == recorded["fingerprint"]
+
+
+def _virtual(study_doc, **workload):
+    doc = copy.deepcopy(study_doc)
+    doc["engine"] = {"kind": "sim", "mode": "virtual"}
+    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 20, "output_len": 32, **workload}
+    return parse_study(doc)
+
+
+def test_a_measured_window_without_a_request_fails_the_trial(study_doc):
+    """``warmup_s`` and ``cooldown_s`` that leave no request (20 requests over 4.75 s, 3 s cut at each
+    end; ``validate`` refuses such a file): failed, ``empty_window``, never completed with NaN
+    latencies and no throughput."""
+    study = _virtual(study_doc, warmup_s=3, cooldown_s=3)
+    row = run_trial(study, {"max_num_seqs": 16}, trial_id="r-0000", trial_number=0, ctx=TrialContext("r")).row
+    assert row["num_requests"] == 0
+    assert row["status"] == "failed" and row["failure_kind"] == "empty_window", row.get("failure_message")
+    assert "warmup_s (3 s) and cooldown_s (3 s)" in row["failure_message"] and row["feasible"] is False
+    with pytest.raises(RecommendError):
+        select_trial(pd.DataFrame([row]), study)
+
+
+@pytest.mark.parametrize("timeout_s", [1e-9, 0.05])
+def test_the_virtual_simulator_keeps_the_request_timeout(study_doc, timeout_s):
+    """A request not ended ``timeout_s`` after it was sent fails as ``timeout``, as the HTTP load
+    generator records it (tokens that came in time kept, the engine told to drop it)."""
+    from orchestrator.records import RequestErrorKind
+
+    out = run_trial(_virtual(study_doc, timeout_s=timeout_s), {"max_num_seqs": 16}, trial_id="r-0000",
+                    trial_number=0, ctx=TrialContext("r"))
+    measured = [r for r in out.records if not r.warmup]
+    timed_out = [r for r in measured if r.error_kind == RequestErrorKind.TIMEOUT]
+    assert len(timed_out) == len(measured) == 20 and out.row["failed_timeout"] == 20
+    for r in timed_out:
+        assert r.finished_s == pytest.approx(r.sent_s + timeout_s)
+        assert all(t <= r.finished_s for t in r.token_times_s) and not r.success
+        assert r.error.startswith(f"no end of stream within {timeout_s:g} s")
+    assert out.row["status"] == "degraded" and "20 timeout" in out.row["failure_message"]
+    within = run_trial(_virtual(study_doc, timeout_s=60), {"max_num_seqs": 16}, trial_id="r-0001",
+                       trial_number=1, ctx=TrialContext("r")).row
+    assert within["failed"] == 0 and within["status"] == "completed"

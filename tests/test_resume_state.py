@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from orchestrator.search.reconcile import reconcile
-from orchestrator.resume import (INTERRUPTED_ATTR, RunInProgress, RunLock, RunState, repair_journal,
-                                 stop_orphans)
+from orchestrator.resume import (INTERRUPTED_ATTR, DamagedState, RunInProgress, RunLock, RunState, check_state,
+                                 repair_journal, stop_orphans)
 from orchestrator.search import optuna_storage
 from orchestrator.study import parse_study
 
@@ -96,3 +96,68 @@ def test_journal_is_brought_in_line_with_the_rows(tmp_path, study_doc):
     (retry,) = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
     assert retry.user_attrs["retry_of"] == lost.number and retry.system_attrs["fixed_params"] == lost.params
     assert reconcile(study, storage, name, rows) == type(fixed)()  # idempotent: nothing RUNNING is left
+
+
+def _journal_of_three_trials(tmp_path: Path) -> Path:
+    study = optuna.create_study(storage=optuna_storage(tmp_path), study_name="s")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    return tmp_path / "optuna.journal"
+
+
+def test_a_garbage_last_line_is_cut_and_the_journal_as_it_was_kept(tmp_path, caplog):
+    path = _journal_of_three_trials(tmp_path)
+    intact = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b"\x80\xfe not a record \x00\n")  # a complete line of garbage bytes (once UnicodeDecodeError)
+    damaged = path.read_bytes()
+    assert repair_journal(path) > 0 and path.read_bytes() == intact
+    (backup,) = tmp_path.glob("optuna.journal.damaged-*")
+    assert backup.read_bytes() == damaged
+    assert any("removed a damaged last record" in r.getMessage() and str(backup) in r.getMessage()
+               for r in caplog.records)
+    again = optuna.load_study(storage=optuna_storage(tmp_path), study_name="s")
+    again.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    assert len(again.trials) == 4
+
+
+def test_a_damaged_line_before_the_last_stops_the_run_and_changes_nothing(tmp_path, study_doc):
+    """Cutting it would renumber every later trial: one line naming the journal and the line, exit
+    code 2, before any engine or Ray starts; the journal byte for byte as it was."""
+    import yaml
+
+    study_doc["engine"] = {"kind": "sim", "mode": "virtual"}
+    study_doc["output"] = str(tmp_path / "out")
+    study_file = tmp_path / "s.yaml"
+    study_file.write_text(yaml.safe_dump(study_doc))
+    path = _journal_of_three_trials(tmp_path / "out" / "unit")
+    lines = path.read_bytes().split(b"\n")
+    lines.insert(2, b"\x80 garbage")
+    path.write_bytes(b"\n".join(lines))
+    damaged = path.read_bytes()
+    with pytest.raises(DamagedState, match=r"line 3 of \d+ is not an Optuna record"):
+        repair_journal(path)
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(study_file), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"{path}: line 3 of") and "--new-run" in line, line
+    assert path.read_bytes() == damaged
+    assert not list(path.parent.glob("optuna.journal.damaged-*"))
+
+
+@pytest.mark.parametrize("content", [b'{"run_id": "r1", "status": "running", "started_at": "x", "budget_trials": "lots",'
+                                     b' "fingerprint": "fp"}', b"\x00\xff", b"[]"], ids=["wrong-type", "garbage", "list"])
+def test_a_damaged_run_state_is_named_and_not_resumed(tmp_path, caplog, content):
+    (tmp_path / "_runs").mkdir()
+    (tmp_path / "_runs" / "r1.json").write_bytes(content)
+    assert RunState.all(tmp_path) == [] and RunState.latest_unfinished(tmp_path, "fp") is None
+    assert stop_orphans(tmp_path) == []
+    assert any("run state" in r.getMessage() and "r1.json" in r.getMessage() for r in caplog.records)
+    assert (tmp_path / "_runs" / "r1.json").read_bytes() == content
+
+
+@pytest.mark.parametrize("name", ["_runs", "optuna.journal"])
+def test_a_file_where_a_folder_belongs_and_the_reverse(tmp_path, name):
+    (tmp_path / name).mkdir() if name == "optuna.journal" else (tmp_path / name).write_text("x")
+    with pytest.raises(DamagedState, match=f"{tmp_path / name}: a (file|folder) where the (folder|file) belongs"):
+        check_state(tmp_path)

@@ -330,3 +330,108 @@ def test_a_served_name_of_printable_characters_validates(tmp_path, study_doc):
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump(study_doc, allow_unicode=True))
     assert load_study(f).model.served_name == "Llama 3.1 8B (ß, 量化)/v2"
+
+
+# ------------------------------------------------------------------ validate OK, then a hang or nothing measured
+@pytest.mark.parametrize("arrival", [{"kind": "gamma", "rate": 4, "burstiness": 1e-12},
+                                     {"kind": "gamma", "rate": 4, "burstiness": 1e308},
+                                     {"kind": "ramp", "start_rate": 1, "end_rate": 4, "burstiness": 0.001}])
+def test_burstiness_that_collapses_the_gaps_is_a_validate_error(tmp_path, study_doc, arrival):
+    """Gamma gaps of shape 1e-12 are all 0.0 (every request at one instant, and a virtual warm-up that
+    sent requests for ever); of shape 1e308, the scale underflows to 0 the same way."""
+    study_doc["workload"]["arrival"] = arrival
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: workload.arrival.burstiness: must be in [0.01, 1e+06]"), line
+
+
+def test_a_grid_too_large_for_the_grid_sampler_is_a_validate_error(tmp_path, study_doc):
+    study_doc["search"] = {"sampler": "grid"}
+    study_doc["space"]["max_num_seqs"] = {"type": "int", "low": 1, "high": 65536}
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: search.sampler: 'grid' lists every configuration: this space has 131,072, "
+                           "more than 100,000"), line
+    study_doc["search"] = {"sampler": "tpe"}  # other samplers draw from it: fine
+    f.write_text(yaml.safe_dump(study_doc))
+    assert validate(f).returncode == 0
+
+
+def test_the_pre_flight_line_of_a_wide_space_is_short_and_quick(study_doc):
+    """A space of 1e9 points: the survey samples it without listing any parameter's values, and the
+    line names a few values that never start and counts the rest."""
+    import time
+
+    from orchestrator.feasibility import survey
+    from orchestrator.study import parse_study
+
+    study_doc["space"] = {"max_num_seqs": {"type": "int", "low": 1, "high": 65536},
+                          "max_num_batched_tokens": {"type": "int", "low": 16, "high": 16399},
+                          "gpu_memory_utilization": 0.9, "max_model_len": 8192}
+    study = parse_study(study_doc)
+    t0 = time.monotonic()
+    found = survey(study, cluster_units=2, units_per_node=2)
+    assert time.monotonic() - t0 < 30 and found.space_size == 65536 * 16384
+    text = found.report()
+    assert found.never and len(text) < 1000 and text.endswith("more"), text
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("{tmp}/a-file", "{tmp}/a-file is a file, not a folder"),
+    ("{tmp}/a-file/results", "{tmp}/a-file is a file, not a folder"),
+    ("s3://", "no bucket in 's3://'"),
+    ("", "empty; name a folder"),
+])
+def test_an_output_that_cannot_hold_results_is_a_validate_error(tmp_path, study_doc, output, expected):
+    (tmp_path / "a-file").write_text("x")
+    study_doc["output"] = output.format(tmp=tmp_path)
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: output: {expected.format(tmp=tmp_path)}"), line
+    r = cli("run", str(f), "--quiet")  # refused before anything starts
+    assert r.returncode == 2 and r.stderr.strip() == line and "Traceback" not in r.stderr
+
+
+def test_an_output_option_that_cannot_hold_results_is_refused(tmp_path, study_doc):
+    (tmp_path / "a-file").write_text("x")
+    study_doc["output"] = str(tmp_path / "results")
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(study_doc))
+    for value, expected in ((str(tmp_path / "a-file"), f"{tmp_path / 'a-file'} is a file"), ("", "empty")):
+        r = cli("run", str(f), "--output", value, "--quiet")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().startswith(f"--output: {expected}"), r.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("workload, key", [
+    ({"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 20, "warmup_s": 3, "cooldown_s": 2},
+     "workload.warmup_s"),
+    ({"arrival": {"kind": "constant", "rate": 4}, "num_requests": 20, "cooldown_s": 10}, "workload.cooldown_s"),
+    ({"arrival": {"kind": "burst"}, "num_requests": 20, "warmup_s": 0.1}, "workload.warmup_s"),
+])
+def test_windows_that_exclude_every_request_are_a_validate_error(tmp_path, study_doc, workload, key):
+    study_doc["workload"] = {**workload, "output_len": 32}
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: {key}: warmup_s (") and "leave no request to measure" in line, line
+    study_doc["workload"].update(warmup_s=1, cooldown_s=1) if workload["arrival"]["kind"] != "burst" else \
+        study_doc["workload"].update(warmup_s=0)
+    f.write_text(yaml.safe_dump(study_doc))
+    assert validate(f).returncode == 0
+
+
+def test_a_shared_prefix_longer_than_every_context_is_a_validate_error(tmp_path, study_doc):
+    study_doc["workload"]["shared_prefix"] = {"groups": 2, "length": 5000}
+    study_doc["space"]["max_model_len"] = [2048, 4096]
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: workload.shared_prefix.length: 5000 tokens + 1 of the request's own + output_len "
+                           "(at least 32) is more than the largest max_model_len any configuration has (4096)"), line
+    study_doc["workload"]["shared_prefix"]["length"] = 3000  # longer than input_len: documented, allowed
+    f.write_text(yaml.safe_dump(study_doc))
+    assert validate(f).returncode == 0
+
+
+@pytest.mark.parametrize("where, value", [("workload.num_requests", True), ("workload.num_requests", "20"),
+                                          ("budget.trials", True), ("workload.warmup_requests", False)])
+def test_a_count_given_as_a_boolean_or_text_is_a_validate_error(tmp_path, study_doc, where, value):
+    section, key = where.split(".")
+    study_doc.setdefault(section, {})[key] = value
+    f, line = the_one_problem(tmp_path, study_doc)
+    assert line.startswith(f"{f}: {where}: Input should be a valid integer"), line

@@ -152,3 +152,26 @@ def test_virtual_trial_that_overloads_the_engine_does_not_converge(study_doc):
     out = run(virtual_study(study_doc, arrival={"kind": "poisson", "rate": 400},
                             warmup={"min_s": 1, "max_s": 4}))
     assert out.row["warmup_converged"] == 0 and out.row["warmup_requests_used"] > 400
+
+
+def test_a_virtual_warmup_whose_gaps_collapse_to_zero_still_ends(study_doc):
+    """Gamma gaps of shape 1e-12 are all 0.0 s (``validate`` refuses such a study): the steady
+    warm-up used to send requests at one virtual instant for ever. It sends at most a bounded
+    number, and the trial is measured."""
+    import dataclasses
+
+    from orchestrator.engine_args import engine_args_from_params
+    from orchestrator.engines import create_engine
+    from orchestrator.load_phase import study_requests
+    from orchestrator.sim.virtual import STEADY_FLOOR
+    from orchestrator.workload.spec import GammaArrival
+
+    study = virtual_study(study_doc)
+    rs = study_requests(study)
+    collapsed = GammaArrival.model_construct(kind="gamma", rate=8.0, burstiness=1e-12)
+    rs = dataclasses.replace(rs, warmup_stream=dataclasses.replace(rs.warmup_stream, arrival=collapsed))
+    engine = create_engine(study)
+    records, telemetry = engine.measure(engine.resolve(engine_args_from_params({"max_num_seqs": 32})), rs)
+    steady = telemetry["warmup_requests_used"] - study.workload.warmup_requests
+    assert 0 < steady <= max(STEADY_FLOOR, 4 * 8 * study.workload.warmup.max_s)
+    assert sum(not r.warmup and r.success for r in records) == study.workload.num_requests

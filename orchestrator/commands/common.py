@@ -57,7 +57,13 @@ def load_study_with_overrides(args):
     if study is None:
         return None
     updates = {}
-    if args.output:
+    if args.output is not None:
+        from orchestrator.state_dir import output_problem
+
+        why = output_problem(args.output, study.name)
+        if why:
+            err(f"--output: {why}")
+            return None
         updates["output"] = args.output
     if args.trials is not None:
         updates["budget"] = study.budget.model_copy(update={"trials": args.trials})
@@ -74,8 +80,7 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     df = load_trials(study_dir)
     if run_id is not None and "run_id" in df:
         df = df[df["run_id"] == run_id]
-    counts = df["status"].value_counts().to_dict() if len(df) else {}
-    print("trials: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    print("trials: " + status_counts(df))
     front = front_with_ties(df, study.objectives, study.constraints)
     if front.empty:
         print(explain_empty_front(study, df))
@@ -98,6 +103,14 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     if len(tied):
         print(f"{len(tied)} of {len(front)} front trials are tied with another within the noise: "
               "their differences are not measured beyond it (docs/querying.md, \"Ties\").")
+
+
+def status_counts(df) -> str:
+    """``"3 completed, 1 failed"``; a row without a status (a damaged file) is counted as such."""
+    from orchestrator.results.query import NO_STATUS
+
+    counts = df["status"].fillna(NO_STATUS).value_counts().to_dict() if len(df) else {}
+    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
 
 
 def explain_empty_front(study, df) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, print_front, study_from_dataset
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, print_front, status_counts, study_from_dataset
+from orchestrator.results.query import NO_STATUS
 
 
 def cmd_pareto(args) -> int:
@@ -28,14 +29,14 @@ def cmd_show(args) -> int:
     if df.empty:
         print("no trials recorded")
         return EXIT_OK
-    for run_id, g in df.groupby("run_id", sort=True):
-        counts = g["status"].value_counts().to_dict()
-        print(f"run {run_id}: {len(g)} trials (" + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-              + f"), {g['started_at'].min():%Y-%m-%d %H:%M} .. {g['finished_at'].max():%H:%M} UTC")
+    for run_id, g in df.groupby(df["run_id"].fillna("?"), sort=True):
+        print(f"run {run_id}: {len(g)} trials ({status_counts(g)}), {_when(g['started_at'].min(), '%Y-%m-%d %H:%M')}"
+              f" .. {_when(g['finished_at'].max(), '%H:%M')} UTC")
     bad = df[df["status"] != "completed"]
     if len(bad):
         print("not completed, by kind:")
-        for kind, g in bad.groupby(bad["failure_kind"].fillna("?")):
+        kinds = bad["failure_kind"].where(bad["status"].notna(), NO_STATUS).fillna("?")
+        for kind, g in bad.groupby(kinds):
             print(f"  {kind}: {len(g)}  e.g. {str(g['failure_message'].iloc[0])[:160]}")
     completed = df[df["status"] == "completed"]
     bound = harness_bound_mask(completed)
@@ -55,6 +56,10 @@ def cmd_show(args) -> int:
     return EXIT_OK
 
 
+
+
+def _when(t, fmt: str) -> str:
+    return "?" if t is None or t != t else f"{t:{fmt}}"  # NaT: no time in a damaged row
 
 
 def _print_best(frame, metrics: list[tuple[str, str]], bound=None) -> None:

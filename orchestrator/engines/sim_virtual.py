@@ -40,7 +40,7 @@ class VirtualSimEngine(Engine):
 
         core = SimEngineCore(self.model, self.gpu, args, self.study.engine.calibration, dtype=self.study.model.dtype)
         warmup = WarmupOutcome()
-        records = simulate(core, requests, warmup_report=warmup)
+        records = simulate(core, requests, warmup_report=warmup, timeout_s=self.study.workload.timeout_s)
         s = core.stats()
         queries = s.prefix_cache_queries_total
         telemetry = {

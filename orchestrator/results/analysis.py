@@ -135,6 +135,8 @@ def param_importance(df: pd.DataFrame, objective: str, direction: Optional[str] 
 
     (name, resolved), = normalize_objectives([objective if direction is None else (objective, direction)])
     cand, values = _candidates(df, [(name, resolved)], constraints)
+    keep = cand["params_json"].map(lambda p: isinstance(p, str)).to_numpy(dtype=bool)  # a damaged row has none
+    cand, values = cand[keep], values[keep]
     trial_params = [json.loads(p) for p in cand["params_json"]]
     names = list(params) if params is not None else sorted({k for p in trial_params for k in p})
 

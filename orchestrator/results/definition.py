@@ -23,22 +23,39 @@ class StudyDefinitionError(Exception):
 
 
 def _fs_and_path(uri: str):
-    import pyarrow.fs as pafs
+    from orchestrator.results.query import resolve_location
 
-    if "://" in uri:
-        return pafs.FileSystem.from_uri(uri)
-    return pafs.LocalFileSystem(), str(Path(uri).resolve())
+    return resolve_location(uri)
 
 
 def write_study_definition(study) -> str:
     """Write (atomically) the study as JSON into its result directory; returns the path.
 
     Raises :class:`StudyDefinitionError`, and writes nothing, where a ``study.json`` is there
-    that cannot be read: a file this call did not write is never overwritten blindly.
+    that cannot be read: a file this call did not write is never overwritten blindly;
+    :class:`~orchestrator.results.query.ResultsPathError` where the folder cannot be written or a
+    file stands where a table's folder belongs.
     """
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    from orchestrator.results.query import ResultsPathError, cannot_write
+
     fs, base = _fs_and_path(study.output)
     study_dir = f"{base.rstrip('/')}/{study.name}"
     read_study_definition(study_dir, parent=False)  # raises on an unreadable one
+    try:
+        for name in ("trials", "requests", "levels", "predictions", "_nightly"):  # before any trial is measured
+            if fs.get_file_info(f"{study_dir}/{name}").type == pafs.FileType.File:
+                raise ResultsPathError(f"{study_dir}/{name}: a file where the {name} folder belongs; move it away "
+                                       "and run the same command again")
+        _write(fs, study_dir, study)
+    except (OSError, pa.ArrowException) as e:  # a read-only folder, a file in the way
+        raise cannot_write(study_dir, e, "--output DIR (or output: in the study file)") from None
+    return f"{study_dir}/{DEFINITION_FILE}"
+
+
+def _write(fs, study_dir: str, study) -> None:
     fs.create_dir(study_dir, recursive=True)
     # source_path: where the study file was, so that a relative model path in it still resolves.
     # Secrets (by key name) are "***" here: the file is a record, the running study keeps the values.
@@ -49,7 +66,6 @@ def write_study_definition(study) -> str:
     with fs.open_output_stream(tmp) as f:
         f.write(body.encode())
     fs.move(tmp, final)
-    return final
 
 
 def read_study_definition(path: str, *, parent: bool = True):
@@ -60,12 +76,20 @@ def read_study_definition(path: str, *, parent: bool = True):
     """
     from pydantic import ValidationError
 
+    import pyarrow.fs as pafs
+
     from orchestrator.study import Study
 
     fs, base = _fs_and_path(path)
     base = base.rstrip("/")
     for candidate in (base, base.rsplit("/", 1)[0]) if parent else (base,):
         target = f"{candidate}/{DEFINITION_FILE}"
+        try:
+            kind = fs.get_file_info(target).type
+        except (OSError, ValueError):  # ArrowInvalid: not a path there (s3:// without a bucket)
+            continue
+        if kind == pafs.FileType.Directory:
+            raise StudyDefinitionError(target, "a folder where the file belongs")
         try:
             with fs.open_input_stream(target) as f:
                 raw = f.read()

@@ -39,7 +39,6 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from orchestrator.confidence import INTERVAL_METRICS, interval_columns
@@ -114,19 +113,25 @@ def levels_to_table(rows: Sequence[Mapping[str, Any]], *, study: str, run_id: st
 
 def load_levels(path: Union[str, os.PathLike], trial_ids: Optional[Iterable[str]] = None, *,
                 filesystem: Optional[pafs.FileSystem] = None) -> pd.DataFrame:
-    """Every level row under ``path`` (``<output>/<study>`` or its ``levels`` directory), by trial and level."""
-    from orchestrator.results.query import PARTITIONING, empty_frame, list_data_files, resolve_location
+    """Every level row under ``path`` (``<output>/<study>`` or its ``levels`` directory), by trial and level.
+
+    A file that cannot be read, or whose column cannot be merged, is skipped with a warning naming
+    it (as :func:`orchestrator.results.query.load_trials` does); every column of
+    :data:`LEVELS_SCHEMA` is there (null where a file lacks it)."""
+    from orchestrator.results.query import (ResultsPathError, _read_files, empty_frame, list_data_files,
+                                            resolve_location)
 
     fs, base = resolve_location(path, filesystem)
     table_dir = base if base.rstrip("/").endswith("/levels") else f"{base.rstrip('/')}/levels"
+    if fs.get_file_info(table_dir).type == pafs.FileType.File:
+        raise ResultsPathError(f"{table_dir}: a file where the levels folder belongs; move it away (the data "
+                               "files of the levels table live in that folder)")
     files = list_data_files(fs, table_dir)
     if trial_ids is not None:
         wanted = set(trial_ids)
         files = [f for f in files if f.trial_id in wanted]
-    if not files:
+    table = _read_files(fs, table_dir, files, None, expected=LEVELS_SCHEMA, required=LEVELS_SCHEMA.names) \
+        if files else None
+    if table is None:
         return empty_frame(LEVELS_SCHEMA)
-    schema = LEVELS_SCHEMA.append(pa.field("date", pa.string())).append(pa.field("run", pa.string()))
-    dataset = ds.dataset([f.path for f in files], schema=schema, format="parquet", filesystem=fs,
-                         partitioning=PARTITIONING, partition_base_dir=table_dir)
-    df = dataset.to_table().to_pandas()
-    return df.sort_values(["trial_id", "level"], kind="stable").reset_index(drop=True)
+    return table.to_pandas().sort_values(["trial_id", "level"], kind="stable").reset_index(drop=True)

@@ -12,8 +12,10 @@ importance) are in :mod:`orchestrator.results.analysis`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime
 from enum import Enum
@@ -26,7 +28,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from orchestrator.results.schema import REQUESTS_SCHEMA, TIMESTAMP, trials_schema
+from orchestrator.results.schema import REQUESTS_SCHEMA, REQUIRED_TRIAL_COLUMNS, TIMESTAMP, trials_schema
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,10 @@ def resolve_location(path: Union[str, os.PathLike], filesystem: Optional[pafs.Fi
     if filesystem is not None:
         return filesystem, text.rstrip("/") or "/"
     if "://" in text:
-        fs, inner = pafs.FileSystem.from_uri(text)
+        try:
+            fs, inner = pafs.FileSystem.from_uri(text)
+        except (OSError, pa.ArrowException) as e:  # s3:// without a bucket, an unknown scheme
+            raise ResultsPathError(f"{text}: not a location pyarrow can open ({' '.join(str(e).split())})") from None
         return fs, inner.rstrip("/") or "/"
     return pafs.LocalFileSystem(), Path(text).expanduser().resolve().as_posix()
 
@@ -56,6 +61,19 @@ class DataFile:
     date: str
     run: str
     trial_id: str
+
+
+class ResultsPathError(Exception):
+    """A results location that cannot be used: a file where a folder belongs (or the reverse), a
+    read-only folder to write in. ``str(e)`` is one line naming the path and what to do."""
+
+
+def cannot_write(where: str, error: BaseException, option: str) -> ResultsPathError:
+    """The one line for a folder that could not be written (read-only, a file in the way, no bucket)."""
+    why = " ".join(str(error).split()) or type(error).__name__
+    read_only = getattr(error, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM)
+    return ResultsPathError(f"{where}: cannot write there ({why}); "
+                            + ("the folder is read-only: " if read_only else "") + f"name another with {option}")
 
 
 def _is_dir(fs: pafs.FileSystem, path: str) -> bool:
@@ -71,12 +89,19 @@ def list_data_files(fs: pafs.FileSystem, table_dir: str) -> list[DataFile]:
     infos = fs.get_file_info(pafs.FileSelector(table_dir, recursive=True, allow_not_found=True))
     latest: dict[tuple[str, str], DataFile] = {}
     for info in infos:
-        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
-            continue
         rel = info.path[len(table_dir):].strip("/").split("/")
         if any(part.startswith((".", "_")) for part in rel):
             continue
-        if len(rel) != 3 or not rel[0].startswith("date=") or not rel[1].startswith("run="):
+        laid_out = len(rel) == 3 and rel[0].startswith("date=") and rel[1].startswith("run=") \
+            and info.base_name.endswith(".parquet")
+        if info.type == pafs.FileType.File and not laid_out:  # a partition folder that is a file, a stray copy
+            _warn_once(info.path, "skipped %s: not in the table's layout (date=<day>/run=<run id>/<trial>.parquet)",
+                       info.path)
+            continue
+        if not laid_out:
+            continue
+        if info.type != pafs.FileType.File:
+            _warn_once(info.path, "skipped %s: a folder where a data file belongs", info.path)
             continue
         f = DataFile(info.path, rel[0][len("date="):], rel[1][len("run="):], rel[2][: -len(".parquet")])
         key = (f.run, f.trial_id)
@@ -90,8 +115,14 @@ def _table_dirs(fs: pafs.FileSystem, base: str, table: str, study: Optional[str]
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"no results at {base!r}")
     name = base.rstrip("/").rsplit("/", 1)[-1]
+    if info.type != pafs.FileType.Directory:
+        raise ResultsPathError(f"{base}: a file, not a results folder; name the study's folder (<output>/<study>)")
     if name == table:
         return [base]
+    inside = fs.get_file_info(f"{base}/{table}")
+    if inside.type not in (pafs.FileType.Directory, pafs.FileType.NotFound):
+        raise ResultsPathError(f"{inside.path}: a file where the {table} folder belongs; move it away (the data "
+                               f"files of the {table} table live in that folder)")
     if name in TABLES:  # the other table's directory: use its sibling
         sibling = base.rstrip("/").rsplit("/", 1)[0] + "/" + table
         return [sibling] if _is_dir(fs, sibling) else []
@@ -110,34 +141,96 @@ def _table_dirs(fs: pafs.FileSystem, base: str, table: str, study: Optional[str]
 _warned: set[str] = set()
 
 
+def _warn_once(key: str, message: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
 def _skip_unreadable(path: str, error: BaseException) -> None:
     """One warning line per unreadable file and process (a truncated copy, an emptied file)."""
-    if path not in _warned:
-        _warned.add(path)
-        reason = " ".join(str(error).split()) or type(error).__name__
-        log.warning("skipped %s: not a readable Parquet file (%s)", path, reason)
+    reason = " ".join(str(error).split()) or type(error).__name__
+    _warn_once(path, "skipped %s: not a readable Parquet file (%s)", path, reason)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def column_conflict(schema: pa.Schema, want: dict[str, pa.DataType]) -> Optional[tuple[str, pa.DataType, pa.DataType]]:
+    """The first column of ``schema`` that cannot be read as the type ``want`` gives it (a string
+    where a number belongs): ``(name, its type, the type wanted)``; None when every column merges."""
+    for f in schema:
+        target = want.get(f.name)
+        if target is None or _plain(f.type).equals(_plain(target)):
+            continue
+        try:
+            pa.unify_schemas([pa.schema([pa.field(f.name, _plain(target))]), pa.schema([f.with_type(_plain(f.type))])],
+                             promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return f.name, f.type, target
+    return None
+
+
+def _wanted_types(schemas: list[pa.Schema], expected: Optional[pa.Schema]) -> dict[str, pa.DataType]:
+    """Each column's type: the table's own where its schema fixes it, else the one most files have
+    (an all-null column does not vote; ties go to the earlier file)."""
+    counts: dict[str, Counter] = {}
+    types: dict[tuple[str, str], pa.DataType] = {}
+    for s in schemas:
+        for f in s:
+            t = _plain(f.type)
+            counts.setdefault(f.name, Counter())[str(t)] += 0 if pa.types.is_null(t) else 1
+            types.setdefault((f.name, str(t)), t)
+    want = {name: types[(name, c.most_common(1)[0][0])] for name, c in counts.items()}
+    if expected is not None:
+        want.update({f.name: f.type for f in expected if f.name in want})
+    return want
 
 
 def _read_files(fs: pafs.FileSystem, table_dir: str, files: list[DataFile],
-                filter_expr: Optional[ds.Expression]) -> Optional[pa.Table]:
-    """The files as one table; a file that cannot be read is skipped with a warning naming it
-    (never changed: it may be the only copy of a measurement)."""
-    paths, schemas = [], set()
+                filter_expr: Optional[ds.Expression], expected: Optional[pa.Schema] = None,
+                required: Sequence[str] = ()) -> Optional[pa.Table]:
+    """The files as one table; a file that cannot be read, or whose column cannot be merged with
+    the others (a string where a number belongs), is skipped with a warning naming it (never
+    changed: it may be the only copy of a measurement). ``expected``: the table's own column
+    types; ``required``: its columns that are always there (null where a file lacks them)."""
+    paths, schemas = [], []
     for f in files:
         try:
             with fs.open_input_file(f.path) as fh:
-                schemas.add(pq.read_schema(fh))
+                schemas.append(pq.read_schema(fh))
         except (OSError, pa.ArrowException) as e:  # ArrowInvalid: truncated, empty, not Parquet
             _skip_unreadable(f.path, e)
             continue
         paths.append(f.path)
     if not paths:
         return None
+    want = _wanted_types(schemas, expected)
+    kept = []
+    for path, schema in zip(paths, schemas):
+        clash = column_conflict(schema, want)
+        if clash is None:
+            kept.append((path, schema))
+        else:
+            _warn_once(path, "skipped %s: column %r is %s where %s belongs (a damaged or hand-edited file; "
+                       "left as it is)", path, clash[0], clash[1], clash[2])
+    if not kept:
+        return None
+    paths = [p for p, _ in kept]
     # Files of one study share a schema by construction; unify anyway, so that a
     # changed search space or a newer schema version never drops a column silently.
     unified = None
-    if len(schemas) > 1:
-        unified = pa.unify_schemas(list(schemas), promote_options="permissive")
+    distinct = {s for _, s in kept}
+    present = {n for s in distinct for n in s.names}
+    missing = [expected.field(n).with_nullable(True) for n in required if expected is not None and n not in present]
+    if len(distinct) > 1 or missing:
+        try:
+            unified = pa.unify_schemas(list(distinct), promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # promotions that do not chain: every file cast to one type
+            unified = pa.schema([pa.field(n, want[n]) for n in dict.fromkeys(n for s in distinct for n in s.names)])
+        for f in missing:
+            unified = unified.append(f)
         unified = unified.append(pa.field("date", pa.string())).append(pa.field("run", pa.string()))
 
     def read(selected: list[str]) -> pa.Table:
@@ -188,6 +281,19 @@ def _concat(tables: list[pa.Table]) -> Optional[pa.Table]:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+_REQUEST_KEYS = ("study", "run_id", "trial_id", "request_index", "warmup", "level")
+NO_STATUS = "no status"  # how commands count a row whose status is missing
+
+
+def _warn_without_status(df: pd.DataFrame) -> None:
+    """Rows without a status (a damaged or hand-edited file) are kept and named, never dropped silently."""
+    lost = df[df["status"].isna()]
+    if len(lost):
+        ids = ", ".join(str(t) for t in lost["trial_id"].fillna("?").head(5)) + (" ..." if len(lost) > 5 else "")
+        _warn_once("status:" + ids, "%d trial(s) without a status (a damaged or hand-edited file): %s; counted "
+                   "as '%s', never as completed", len(lost), ids, NO_STATUS)
+
+
 def load_trials(path: Union[str, os.PathLike], study: Optional[str] = None, since: Optional[DateLike] = None,
                 status: Union[str, Sequence[str], None] = None, run: Union[str, Sequence[str], None] = None,
                 *, filesystem: Optional[pafs.FileSystem] = None) -> pd.DataFrame:
@@ -198,7 +304,9 @@ def load_trials(path: Union[str, os.PathLike], study: Optional[str] = None, sinc
     ISO string (naive means UTC); keeps trials started at or after it. ``status``
     and ``run``: one value or a list. ``date`` and ``run`` come back as plain
     string columns. A trial present twice (a crashed rewrite) appears once. A file that is
-    not readable Parquet (truncated, empty) is skipped with a logged warning naming it.
+    not readable Parquet (truncated, empty), or whose column cannot be merged with the
+    others' (a string where a number belongs), is skipped with a logged warning naming it;
+    a row without a status is kept, with a warning naming it.
     """
     fs, base = resolve_location(path, filesystem)
     expr: Optional[ds.Expression] = None
@@ -217,13 +325,16 @@ def load_trials(path: Union[str, os.PathLike], study: Optional[str] = None, sinc
     tables = []
     for d in _table_dirs(fs, base, "trials", study):
         files = [f for f in list_data_files(fs, d) if runs is None or f.run in runs]
-        tables.append(_read_files(fs, d, files, expr))
+        tables.append(_read_files(fs, d, files, expr, expected=trials_schema({}), required=REQUIRED_TRIAL_COLUMNS))
     table = _concat(tables)
     if table is None:
         return empty_frame(trials_schema({}))
     df = table.to_pandas()
+    df["run_id"] = df["run_id"].fillna(df["run"])  # a damaged row: its partition names the run
+    _warn_without_status(df)
     df = df.sort_values(["started_at", "trial_number"], kind="stable")
-    df = df.drop_duplicates(["study", "run_id", "trial_id"], keep="last")
+    # A row without ids (a damaged file) is no copy of another.
+    df = df[~(df.duplicated(["study", "run_id", "trial_id"], keep="last") & df["trial_id"].notna())]
     return df.reset_index(drop=True)
 
 
@@ -249,7 +360,7 @@ def load_requests(path: Union[str, os.PathLike], study: Optional[str] = None,
     for d in _table_dirs(fs, base, "requests", study):
         files = [f for f in list_data_files(fs, d)
                  if (wanted is None or f.trial_id in wanted) and (runs is None or f.run in runs)]
-        tables.append(_read_files(fs, d, files, expr))
+        tables.append(_read_files(fs, d, files, expr, expected=REQUESTS_SCHEMA, required=_REQUEST_KEYS))
     table = _concat(tables)
     if table is None:
         return empty_frame(REQUESTS_SCHEMA)

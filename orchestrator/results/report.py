@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from orchestrator.harness import harness_bound_mask
 from orchestrator.nightly import load_summaries
@@ -38,7 +39,8 @@ from orchestrator.results.definition import read_study_definition
 from orchestrator.results.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
                                           importance_figure, level_figure, nightly_figure, pareto_figure,
                                           timeline_figure)
-from orchestrator.results.query import load_requests, load_trials, resolve_location
+from orchestrator.results.levels import load_levels
+from orchestrator.results.query import cannot_write, load_requests, load_trials, resolve_location
 from orchestrator.results.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table,
                                                 curve_trials, failure_breakdown, front_of, front_table, importances,
                                                 level_curves, load_curves, point_categories)
@@ -321,18 +323,9 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
 
 # ================================================================== I/O edge
 def _read_levels(fs, study_root: str) -> Optional[pd.DataFrame]:
-    import pyarrow.dataset as ds
-    import pyarrow.fs as pafs
-
-    path = f"{study_root}/levels"
-    if fs.get_file_info(path).type != pafs.FileType.Directory:
-        return None
-    try:
-        return ds.dataset(path, filesystem=fs, format="parquet", partitioning="hive",
-                          exclude_invalid_files=True).to_table().to_pandas()
-    except Exception as e:  # noqa: BLE001 - another table's format is not ours to enforce
-        log.warning("report: cannot read the levels table at %s: %s", path, e)
-        return None
+    """The levels table (a damaged file skipped with a warning, as the trials are), or None without one."""
+    levels = load_levels(study_root, filesystem=fs)
+    return levels if len(levels) else None
 
 
 def write_report(path: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,
@@ -362,12 +355,15 @@ def write_report(path: Union[str, os.PathLike], out: Optional[Union[str, os.Path
     else:
         out_fs, out_dir = resolve_location(out)
         shown = os.fspath(out)
-    out_fs.create_dir(out_dir, recursive=True)
     files = {}
-    for name, data in {**pngs, "index.html": page.encode()}.items():
-        with out_fs.open_output_stream(f"{out_dir}/{name}") as f:
-            f.write(data)
-        files[name] = f"{shown}/{name}"
+    try:
+        out_fs.create_dir(out_dir, recursive=True)
+        for name, data in {**pngs, "index.html": page.encode()}.items():
+            with out_fs.open_output_stream(f"{out_dir}/{name}") as f:
+                f.write(data)
+            files[name] = f"{shown}/{name}"
+    except (OSError, pa.ArrowException) as e:  # a read-only study folder, a file in the way
+        raise cannot_write(shown, e, "--out DIR") from None
     index = files.pop("index.html")
     return ReportFiles(html=index, images=files)
 

@@ -58,7 +58,10 @@ def failure_breakdown(trials: pd.DataFrame) -> pd.DataFrame:
     if bad.empty:
         return pd.DataFrame(columns=["status", "failure_kind", "trials", "example"])
     rows = []
-    for (status, kind), group in bad.groupby([bad["status"], bad["failure_kind"].fillna("-")], sort=True):
+    from orchestrator.results.query import NO_STATUS
+
+    for (status, kind), group in bad.groupby([bad["status"].fillna(NO_STATUS), bad["failure_kind"].fillna("-")],
+                                             sort=True):
         message = next((m for m in group["failure_message"] if isinstance(m, str) and m), "")
         rows.append({"status": status, "failure_kind": kind, "trials": len(group),
                      "example": message.strip().splitlines()[0][:240] if message.strip() else ""})

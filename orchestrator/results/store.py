@@ -29,6 +29,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -41,9 +42,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from orchestrator.results.query import (DataFile, empty_frame, list_data_files, load_requests, load_trials,
-                                        resolve_location)
+from orchestrator.results.query import (DataFile, column_conflict, empty_frame, list_data_files, load_requests,
+                                        load_trials, resolve_location)
 from orchestrator.results.schema import REQUESTS_SCHEMA, trial_row_to_table, trials_schema
+
+log = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 COMPRESSION = "zstd"
@@ -190,13 +193,16 @@ class ResultsStore:
         except (OSError, pa.ArrowException):
             existing = []  # unreadable listing: nothing to compare with
         theirs = schema
+        fixed = {f.name: f.type for f in trials_schema({})}
         for data_file in reversed(existing):  # the newest file that reads (a damaged one is skipped)
             try:
                 with self.filesystem.open_input_file(data_file.path) as f:
-                    theirs = pq.read_schema(f)
-                break
+                    found = pq.read_schema(f)
             except (OSError, pa.ArrowException):
                 continue
+            if column_conflict(found, fixed) is None:  # else a hand edit (a string metric), not the study's schema
+                theirs = found
+                break
         if theirs.equals(schema):
             self._checked_schema = schema
             return schema
@@ -225,6 +231,10 @@ class ResultsStore:
             _skip_unreadable(path, e)
             return
         if table.schema.equals(schema):
+            return
+        clash = column_conflict(table.schema, {f.name: f.type for f in schema})
+        if clash is not None:  # damaged: readers skip it with a warning; never rewritten
+            log.warning("left %s as it is: its column %r is %s where %s belongs", path, *clash)
             return
         columns = [table.column(fld.name) if fld.name in table.schema.names
                    else pa.nulls(table.num_rows, type=fld.type) for fld in schema]

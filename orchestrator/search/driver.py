@@ -36,7 +36,8 @@ from orchestrator.gpu_ledger import GpuLedgerActor
 from orchestrator.progress import ProgressPrinter
 from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
-from orchestrator.resume import RunInProgress, RunLock, RunState, drop_orphan_requests, process_identity, stop_orphans
+from orchestrator.resume import (RunInProgress, RunLock, RunState, check_state, drop_orphan_requests, process_identity,
+                                 stop_orphans)
 from orchestrator.search.fidelity import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
@@ -94,6 +95,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
         drop = found.droppable() if feasibility.preflight_on(study) else {}  # the sim's own start refuses them
         survey_text = found.report(trimmed=bool(drop)) if found.never else None
     state_dir = local_state_dir(study)
+    check_state(state_dir)  # raises DamagedState: a file where a folder belongs, or the reverse
     stop_orphans(state_dir)
     fingerprint = study.fingerprint()
     previous = RunState.latest_unfinished(state_dir, fingerprint) if resume else None
@@ -116,7 +118,6 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
            survey_text: Optional[str] = None, drop: Optional[dict] = None,
            serve_port: int, quiet: bool, max_trials: Optional[int], t_start: float) -> StudyRun:
     import ray
-
 
     store = ResultsStore(study.output, study.name)
     run.driver_pid = os.getpid()
@@ -186,7 +187,6 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     import ray
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
 
     info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
     if engine.serves_http:

@@ -21,11 +21,35 @@ from orchestrator.sim.core import SimEngineCore, SimRequest
 from orchestrator.workload.requests import Request, RequestSet
 
 
-class _Driver:
-    """Owns the virtual clock; feeds requests to the core and fills their records."""
+# The steady warm-up sends at most this many requests, or a few times what its rate and max_s call
+# for: gaps that collapse to 0 s would otherwise send requests at one instant for ever.
+STEADY_FLOOR = 1000
 
-    def __init__(self, core: SimEngineCore):
+
+def _time_out(rec: RequestRecord, deadline: float, timeout_s: float) -> None:
+    """What the HTTP load generator records when the stream did not end within ``timeout_s``."""
+    rec.token_times_s = [x for x in rec.token_times_s if x <= deadline]
+    rec.first_token_s = rec.token_times_s[0] if rec.token_times_s else None
+    rec.end_s = rec.token_times_s[-1] if rec.token_times_s else None
+    rec.completion_tokens = None  # no usage chunk came: counted from the streamed chunks
+    rec.finished_s = deadline
+    rec.error_kind = RequestErrorKind.TIMEOUT
+    rec.error = f"no end of stream within {timeout_s:g} s ({len(rec.token_times_s)} token chunks received)"
+
+
+def _ended_at(rec: RequestRecord) -> float:
+    return rec.end_s if rec.end_s is not None else rec.finished_s
+
+
+class _Driver:
+    """Owns the virtual clock; feeds requests to the core and fills their records. A request not
+    ended ``timeout_s`` after it was sent is given up (the client's timeout) and aborted in the
+    engine, as vLLM aborts a request whose client went away."""
+
+    def __init__(self, core: SimEngineCore, timeout_s: Optional[float] = None):
         self.core = core
+        self.timeout_s = timeout_s
+        self._deadlines: list = []  # (deadline, seq, request id) of the requests in the engine
         self.t = 0.0
         self.latency = core.cost.frontend_latency_s
         self.token_s = core.cost.frontend_token_s
@@ -53,6 +77,11 @@ class _Driver:
             at = max(due, self.t)  # reaches the engine when due, or now if it waited for the engine loop
             rec = self.records[(req.warmup, req.index)]
             rid = f"{'w' if req.warmup else 'r'}{req.index}"
+            deadline = None if self.timeout_s is None else rec.sent_s + self.timeout_s
+            if deadline is not None and at > deadline:  # given up before it reached the engine
+                _time_out(rec, deadline, self.timeout_s)
+                rejected.append(rec)
+                continue
             try:
                 self.core.add_request(SimRequest(rid, req.prompt_token_ids, req.output_len, arrival_s=at))
             except ValueError as e:  # the server's 400 answer
@@ -61,7 +90,21 @@ class _Driver:
                 rejected.append(rec)
                 continue
             self.live[rid] = rec
+            if deadline is not None:
+                heapq.heappush(self._deadlines, (deadline, next(self._seq), rid))
         return rejected
+
+    def expire(self) -> list[RequestRecord]:
+        """Give up (and abort) the requests whose deadline passed by now."""
+        out = []
+        while self._deadlines and self._deadlines[0][0] <= self.t:
+            deadline, _, rid = heapq.heappop(self._deadlines)
+            rec = self.live.pop(rid, None)
+            if rec is not None:  # else it ended in time
+                self.core.abort_request(rid)
+                _time_out(rec, deadline, self.timeout_s)
+                out.append(rec)
+        return out
 
     def next_due(self) -> Optional[float]:
         return self._due[0][0] if self._due else None
@@ -95,9 +138,11 @@ class _Driver:
             if out.finished:
                 rec.end_s = t
                 del self.live[out.request_id]
+                if self.timeout_s is not None and t > rec.sent_s + self.timeout_s:  # its end came too late
+                    _time_out(rec, rec.sent_s + self.timeout_s, self.timeout_s)
                 ended.append(rec)
         self.frontend_free = fe
-        return ended
+        return ended + self.expire()
 
     def busy(self) -> bool:
         return bool(self._due) or self.core.has_work()
@@ -108,6 +153,7 @@ def _shift(rec: RequestRecord, dt: float) -> None:
     rec.sent_s = None if rec.sent_s is None else rec.sent_s + dt
     rec.first_token_s = None if rec.first_token_s is None else rec.first_token_s + dt
     rec.end_s = None if rec.end_s is None else rec.end_s + dt
+    rec.finished_s = None if rec.finished_s is None else rec.finished_s + dt
     rec.token_times_s = [x + dt for x in rec.token_times_s]
 
 
@@ -138,8 +184,9 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
         for rec in drv.advance():
             judge.on_finish(drv.t, rec)
             if closed and not stopped:
-                send(next(requests), max(drv.t, rec.end_s))  # once its last token reached the client
+                send(next(requests), max(drv.t, _ended_at(rec)))  # once its last token reached the client
 
+    limit = max(STEADY_FLOOR, int(4 * (stream.rate or 0) * stream.settings.max_s))
     nxt = None
     if closed:
         for _ in range(closed):
@@ -151,7 +198,7 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
         horizon = max(check, drv.t)
         while nxt is not None and start + nxt.arrival_s <= horizon:
             send(nxt, start + nxt.arrival_s)
-            nxt = next(requests)
+            nxt = next(requests) if len(sent) < limit else None
         while drv.t < check and drv.busy():
             advance()
         drv.t = max(drv.t, check)
@@ -165,7 +212,8 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
     return sent, reason
 
 
-def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> list[RequestRecord]:
+def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None,
+             timeout_s: Optional[float] = None) -> list[RequestRecord]:
     """Run the workload to completion in virtual time; records of warm-ups first, then measured by index.
 
     The burst's warm-ups are sent one after another, each when the previous ended; then
@@ -175,12 +223,13 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
     receives its length, requests and verdict. Open loop: each measured request is sent at its
     ``arrival_s``. Closed loop (``closed_loop_concurrency`` = C): C requests at t=0,
     then the next one whenever one ends. A request the engine rejects (too long
-    for max_model_len) gets an error record, as an HTTP 400 would.
+    for max_model_len) gets an error record, as an HTTP 400 would; one not ended ``timeout_s``
+    after it was sent, a ``timeout`` record, as the HTTP load generator's.
     """
-    drv = _Driver(core)
+    drv = _Driver(core, timeout_s)
     warm = []
     for req in requests.warmup:  # each sent once the previous one's last token reached the client
-        warm.append(drv.send(req, max([drv.t] + [r.end_s for r in warm[-1:]])))
+        warm.append(drv.send(req, max([drv.t] + [_ended_at(r) for r in warm[-1:]])))
         while drv.busy():
             drv.advance()
     reason = None
@@ -188,7 +237,7 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
         steady, reason = _warm_until_steady(drv, requests.warmup_stream)
         warm += steady
     # The warm-up ends when its last token reaches the client (the API server streams after the step).
-    end = max([drv.t] + [r.end_s for r in warm if r.end_s is not None])
+    end = max([drv.t] + [_ended_at(r) for r in warm if _ended_at(r) is not None])
     if warmup_report is not None:  # it began at 0: its length is its end
         warmup_report.seconds, warmup_report.requests = end, len(warm)
         warmup_report.converged = None if reason is None else reason == "converged"
@@ -213,5 +262,5 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None) -> l
             for rec in drv.advance():
                 nxt = next(todo, None)
                 if nxt is not None:
-                    drv.send(nxt, max(drv.t, rec.end_s))
+                    drv.send(nxt, max(drv.t, _ended_at(rec)))
     return warm + [drv.records[(False, r.index)] for r in sorted(requests.measured, key=lambda r: r.index)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 
 class _Strict(BaseModel):
@@ -16,16 +16,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+# A count given as true or "20" is a mistake, not 1 or 20.
+Count = Annotated[int, Strict()]
+
+
 # ---------------------------------------------------------------- lengths
 class FixedLength(_Strict):
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1, description="every request has this many tokens")
+    value: Count = Field(ge=1, description="every request has this many tokens")
 
 
 class UniformLength(_Strict):
     kind: Literal["uniform"] = "uniform"
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: Count = Field(ge=1)
+    max: Count = Field(ge=1)
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -38,8 +42,8 @@ class NormalLength(_Strict):
     kind: Literal["normal"] = "normal"
     mean: float = Field(gt=0)
     std: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: Optional[int] = Field(default=None, ge=1)
+    min: Count = Field(default=1, ge=1)
+    max: Optional[Count] = Field(default=None, ge=1)
 
 
 class LognormalLength(_Strict):
@@ -48,13 +52,13 @@ class LognormalLength(_Strict):
     kind: Literal["lognormal"] = "lognormal"
     mean: float = Field(gt=0)
     sigma: float = Field(gt=0, le=4)
-    min: int = Field(default=1, ge=1)
-    max: Optional[int] = Field(default=None, ge=1)
+    min: Count = Field(default=1, ge=1)
+    max: Optional[Count] = Field(default=None, ge=1)
 
 
 class ChoiceLength(_Strict):
     kind: Literal["choice"] = "choice"
-    values: list[int] = Field(min_length=1)
+    values: list[Count] = Field(min_length=1)
     weights: Optional[list[float]] = None
 
     @model_validator(mode="after")
@@ -88,6 +92,19 @@ def _length_shorthand(value):
 # is millions of requests in memory before the first check.
 MAX_RATE = 10_000.0  # requests per second
 MAX_CONCURRENCY = 10_000  # requests in flight
+# Gamma gaps of shape below MIN_BURSTINESS are mostly 0.0 in floating point (every request at
+# once, and a steady warm-up that never advances its clock); above MAX_BURSTINESS they are constant.
+MIN_BURSTINESS, MAX_BURSTINESS = 0.01, 1e6
+
+
+def _burstiness(value: float) -> float:
+    if not MIN_BURSTINESS <= value <= MAX_BURSTINESS:
+        raise ValueError(f"must be in [{MIN_BURSTINESS:g}, {MAX_BURSTINESS:g}]: below, most gaps are 0 s (every "
+                         "request at once); above, the gaps are constant (use kind: constant)")
+    return value
+
+
+Burstiness = Annotated[float, Field(gt=0), AfterValidator(_burstiness)]
 class PoissonArrival(_Strict):
     kind: Literal["poisson"] = "poisson"
     rate: float = Field(gt=0, le=MAX_RATE, description="requests per second")
@@ -98,7 +115,7 @@ class GammaArrival(_Strict):
 
     kind: Literal["gamma"] = "gamma"
     rate: float = Field(gt=0, le=MAX_RATE)
-    burstiness: float = Field(gt=0)
+    burstiness: Burstiness
 
 
 class ConstantArrival(_Strict):
@@ -110,7 +127,7 @@ class ConcurrencyArrival(_Strict):
     """Closed loop: keep this many requests in flight."""
 
     kind: Literal["concurrency"] = "concurrency"
-    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
+    concurrency: Count = Field(ge=1, le=MAX_CONCURRENCY)
 
 
 class BurstArrival(_Strict):
@@ -131,7 +148,7 @@ class RampArrival(_Strict):
     start_rate: float = Field(gt=0, le=MAX_RATE)
     end_rate: float = Field(gt=0, le=MAX_RATE)
     shape: Literal["linear", "exponential"] = "linear"
-    burstiness: float = Field(default=1.0, gt=0)
+    burstiness: Burstiness = 1.0
 
 
 class DiurnalArrival(_Strict):
@@ -175,8 +192,8 @@ class TraceSpec(_Strict):
     time_scale: float = Field(default=1.0, gt=0, description="multiplies every gap: 0.5 replays twice as fast")
     start_s: float = Field(default=0.0, ge=0, description="window start, seconds after the trace's first request")
     end_s: Optional[float] = Field(default=None, gt=0, description="window end (exclusive), same clock")
-    max_requests: Optional[int] = Field(default=None, ge=1)
-    prefix_len: Optional[int] = Field(default=None, ge=1,
+    max_requests: Optional[Count] = Field(default=None, ge=1)
+    prefix_len: Optional[Count] = Field(default=None, ge=1,
                                       description="shared-prefix length of lines with a prefix_group "
                                                   "and no prefix_len of their own")
 
@@ -193,7 +210,7 @@ class DatasetSpec(_Strict):
     format: Literal["sharegpt", "vllm-custom", "trace"]
     path: str
     shuffle: bool = Field(default=True, description="seeded shuffle before taking num_requests (cycled if short)")
-    output_len: Optional[int] = Field(default=None, ge=1,
+    output_len: Optional[Count] = Field(default=None, ge=1,
                                       description="every request asks for this many tokens instead of the file's "
                                                   "(vllm bench serve's --custom-output-len)")
 
@@ -201,8 +218,8 @@ class DatasetSpec(_Strict):
 class SharedPrefix(_Strict):
     """Requests share one of ``groups`` prefixes of ``length`` tokens (system prompts, RAG context)."""
 
-    groups: int = Field(ge=1)
-    length: int = Field(ge=1)
+    groups: Count = Field(ge=1)
+    length: Count = Field(ge=1)
     fraction: float = Field(default=1.0, ge=0, le=1, description="share of requests that use a prefix")
 
 
@@ -237,14 +254,14 @@ class WarmupSpec(_Strict):
 class WorkloadSpec(_Strict):
     api: Literal["completions", "chat"] = "completions"
     arrival: ArrivalSpec = PoissonArrival(rate=4.0)
-    num_requests: int = Field(default=200, ge=1, le=1_000_000)
-    warmup_requests: int = Field(default=2, ge=0, le=10_000,
+    num_requests: Count = Field(default=200, ge=1, le=1_000_000)
+    warmup_requests: Count = Field(default=2, ge=0, le=10_000,
                                  description="sent all at once and awaited first (before the steady warm-up)")
     warmup: WarmupSpec = Field(default=WarmupSpec(), description="then warm up until steady")
     input_len: LengthSpec = FixedLength(value=512)
     output_len: LengthSpec = FixedLength(value=128)
     shared_prefix: Optional[SharedPrefix] = None
-    max_concurrency: Optional[int] = Field(default=None, ge=1, description="client-side cap on in-flight requests")
+    max_concurrency: Optional[Count] = Field(default=None, ge=1, description="client-side cap on in-flight requests")
     timeout_s: float = Field(default=300.0, gt=0, description="per-request timeout")
     ignore_eos: bool = True
     trace: Optional[TraceSpec] = None
