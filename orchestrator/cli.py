@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.report",
     "orchestrator.commands.nightly",
     "orchestrator.commands.bench",
+    "orchestrator.commands.serve_sim",
 )
 
 

@@ -5,7 +5,8 @@ time) runs on its own thread and event loop, like vLLM's engine core beside its 
 server. :class:`OpenAIFrontend` parses requests and writes responses once; two HTTP
 front doors serve it:
 
-* the Serve ingress (FastAPI routes behind Ray Serve's proxy), and
+* the Serve ingress (FastAPI routes behind Ray Serve's proxy,
+  :mod:`orchestrator.engines.sim_ingress`), and
 * a direct aiohttp server in the replica (``transport: direct``). Serve's proxy
   moves each streamed chunk as a Ray object, a few hundred chunks per second on
   a small machine, far below what a simulated H100 emits; measuring through it
@@ -25,16 +26,20 @@ import time
 from typing import Any, AsyncIterator, Optional
 
 from aiohttp import web
-from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
-from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.engine_args import EngineArgs
+from orchestrator.engines.sim_logprobs import (GENERATED_TEXT, LogprobSource, chat_logprobs, completion_logprobs,
+                                               prompt_logprobs_field, prompt_tokens)
 from orchestrator.engines.sim_loop import FINISHED, Mailbox, SimRuntime
 from orchestrator.engines.sim_metrics import metrics_text
+from orchestrator.engines.sim_requests import ApiRequest, BadRequest, EngineRefusal, Prompt, error_body, parse_request
 from orchestrator.sim.core import SimEngineCore
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape
 from orchestrator.workload.generate import text_token_ids
+
+__all__ = ["BadRequest", "OpenAIFrontend", "build_sim_frontend", "error_body",
+           "serve_direct", "start_direct_server", "words_to_ids"]
 
 NOT_JSON = "request body is not JSON"
 
@@ -44,31 +49,16 @@ def words_to_ids(text: str, vocab_size: int) -> list[int]:
     return list(text_token_ids(text, vocab_size))
 
 
-class BadRequest(ValueError):
-    """A request vLLM's server refuses, with its status, error type and parameter (vLLM's ``ErrorInfo``)."""
+class _Sub:
+    """One engine request of an API request (a batched completions prompt has one per prompt)."""
 
-    def __init__(self, message: str, *, param: Optional[str] = None, status: int = 400,
-                 err_type: str = "BadRequestError"):
-        super().__init__(message)
-        self.param, self.status, self.err_type = param, status, err_type
+    __slots__ = ("index", "prompt", "rid", "box", "sent", "echoed", "text_len", "logprobs")
 
-    def body(self) -> dict:
-        return error_body(self.status, str(self), self.err_type, self.param)
-
-
-_OPTIONAL_INT = TypeAdapter(Optional[int])
-
-
-def _int_field(body: dict, name: str) -> Optional[int]:
-    """``body[name]`` as vLLM's request model reads an ``int | None`` field (pydantic, lax), or the
-    400 its request validation answers (type ``Bad Request``, param ``body.<name>``)."""
-    try:
-        return _OPTIONAL_INT.validate_python(body.get(name))
-    except ValidationError as e:
-        errors = [{**err, "loc": ("body", name, *err["loc"])} for err in e.errors(include_url=False)]
-        label = "error" if len(errors) == 1 else "errors"
-        message = f"{len(errors)} validation {label}:\n" + "".join(f"  {err}\n" for err in errors)
-        raise BadRequest(message.rstrip(), param=f"body.{name}", err_type="Bad Request") from None
+    def __init__(self, index: int, prompt: Prompt, rid: str, box: Mailbox, logprobs: Optional[LogprobSource]):
+        self.index, self.prompt, self.rid, self.box, self.logprobs = index, prompt, rid, box, logprobs
+        self.sent = 0  # generated tokens already answered
+        self.echoed = False
+        self.text_len = 0  # characters already streamed (completions' text_offset)
 
 
 class OpenAIFrontend:
@@ -90,64 +80,44 @@ class OpenAIFrontend:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
                                             "owned_by": "orchestrator-sim", "max_model_len": self.args.max_model_len}]}
 
-    def _prompt_ids(self, body: dict, chat: bool) -> list[int]:
-        v = self.model.vocab_size
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                raise BadRequest("'messages' must be a non-empty list")
-            return words_to_ids(" ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict)), v)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return [t % v for t in prompt]
-        if isinstance(prompt, str) and prompt:
-            return words_to_ids(prompt, v)
-        raise BadRequest("'prompt' must be a non-empty string or list of token ids")
-
-    async def start(self, body: Any, chat: bool):
-        """Validate and submit; returns (rid, mailbox) or raises BadRequest (vLLM's status and error body)."""
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        # In vLLM's order: the request model's types, the model name, then SamplingParams' values.
-        fields = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens", "max_completion_tokens")
-        limits = [_int_field(body, f) for f in fields]
-        n = _int_field(body, "n")
-        if body.get("model") not in (None, self.name):
-            raise BadRequest(f"The model `{body.get('model')}` does not exist.", param="model", status=404,
-                             err_type="NotFoundError")
-        ids = self._prompt_ids(body, chat)
-        max_tokens = next((v for v in limits if v is not None), 16)  # 16: vLLM's default
-        if n is not None and n < 1:
-            raise BadRequest(f"n must be at least 1, got {n}.")
-        if n is not None and n > 1:  # vLLM samples n sequences; the simulator makes one: refuse, never ignore
-            raise BadRequest(f"n > 1 is not supported by the simulated engine (one sequence per request), "
-                             f"got {n}.", param="n")
-        if max_tokens < 1:
-            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}. "
-                             f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
-        rid, box, accepted = self.rt.submit(ids, max_tokens)
-        try:
-            await accepted
-        except ValueError as e:  # the core refused it (e.g. longer than max_model_len): vLLM answers 400
-            raise BadRequest(str(e)) from None
-        return rid, box
+    async def start(self, body: Any, chat: bool) -> tuple[ApiRequest, list[_Sub]]:
+        """Validate and submit; raises BadRequest (vLLM's status and error body)."""
+        req = parse_request(body, chat, served_name=self.name, vocab_size=self.model.vocab_size)
+        wants_logprobs = req.logprobs is not None or req.prompt_logprobs is not None
+        subs, accepted = [], []
+        for i, prompt in enumerate(req.prompts):
+            rid, box, fut = self.rt.submit(list(prompt.ids), req.max_tokens)
+            source = LogprobSource(prompt.ids, req.seed, self.model.vocab_size) if wants_logprobs else None
+            subs.append(_Sub(i, prompt, rid, box, source))
+            accepted.append(fut)
+        outcomes = await asyncio.gather(*accepted, return_exceptions=True)
+        refused = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if refused is not None:
+            for sub, outcome in zip(subs, outcomes):
+                if not isinstance(outcome, BaseException):
+                    self.rt.abort(sub.rid)
+            if isinstance(refused, ValueError):  # the core refused it (e.g. longer than max_model_len): vLLM's 400
+                raise BadRequest(str(refused)) from None
+            raise refused
+        return req, subs
 
     async def respond(self, body: Any, chat: bool) -> tuple[int, Any]:
         """A completion request's answer, the same through either door: ``(status, JSON body)``,
         or ``(200, SSE chunks)`` (an async iterator of bytes) for a streamed one."""
         try:
-            rid, box = await self.start(body, chat)
+            req, subs = await self.start(body, chat)
+        except EngineRefusal as e:
+            if e.stream:  # vLLM has answered 200 before its engine refuses the request
+                return 200, _error_stream(e.body())
+            return e.status, e.body()
         except BadRequest as e:
             return e.status, e.body()
         except RuntimeError as e:  # the engine is dead
             return 500, error_body(500, str(e))
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return 200, self.sse(rid, box, chat, include_usage)
+        if req.stream:
+            return 200, self.sse(req, subs)
         try:
-            return 200, await self.full(rid, box, chat)
+            return 200, await self.full(req, subs)
         except RuntimeError as e:
             return 500, error_body(500, str(e))
 
@@ -177,6 +147,37 @@ class OpenAIFrontend:
             if not finished:
                 self.rt.abort(rid)
 
+    async def _merged(self, subs: list[_Sub]) -> AsyncIterator[tuple[_Sub, Optional[int]]]:
+        """``(sub, new tokens)`` as each engine request makes them, ``(sub, None)`` when one ends."""
+        if len(subs) == 1:  # the load generator's case: no tasks, no extra queue
+            async for n in self.tokens(subs[0].rid, subs[0].box):
+                yield subs[0], n
+            yield subs[0], None
+            return
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(sub: _Sub) -> None:
+            try:
+                async for n in self.tokens(sub.rid, sub.box):
+                    merged.put_nowait((sub, n))
+                merged.put_nowait((sub, None))
+            except Exception as e:  # noqa: BLE001 - handed to the reader
+                merged.put_nowait((sub, e))
+
+        tasks = [asyncio.ensure_future(pump(sub)) for sub in subs]
+        try:
+            for _ in range(len(subs)):
+                while True:
+                    sub, item = await merged.get()
+                    if isinstance(item, Exception):
+                        raise item
+                    yield sub, item
+                    if item is None:
+                        break
+        finally:
+            for task in tasks:  # a client that went away: each task's generator aborts its request
+                task.cancel()
+
     async def _through_ingress(self) -> None:
         """Wait for this chunk's turn on the (simulated) slow serving path, and its transfer."""
         if self.chunk_delay_s <= 0:
@@ -187,48 +188,114 @@ class OpenAIFrontend:
             self._ingress_free_at = done
         await asyncio.sleep(done - now)
 
-    async def sse(self, rid: str, box: Mailbox, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    # ---- one piece of a choice: text and logprobs of the next tokens (echo puts the prompt first)
+
+    def _piece(self, req: ApiRequest, sub: _Sub, n: int) -> tuple[str, list, list]:
+        """The text of ``sub``'s next ``n`` generated tokens (the prompt first, once, under ``echo``),
+        with their logprob steps and token texts (empty when logprobs are not asked for)."""
+        steps: list = []
+        texts: list[str] = []
+        text = ""
+        if req.echo and not sub.echoed:
+            sub.echoed = True
+            text = sub.prompt.text
+            if req.logprobs is not None:
+                texts = prompt_tokens(sub.prompt.text)
+                top = req.logprobs if req.prompt_logprobs is None else req.prompt_logprobs
+                steps = sub.logprobs.prompt(sub.prompt.ids, texts, top)
+        if req.echo_only:  # the one token vLLM generates is not returned
+            sub.sent += n
+            return text, steps, texts
+        text += GENERATED_TEXT * n
+        if req.logprobs is not None:
+            steps += [sub.logprobs.generated(sub.sent + k, req.logprobs) for k in range(n)]
+            texts += [GENERATED_TEXT] * n
+        sub.sent += n
+        return text, steps, texts
+
+    @staticmethod
+    def _logprobs(req: ApiRequest, steps: list, texts: list, text_len: int) -> Optional[dict]:
+        if req.logprobs is None:
+            return None
+        if req.chat:
+            return chat_logprobs(steps, texts, req.logprobs)
+        return completion_logprobs(steps, texts, req.logprobs, offset=text_len)
+
+    async def sse(self, req: ApiRequest, subs: list[_Sub]) -> AsyncIterator[bytes]:
+        chat = req.chat
         created, name = int(time.time()), self.name
         obj = "chat.completion.chunk" if chat else "text_completion"
-        prefix = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
+        prefix = f'{{"id":"{subs[0].rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
+        plain = req.logprobs is None and not req.echo  # the hot path: chunks written without json.dumps
         if chat:
             await self._through_ingress()
             yield ("data: " + prefix + '{"index":0,"delta":{"role":"assistant","content":""},'
                    '"finish_reason":null}]}\n\n').encode()
         try:
-            async for n in self.tokens(rid, box):
+            async for sub, n in self._merged(subs):
                 await self._through_ingress()
-                text = " tok" * n
-                if chat:
-                    body = f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}'
+                if n is None:
+                    last = ('{"index":0,"delta":{},"finish_reason":"length"}]}' if chat
+                            else f'{{"index":{sub.index},"text":"","logprobs":null,"finish_reason":"length"}}]}}')
+                    yield ("data: " + prefix + last + "\n\n").encode()
+                    continue
+                if plain:
+                    text = GENERATED_TEXT * n
+                    if chat:
+                        body = f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}'
+                    else:
+                        body = f'{{"index":{sub.index},"text":"{text}","logprobs":null,"finish_reason":null}}]}}'
                 else:
-                    body = f'{{"index":0,"text":"{text}","logprobs":null,"finish_reason":null}}]}}'
+                    text, steps, texts = self._piece(req, sub, n)
+                    logprobs = self._logprobs(req, steps, texts, sub.text_len)
+                    sub.text_len += len(text)
+                    choice = ({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
+                              if chat else
+                              {"index": sub.index, "text": text, "logprobs": logprobs, "finish_reason": None})
+                    body = json.dumps(choice) + "]}"
                 yield ("data: " + prefix + body + "\n\n").encode()
         except RuntimeError as e:
             err = {"error": {"message": str(e), "type": "InternalServerError", "code": 500}}
             yield f"data: {json.dumps(err)}\n\n".encode()
             return
-        last = ('{"index":0,"delta":{},"finish_reason":"length"}]}' if chat
-                else '{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}')
-        yield ("data: " + prefix + last + "\n\n").encode()
-        if include_usage:
-            usage = {"prompt_tokens": box.prompt_tokens, "completion_tokens": box.generated,
-                     "total_tokens": box.prompt_tokens + box.generated,
-                     "prompt_tokens_details": {"cached_tokens": box.cached_tokens}}
-            yield ("data: " + prefix + "]," + f'"usage":{json.dumps(usage)}}}' + "\n\n").encode()
+        if req.include_usage:
+            yield ("data: " + prefix + "]," + f'"usage":{json.dumps(self._usage(subs, cached=True))}}}' + "\n\n").encode()
         yield b"data: [DONE]\n\n"
 
-    async def full(self, rid: str, box: Mailbox, chat: bool) -> dict:
-        async for _ in self.tokens(rid, box):
+    @staticmethod
+    def _usage(subs: list[_Sub], cached: bool = False) -> dict:
+        prompt = sum(s.box.prompt_tokens for s in subs)
+        generated = sum(s.box.generated for s in subs)
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": generated,
+                                 "total_tokens": prompt + generated}
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": sum(s.box.cached_tokens for s in subs)}
+        return usage
+
+    async def full(self, req: ApiRequest, subs: list[_Sub]) -> dict:
+        async for _ in self._merged(subs):
             pass
         await self._through_ingress()
-        text = " tok" * box.generated
-        usage = {"prompt_tokens": box.prompt_tokens, "completion_tokens": box.generated,
-                 "total_tokens": box.prompt_tokens + box.generated}
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                  if chat else {"index": 0, "text": text, "finish_reason": "length"})
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage}
+        choices = []
+        prompt_logprobs = None
+        for sub in subs:
+            text, steps, texts = self._piece(req, sub, sub.box.generated)
+            logprobs = self._logprobs(req, steps, texts, 0)
+            if req.prompt_logprobs is not None:  # vLLM's extension: every prompt token's candidates
+                ptexts = prompt_tokens(sub.prompt.text)
+                prompt_logprobs = prompt_logprobs_field(sub.logprobs.prompt(sub.prompt.ids, ptexts,
+                                                                            req.prompt_logprobs))
+            if req.chat:
+                choices.append({"index": 0, "message": {"role": "assistant", "content": text},
+                                "logprobs": logprobs, "finish_reason": "length"})
+            else:
+                choices.append({"index": sub.index, "text": text, "logprobs": logprobs, "finish_reason": "length",
+                                "prompt_logprobs": prompt_logprobs})
+        answer = {"id": subs[0].rid, "object": "chat.completion" if req.chat else "text_completion",
+                  "created": int(time.time()), "model": self.name, "choices": choices, "usage": self._usage(subs)}
+        if req.chat and req.prompt_logprobs is not None:
+            answer["prompt_logprobs"] = prompt_logprobs
+        return answer
 
     def metrics_text(self) -> str:
         return metrics_text(self.rt, self.name)
@@ -240,10 +307,9 @@ class OpenAIFrontend:
                 "weights_gib": m.weight_bytes_per_gpu / 2**30}
 
 
-def error_body(status: int, message: str, kind: Optional[str] = None, param: Optional[str] = None) -> dict:
-    """vLLM's ``ErrorResponse``: ``{"error": {message, type, param, code}}``."""
-    kind = kind or ("BadRequestError" if status < 500 else "InternalServerError")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+async def _error_stream(body: dict) -> AsyncIterator[bytes]:
+    yield f"data: {json.dumps(body)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
 
 
 @web.middleware
@@ -261,6 +327,13 @@ async def _not_found_json(request, handler):
 
 async def start_direct_server(front: OpenAIFrontend, host: str = "127.0.0.1") -> int:
     """aiohttp server on the engine loop; returns its port."""
+    _, port = await serve_direct(front, host, 0)
+    return port
+
+
+async def serve_direct(front: OpenAIFrontend, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """The direct door on ``host:port`` (0: any free port), on the running loop: its runner
+    (``cleanup()`` stops it) and the bound port. Raises OSError when the port is taken."""
 
     async def completions(request: web.Request, chat: bool):
         try:
@@ -299,9 +372,13 @@ async def start_direct_server(front: OpenAIFrontend, host: str = "127.0.0.1") ->
     app.router.add_get("/engine_facts", engine_facts)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, 0)
-    await site.start()
-    return site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the bound ephemeral port
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner, site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the bound (ephemeral) port
 
 
 def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_args: dict, calibration: dict,
@@ -313,79 +390,3 @@ def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_
     args = EngineArgs(**{k: v for k, v in engine_args.items() if k != "extra"})
     core = SimEngineCore(model, get_gpu(gpu), args, SimCalibration(**calibration), dtype=dtype)
     return OpenAIFrontend(SimRuntime(core, args.stream_interval), model, args, served_model_name)
-
-
-def build_ingress_class():
-    """The Serve deployment class: FastAPI routes over the shared frontend, plus the direct server."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-    from ray import serve
-
-    api = FastAPI()
-
-    @serve.ingress(api)
-    class SimLLMServer:
-        def __init__(self, *, startup_s: float = 0.0, direct: bool = True, faults: tuple = (), **kwargs):
-            from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start, ingress_delay_s
-
-            t0 = time.monotonic()
-            injected = [Fault(**f) for f in faults]
-            act_on_start(injected)
-            self.front = build_sim_frontend(**kwargs)
-            self.front.chunk_delay_s = ingress_delay_s(injected)
-            self.direct_url = None
-            if direct:
-                import ray
-
-                port = asyncio.run_coroutine_threadsafe(start_direct_server(self.front), self.front.rt.loop)
-                self.direct_url = f"http://127.0.0.1:{port.result(timeout=30)}"
-                self.node_ip = ray.util.get_node_ip_address()
-            if startup_s > 0:
-                time.sleep(max(0.0, startup_s - (time.monotonic() - t0)))
-            self.load_faults = LoadFaults(injected, oom=self.front.rt.inject_failure)
-            self.front.rt.on_accept = self.load_faults.on_request
-
-        @api.get("/health")
-        async def health(self):
-            error = self.front.health_error()
-            return Response(status_code=200) if error is None else JSONResponse(error, status_code=500)
-
-        @api.get("/v1/models")
-        async def models(self):
-            return JSONResponse(self.front.models_body())
-
-        async def _complete(self, request: Request, chat: bool):
-            try:
-                body = await request.json()
-            except Exception:  # noqa: BLE001
-                return JSONResponse(error_body(400, NOT_JSON), status_code=400)
-            status, answer = await self.front.respond(body, chat)
-            if isinstance(answer, dict):
-                return JSONResponse(answer, status_code=status)
-            return StreamingResponse(answer, media_type="text/event-stream")
-
-        @api.post("/v1/completions")
-        async def completions(self, request: Request):
-            return await self._complete(request, chat=False)
-
-        @api.post("/v1/chat/completions")
-        async def chat(self, request: Request):
-            return await self._complete(request, chat=True)
-
-        @api.get("/metrics")
-        async def metrics(self):
-            return PlainTextResponse(self.front.metrics_text())
-
-        @api.get("/engine_facts")
-        async def engine_facts(self):
-            import ray
-
-            return JSONResponse({**self.front.facts(), "direct_url": self.direct_url,
-                                 "node_ip": getattr(self, "node_ip", None),
-                                 "node_id": ray.get_runtime_context().get_node_id()})
-
-        def check_health(self):
-            if self.front.rt.error is not None:
-                raise RuntimeError(f"engine loop died: {self.front.rt.error!r}")
-
-    return SimLLMServer

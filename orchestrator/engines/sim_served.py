@@ -1,7 +1,7 @@
 """The ``sim`` engine in served mode: one Ray Serve application per trial.
 
-Its replica is :mod:`~orchestrator.engines.sim_http`'s OpenAI server over
-:mod:`~orchestrator.engines.sim_loop`'s engine loop.
+Its replica (:mod:`~orchestrator.engines.sim_ingress`) is :mod:`~orchestrator.engines.sim_http`'s
+OpenAI server over :mod:`~orchestrator.engines.sim_loop`'s engine loop.
 
 The replica asks Ray for the GPUs a real vLLM replica would hold (TP x PP on one
 node), so a CPU-only cluster started with fake ``num_gpus`` packs trials exactly
@@ -71,7 +71,7 @@ class ServedSimEngine(Engine):
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
         from ray import serve
 
-        from orchestrator.engines.sim_http import build_ingress_class
+        from orchestrator.engines.sim_ingress import build_ingress_class
 
         study = self.study
         served = study.model.served_name or study.model.name
