@@ -93,7 +93,7 @@ def _table(plans, gpu: str):
     return pd.DataFrame([{
         "trial": p.candidate.trial_id, "TP": p.candidate.tensor_parallel_size,
         "GPUs/replica": p.candidate.gpus_per_replica, "capacity/replica [low, high]": band(p.candidate),
-        "replicas": p.replicas, f"{gpu}s": p.gpus,
+        "replicas": p.replicas, "GPUs": p.gpus,
         "$/hour": "-" if p.cost_per_hour is None else f"{p.cost_per_hour:,.2f}",
         "$/Mtok": "-" if p.cost_per_mtok is None else f"{p.cost_per_mtok:,.3f}",
         "load at target": f"{p.utilisation:.0%}", "noise": p.tie_note} for p in plans])
@@ -176,7 +176,7 @@ def _print_plan(args, study, plans, chosen, rec, price, unreadable) -> None:
         print(f"  configuration: {c.params}")
     print(f"  {rec.vllm_command()}")
     shown = plans.plans[: max(args.top, 1)]
-    print(f"\nThe {len(shown)} cheapest of {len(plans.plans)} configurations with a measured capacity:")
+    print(f"\nThe {len(shown)} cheapest of {len(plans.plans)} configurations with a measured capacity ({gpu}):")
     with pd.option_context("display.width", 250, "display.max_columns", 50, "display.max_colwidth", 80):
         print(_table(shown, gpu).to_string(index=False))
     for tid, why in plans.skipped:
