@@ -273,3 +273,23 @@ def test_plan_sim_capacity_study_compares_tp1_and_tp2(capsys, tmp_path, sim_capa
     group, = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert group["maxReplicas"] == math.ceil(round(480 / trials.loc[tp2, "capacity_rps_low"], 9))
+
+
+def test_docs_example_is_the_commands_output(capsys):
+    """docs/planning.md shows what the command prints on the example dataset, and its Python runs."""
+    import re
+    import shlex
+
+    text = (REPO / "docs" / "planning.md").read_text()
+    marker = re.search(r"<!-- plan: (.+?) -->\n```text\n(.*?)```", text, re.S)
+    path, *options = shlex.split(marker.group(1))
+    rc, out, err = _plan(capsys, REPO / path, *options)
+    assert rc == 0, err
+    assert [line.rstrip() for line in out.splitlines()] == marker.group(2).splitlines()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "docs/planning.md", "exec"), scope)
+    capsys.readouterr()
+    best = scope["best"]
+    assert (best.candidate.trial_id, best.replicas, best.gpus) == ("tp2", 6, 12)
+    assert best.cost_per_hour == pytest.approx(94.80)

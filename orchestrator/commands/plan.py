@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, study_from_dataset
+from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, positive_int, study_from_dataset
 
 NO_CAPACITY = ("{path}: no capacity search in this study (no capacity_rps in its trials); plan needs the "
                "capacity per replica: add a `capacity:` section to the study file and run it "
@@ -175,7 +175,7 @@ def _print_plan(args, study, plans, chosen, rec, price, unreadable) -> None:
     if c.params:
         print(f"  configuration: {c.params}")
     print(f"  {rec.vllm_command()}")
-    shown = plans.plans[: max(args.top, 1)]
+    shown = plans.plans[: args.top]
     print(f"\nThe {len(shown)} cheapest of {len(plans.plans)} configurations with a measured capacity ({gpu}):")
     with pd.option_context("display.width", 250, "display.max_columns", 50, "display.max_colwidth", 80):
         print(_table(shown, gpu).to_string(index=False))
@@ -206,7 +206,7 @@ def register(sub) -> None:
     p.add_argument("--min-replicas", type=int, default=1, help="autoscaling floor (default 1)")
     p.add_argument("--price", type=float, help="dollars per GPU-hour (default: the study's, else a list price)")
     p.add_argument("--trial", help="plan this trial (id or unique suffix) instead of the cheapest")
-    p.add_argument("--top", type=int, default=3, help="configurations to compare (default 3)")
+    p.add_argument("--top", type=positive_int, default=3, help="configurations to compare (default 3)")
     p.add_argument("--run", help="only trials of this run id")
     p.add_argument("--model", help="checkpoint path or Hugging Face id to serve (default: the study's model source)")
     p.add_argument("--name", help="the RayService's name (default: from the study's name)")
