@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.inspect",
     "orchestrator.commands.model",
     "orchestrator.commands.recommend",
+    "orchestrator.commands.plan",
     "orchestrator.commands.report",
     "orchestrator.commands.nightly",
     "orchestrator.commands.bench",
