@@ -17,12 +17,13 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.metrics import LOAD_METRIC_NAMES, RequestSLO
+from orchestrator.metrics import LOAD_METRIC_NAMES, REQUEST_SLO_FAMILIES, RequestSLO
 from orchestrator.redaction import redact
 from orchestrator.probe_spec import ProbeSpec, probe_problems
 from orchestrator.study_capacity import CAPACITY_DEFAULTS_ADDED_LATER, CapacitySpec, SaturationSettings
@@ -191,14 +192,21 @@ class Study(_Strict):
         return [o.resolved_direction for o in self.objectives]
 
     def request_slo(self) -> RequestSLO:
-        """Per-request limits for goodput, from constraints on ttft/tpot/e2el percentiles."""
+        """Per-request limits for goodput, from constraints on ttft/tpot/e2el percentiles: the
+        tightest upper limit of each family, strict (``<``) when a constraint at that value is."""
         limits: dict[str, float] = {}
+        strict: set[str] = set()
         for c in self.constraints:
             fam = c.metric.split("_", 1)[0]
-            if fam in ("ttft", "tpot", "e2el") and c.metric.endswith("_ms") and c.op in ("<=", "<"):
-                key = f"{fam}_ms"
-                limits[key] = min(limits.get(key, float("inf")), c.value)
-        return RequestSLO(**limits)
+            if fam not in REQUEST_SLO_FAMILIES or not c.metric.endswith("_ms") or c.op not in ("<=", "<"):
+                continue
+            key = f"{fam}_ms"
+            if c.value < limits.get(key, math.inf):
+                limits[key] = c.value
+                strict.discard(fam)
+            if c.value == limits[key] and c.op == "<":
+                strict.add(fam)
+        return RequestSLO(**limits, strict=frozenset(strict))
 
     def without_secrets(self) -> "Study":
         """This study with its engine's secret values ``***`` (see :mod:`orchestrator.redaction`): what
