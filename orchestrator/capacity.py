@@ -32,6 +32,7 @@ import numpy as np
 
 from orchestrator import judge
 from orchestrator.confidence import DEFAULT_CONFIDENCE, Interval, intervals_to_columns, t_of, z_of
+from orchestrator.failures import error_rate, too_many_failures
 from orchestrator.metrics import LoadMetrics
 from orchestrator.records import RequestRecord
 
@@ -94,12 +95,12 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
             # the line through the levels must not trust the narrow side.
             margin_sd = (max(math.log(hi / c.value), math.log(c.value / lo)) / z_of(confidence)
                          if lo is not None and hi is not None and lo > 0 and hi >= c.value >= lo else None)
-    error_rate = metrics.failed / metrics.num_requests
-    if error_rate > max_error_rate:  # only a failing error rate enters the margin
-        violation = max(violation, (error_rate - max_error_rate) / max(max_error_rate, 0.01))
+    if too_many_failures(metrics, max_error_rate):  # only a failing error rate enters the margin
+        rate = error_rate(metrics)
+        violation = max(violation, (rate - max_error_rate) / max(max_error_rate, 0.01))
         ok = False
         sure_miss = True
-        reasons.append(f"error rate {error_rate:.3g} > {max_error_rate:g}")
+        reasons.append(f"error rate {rate:.3g} > {max_error_rate:g}")
     if saturated:
         ok = False
         sure_miss = True

@@ -153,16 +153,27 @@ def classify_load(*, health: Optional[str], errors: Iterable[Optional[str]], suc
     return None
 
 
+def error_rate(metrics) -> float:
+    """The share of the measured requests that failed (0 when none was measured)."""
+    return metrics.failed / metrics.num_requests if metrics.num_requests else 0.0
+
+
+def too_many_failures(metrics, max_error_rate: float) -> bool:
+    """The one error-rate rule: more than ``max_error_rate`` of the measured requests failed
+    (exactly at the limit is allowed). A trial's (:func:`request_failures`) and a capacity level's."""
+    return error_rate(metrics) > max_error_rate
+
+
 def request_failures(metrics, max_error_rate: float, first_error: Optional[str] = None) -> Optional[Failure]:
     """A measured trial whose failed requests exceed ``max_error_rate`` of those measured: degraded,
     with the failures counted by kind (None: within the limit)."""
-    if not metrics.num_requests or metrics.failed / metrics.num_requests <= max_error_rate:
+    if not too_many_failures(metrics, max_error_rate):
         return None
     kinds = {"timeout": metrics.failed_timeout, "http": metrics.failed_http, "connection": metrics.failed_connection,
              "bad response": metrics.failed_bad_response, "aborted": metrics.failed_aborted}
     counted = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
     text = (f"{metrics.failed} of {metrics.num_requests} requests failed "
-            f"({metrics.failed / metrics.num_requests:.1%} > {max_error_rate:.1%})"
+            f"({error_rate(metrics):.1%} > {max_error_rate:.1%})"
             + (f": {counted}" if counted else "") + (f"; first: {first_error}" if first_error else ""))
     return Failure(FailureKind.REQUEST_FAILURES, text)
 
