@@ -3,9 +3,10 @@
 A failed configuration is a measurement ("this does not fit"), not a crash of the
 study: the trial is recorded with its kind and the engine's own message. Every
 classification lives here: an engine's start-up error text (:func:`classify_start_error`),
-a failure under load (:func:`classify_load`), a failure kind's trial status
-(:func:`status_of`), and the environment problems that stop a study instead
-(:func:`storage_problem`).
+a failure under load (:func:`classify_load`), too many failed requests
+(:func:`too_many_failures`), a lost trial process or an unwritten row (:func:`trial_lost`,
+:func:`not_recorded`), a failure kind's trial status (:func:`status_of`), and the environment
+problems that stop a study instead (:func:`storage_problem`).
 """
 
 from __future__ import annotations
@@ -186,6 +187,17 @@ def empty_window(metrics, warmup_s: float, cooldown_s: float) -> Optional[Failur
     why = f": warmup_s ({warmup_s:g} s) and cooldown_s ({cooldown_s:g} s) left none of the load's requests" \
         if warmup_s > 0 or cooldown_s > 0 else ""
     return Failure(FailureKind.EMPTY_WINDOW, "no request in the measured window" + why)
+
+
+def trial_lost(detail: str) -> Failure:
+    """A trial whose process died for good (its node was lost): the orchestrator's failure, not
+    the configuration's."""
+    return Failure(FailureKind.INTERNAL, "trial process lost: " + detail)
+
+
+def not_recorded(detail: str) -> Failure:
+    """A trial whose row could not be written (a full disk): the study stops."""
+    return Failure(FailureKind.INTERNAL, "result not recorded: " + detail)
 
 
 def teardown_warning(problems: list[str]) -> Optional[Failure]:

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any, Optional
 
+from orchestrator.failures import status_of, trial_lost
 from orchestrator.study import Study
 from orchestrator.judge import feasible_mask
 from orchestrator.pricing import study_price
@@ -203,8 +204,9 @@ class ProgressPrinter:
                 printer.trial_finished(trial.last_result or {}, trial.config or {})
 
             def on_trial_error(self, iteration, trials, trial, **info):
-                printer.trial_finished({"status": "error", "tid": trial.trial_id,
-                                        "failure_kind": "trial actor died"}, trial.config or {})
+                lost = trial_lost(trial.trial_id)  # as the row it gets (search/tune.lost_trial_recorder)
+                printer.trial_finished({"status": status_of(lost.kind).value, "tid": trial.trial_id,
+                                        "failure_kind": lost.kind.value}, trial.config or {})
 
         return _Progress()
 

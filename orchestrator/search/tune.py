@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from orchestrator.failures import Failure, FailureKind, TrialStatus, root_message
+from orchestrator.failures import TrialStatus, not_recorded, root_message, status_of, trial_lost
 from orchestrator.judge import Judgement
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.rows import trial_row
@@ -73,11 +73,13 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
             if row.get(f"{o.metric}_{end}") is not None:
                 out[f"{o.metric}_{end}"] = row[f"{o.metric}_{end}"]
     out[REPORT_KEY] = report.to_tune()
-    out["status"] = row["status"] if report.write_error is None else "not recorded"
+    out["status"], out["failure_kind"] = row["status"], row.get("failure_kind") or ""
     if report.write_error is None:
         out[ROW_KEY] = row["trial_id"]
+    else:
+        lost = not_recorded(report.write_error)
+        out["status"], out["failure_kind"] = status_of(lost.kind).value, lost.kind.value
     out["feasible"] = judgement.feasible
-    out["failure_kind"] = row.get("failure_kind") or ""
     out["harness_bound"] = bool(row.get("harness_bound"))
     if study.search.fidelity == "sim":  # what the searcher fits the simulator's calibration to
         measured = {**{m: row.get(m) for m in fidelity_metrics(study) + noise_columns(study)}, "status": row["status"]}
@@ -155,7 +157,7 @@ def lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: st
             now = datetime.now(timezone.utc)
             lost = TrialResult(run_id=run_id, trial_id=f"{run_id}-{number:04d}", trial_number=number, params=config,
                                args=None, started_at=now, finished_at=now, status=TrialStatus.ERROR,
-                               failure=Failure(FailureKind.INTERNAL, "trial process lost: " + _error_text(trial)))
+                               failure=trial_lost(_error_text(trial)))
             row = trial_row(study, lost)
             self.lost += 1
             try:
