@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from orchestrator.failures import TrialStatus
+
 TTFT_RELATIVE = 0.10
 TTFT_FLOOR_MS = 20.0
 THROUGHPUT_RELATIVE = 0.10
@@ -110,4 +112,4 @@ def harness_bound_mask(trials):
     if "harness_bound" not in trials.columns:
         return pd.Series(False, index=trials.index)
     mask = trials["harness_bound"].astype("boolean").fillna(False).astype(bool)
-    return mask & (trials["status"] == "completed") if "status" in trials.columns else mask
+    return mask & (trials["status"] == TrialStatus.COMPLETED) if "status" in trials.columns else mask

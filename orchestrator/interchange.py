@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from orchestrator.failures import TrialStatus
 from orchestrator.metrics import LATENCY_FAMILIES, LOAD_METRIC_NAMES, PERCENTILES, RequestSLO, summarise
 from orchestrator.pricing import gpu_hour_price, unit_metrics
 from orchestrator.records import RequestErrorKind, RequestRecord
@@ -302,7 +303,7 @@ def from_bench_result(data: Mapping[str, Any], *, raw: bytes, source: str, study
     scalars = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
     row: dict[str, Any] = {
         "study": study_name, "study_fingerprint": fingerprint, "run_id": "imported",
-        "trial_id": bench_trial_id(raw), "trial_number": -1, "status": "completed",
+        "trial_id": bench_trial_id(raw), "trial_number": -1, "status": TrialStatus.COMPLETED.value,
         "started_at": started, "finished_at": started, "engine": "external", "engine_mode": BENCH_ENGINE_MODE,
         "model": data.get("model_id"), "gpu": gpu, "gpus": gpus,
         "params_json": json.dumps(params, sort_keys=True, default=str),

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.failures import TrialStatus
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -35,7 +37,6 @@ PENALTY = {"maximize": 0.0, "minimize": 1e9}
 START_CONSTRAINT = "engine_started"
 # A strict limit reached exactly: missed by this much (relative), the least positive margin.
 STRICT_MISS = 1e-12
-COMPLETED = "completed"
 
 
 def _number(value: Any) -> Optional[float]:
@@ -145,7 +146,7 @@ def judge(study: "Study", metrics: Mapping[str, Any], status: Any) -> Judgement:
 def judge_against(objectives: Sequence[Any], constraints: Sequence["Constraint"], metrics: Mapping[str, Any],
                   status: Any) -> Judgement:
     """:func:`judge` with the objectives and SLOs given directly (no study at hand)."""
-    completed = str(getattr(status, "value", status)) == COMPLETED
+    completed = isinstance(status, str) and status == TrialStatus.COMPLETED  # a str enum, or a row's text
     return Judgement(
         completed=completed,
         directions=tuple(o.resolved_direction for o in objectives),
@@ -174,5 +175,5 @@ def feasible_mask(df: "pd.DataFrame", constraints: Sequence["Constraint"] = ()) 
     """Completed rows (if ``df`` has a ``status`` column) that meet every constraint."""
     ok = constraints_mask(df, constraints)
     if "status" in df.columns:
-        ok &= (df["status"].astype(object) == COMPLETED).to_numpy(dtype=bool)
+        ok &= (df["status"].astype(object) == TrialStatus.COMPLETED).to_numpy(dtype=bool)
     return ok

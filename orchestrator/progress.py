@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from orchestrator.failures import status_of, trial_lost
+from orchestrator.failures import TrialStatus, status_of, trial_lost
 from orchestrator.study import Study
 from orchestrator.judge import feasible_mask
 from orchestrator.pricing import study_price
@@ -69,7 +69,7 @@ class ProgressPrinter:
 
 
         ok = feasible_mask(trials, self.study.constraints)
-        self.failed += int((trials["status"] != "completed").sum())
+        self.failed += int((trials["status"] != TrialStatus.COMPLETED).sum())
         self.feasible += int(ok.sum())
         first = self.study.objectives[0]
         if ok.any() and first.metric in trials.columns:
@@ -141,7 +141,7 @@ class ProgressPrinter:
         self.done += 1
         self.finished_here += 1
         status = result.get("status", "?")
-        if status != "completed":
+        if status != TrialStatus.COMPLETED:
             self.failed += 1
         first = self.study.objectives[0]
         value = result.get(first.metric)
@@ -160,9 +160,9 @@ class ProgressPrinter:
                     self.best = value
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not k.startswith("__"))
         objs = "  ".join(f"{o.metric}={_fmt(result.get(o.metric))}" for o in self.study.objectives) \
-            if status == "completed" else (result.get("failure_kind") or "")
-        slo = "" if status != "completed" else ("  SLO ok" if result.get("feasible") else "  SLO missed")
-        if status == "completed" and result.get("harness_bound"):
+            if status == TrialStatus.COMPLETED else (result.get("failure_kind") or "")
+        slo = "" if status != TrialStatus.COMPLETED else ("  SLO ok" if result.get("feasible") else "  SLO missed")
+        if status == TrialStatus.COMPLETED and result.get("harness_bound"):
             slo += "  harness-bound"
         elapsed = time.monotonic() - self.t0
         left = self.total - self.done
@@ -219,9 +219,9 @@ def outcome_summary(study: Study, trials) -> str:
     for status, group in trials.groupby("status", sort=True):
         kinds = group["failure_kind"].dropna() if "failure_kind" in group else []
         detail = ", ".join(f"{n} {k}" for k, n in kinds.value_counts().items()) if len(kinds) else ""
-        parts.append(f"{len(group)} {status}" + (f" ({detail})" if detail and status != "completed" else ""))
+        parts.append(f"{len(group)} {status}" + (f" ({detail})" if detail and status != TrialStatus.COMPLETED else ""))
     text = "trials: " + "; ".join(parts)
-    if not (trials["status"] == "completed").any():
+    if not (trials["status"] == TrialStatus.COMPLETED).any():
         messages = trials["failure_message"].dropna() if "failure_message" in trials else []
         if len(messages):
             text += f"\n  no configuration completed; most common reason: {messages.value_counts().index[0][:300]}"

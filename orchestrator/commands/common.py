@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from orchestrator.failures import TrialStatus
+
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -116,7 +118,7 @@ def status_counts(df) -> str:
 def explain_empty_front(study, df) -> str:
     if df.empty:
         return "no trials recorded"
-    completed = df[df["status"] == "completed"]
+    completed = df[df["status"] == TrialStatus.COMPLETED]
     if completed.empty:
         kinds = df["failure_kind"].fillna("?").value_counts().to_dict()
         sample = df["failure_message"].dropna().head(1).tolist()

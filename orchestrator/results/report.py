@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from orchestrator.failures import TrialStatus
 from orchestrator.harness import harness_bound_mask
 from orchestrator.nightly import load_summaries
 from orchestrator.pricing import study_price
@@ -159,7 +160,7 @@ def _harness_section(trials: pd.DataFrame) -> Optional[Section]:
     flagged = trials[harness_bound_mask(trials)]
     if flagged.empty:
         return None
-    completed = int((trials["status"] == "completed").sum())
+    completed = int((trials["status"] == TrialStatus.COMPLETED).sum())
     cols = [c for c in HARNESS_COLUMNS if c in flagged.columns]
     return Section("harness", "Harness-bound trials", [
         f'<p class="bad">{len(flagged)} of {completed} completed trial(s) are harness-bound: the client saw '
