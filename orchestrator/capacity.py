@@ -36,14 +36,14 @@ from orchestrator.failures import error_rate, too_many_failures
 from orchestrator.metrics import LoadMetrics
 from orchestrator.records import RequestRecord
 
-__all__ = ["Verdict", "judge_level", "LevelPoint", "next_rate",
+__all__ = ["LevelVerdict", "judge_level", "LevelPoint", "next_rate",
            "capacity_index", "capacity_bracket", "CapacityBracket", "LevelResult", "CapacityResult", "search_capacity",
            "level_workload"]
 
 
 # ---------------------------------------------------------------- judging one level
 @dataclass(frozen=True)
-class Verdict:
+class LevelVerdict:
     """A level against the SLOs: its measured values (``ok``, ``violation``), and whether that
     holds at the confidence the level's intervals were taken at (``decided``)."""
 
@@ -62,7 +62,7 @@ class Verdict:
 
 def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 0.0,
                 saturated: bool = False, intervals: Optional[Mapping[str, Interval]] = None,
-                confidence: float = DEFAULT_CONFIDENCE) -> Verdict:
+                confidence: float = DEFAULT_CONFIDENCE) -> LevelVerdict:
     """Does a level meet the SLOs? ``slo``: :class:`orchestrator.study.Constraint` objects.
 
     ``intervals``: each SLO metric's interval (:mod:`orchestrator.confidence`). The verdict is
@@ -72,7 +72,7 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     """
     reasons = []
     if metrics.num_requests == 0:
-        return Verdict(False, math.inf, ("no measured request",))
+        return LevelVerdict(False, math.inf, ("no measured request",))
     checks = judge.check_all(slo, metrics.as_dict())
     violation = max((c.violation for c in checks), default=-math.inf)
     ok = all(c.met for c in checks)
@@ -108,7 +108,7 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     if violation == -math.inf:
         violation = 0.0 if ok else math.inf
     decided = sure_miss if not ok else sure_met
-    return Verdict(ok, float(violation), tuple(reasons), decided, margin, margin_sd)
+    return LevelVerdict(ok, float(violation), tuple(reasons), decided, margin, margin_sd)
 
 
 def _log_margin(op: str, limit: float, value: Optional[float]) -> Optional[float]:
@@ -135,7 +135,7 @@ class LevelPoint:
     violation: float
     saturated: bool = False
     decided: bool = True
-    margin: Optional[float] = None  # Verdict.margin
+    margin: Optional[float] = None  # LevelVerdict.margin
     margin_sd: Optional[float] = None
     windows: int = 1  # times the level was measured
 
@@ -314,7 +314,7 @@ class LevelResult:
     planned_requests: int
     records: list[RequestRecord]
     metrics: LoadMetrics
-    verdict: Verdict
+    verdict: LevelVerdict
     saturated_at_s: Optional[float] = None
     stopped_early: bool = False
     telemetry: dict = field(default_factory=dict)
