@@ -17,13 +17,13 @@ Pure: no I/O, no Ray, no Optuna import; the study's types are only annotations.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from orchestrator.failures import TrialStatus
+from orchestrator.numbers import finite_float
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -39,22 +39,11 @@ START_CONSTRAINT = "engine_started"
 STRICT_MISS = 1e-12
 
 
-def _number(value: Any) -> Optional[float]:
-    """A finite float, or None (missing, NaN, inf, or not a number)."""
-    if value is None or isinstance(value, bool):
-        return None if value is None else float(value)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
 def violation(op: str, limit: float, value: Any) -> float:
     """Relative excess of ``value`` over the limit ``op limit``: <= 0 met, > 0 missed.
 
     Missing or non-finite values miss by 1.0 (one whole limit)."""
-    x = _number(value)
+    x = finite_float(value)
     if x is None:
         return 1.0
     scale = max(abs(limit), 1e-9)
@@ -91,7 +80,7 @@ class ConstraintCheck:
 
 
 def check(constraint: "Constraint", value: Any) -> ConstraintCheck:
-    return ConstraintCheck(constraint, _number(value), violation(constraint.op, constraint.value, value))
+    return ConstraintCheck(constraint, finite_float(value), violation(constraint.op, constraint.value, value))
 
 
 def check_all(constraints: Sequence["Constraint"], metrics: Mapping[str, Any]) -> tuple[ConstraintCheck, ...]:
@@ -150,7 +139,7 @@ def judge_against(objectives: Sequence[Any], constraints: Sequence["Constraint"]
     return Judgement(
         completed=completed,
         directions=tuple(o.resolved_direction for o in objectives),
-        objectives=tuple(_number(metrics.get(o.metric)) for o in objectives),
+        objectives=tuple(finite_float(metrics.get(o.metric)) for o in objectives),
         checks=check_all(constraints, metrics),
     )
 

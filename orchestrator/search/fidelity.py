@@ -30,8 +30,9 @@ import numpy as np
 from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.failures import TrialStatus
 from orchestrator.judge import judge
+from orchestrator.numbers import finite_float
 from orchestrator.search import fidelity_model as fm
-from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, finite_float, fit_levels,
+from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels,
                                                   noise_columns,
                                                   score_in_simulator, study_metrics)
 

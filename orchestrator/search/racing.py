@@ -25,7 +25,7 @@ import numpy as np
 from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.failures import TrialStatus
 from orchestrator.results.ties import pool
-from orchestrator.search.fidelity_scoring import finite_float
+from orchestrator.numbers import finite_float
 
 __all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "remeasure_trials"]
 
