@@ -18,6 +18,7 @@ from orchestrator.failures import TrialStatus, status_of, trial_lost
 from orchestrator.study import Study
 from orchestrator.judge import feasible_mask
 from orchestrator.pricing import study_price
+from orchestrator.results.outcomes import outcome_summary
 from orchestrator.results.ties import bounds
 
 
@@ -186,7 +187,7 @@ class ProgressPrinter:
 
     def finish(self, trials) -> None:
         """The run's outcome in one line per status; why, if nothing completed."""
-        self._print(outcome_summary(self.study, trials))
+        self._print(outcome_summary(trials))
 
     def tune_callback(self):
         from ray.tune import Callback
@@ -210,19 +211,3 @@ class ProgressPrinter:
 
         return _Progress()
 
-
-def outcome_summary(study: Study, trials) -> str:
-    """Counts by status and failure kind; when nothing completed, the most common reason (pure)."""
-    if trials is None or len(trials) == 0:
-        return "no trials recorded"
-    parts = []
-    for status, group in trials.groupby("status", sort=True):
-        kinds = group["failure_kind"].dropna() if "failure_kind" in group else []
-        detail = ", ".join(f"{n} {k}" for k, n in kinds.value_counts().items()) if len(kinds) else ""
-        parts.append(f"{len(group)} {status}" + (f" ({detail})" if detail and status != TrialStatus.COMPLETED else ""))
-    text = "trials: " + "; ".join(parts)
-    if not (trials["status"] == TrialStatus.COMPLETED).any():
-        messages = trials["failure_message"].dropna() if "failure_message" in trials else []
-        if len(messages):
-            text += f"\n  no configuration completed; most common reason: {messages.value_counts().index[0][:300]}"
-    return text

@@ -41,9 +41,10 @@ from orchestrator.results.figures import (STATUS_COLOURS, STYLES, curves_figure,
                                           importance_figure, level_figure, nightly_figure, pareto_figure,
                                           timeline_figure)
 from orchestrator.results.levels import load_levels
+from orchestrator.results.outcomes import failure_breakdown
 from orchestrator.results.query import cannot_write, load_requests, load_trials, resolve_location
 from orchestrator.results.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table,
-                                                curve_trials, failure_breakdown, front_of, front_table, importances,
+                                                curve_trials, front_of, front_table, importances,
                                                 level_curves, load_curves, point_categories)
 from orchestrator.study import Study
 

@@ -54,22 +54,6 @@ def axes_metrics(study: Study) -> tuple[str, list[str]]:
     return y, [ttft, tpot] + agreement
 
 
-def failure_breakdown(trials: pd.DataFrame) -> pd.DataFrame:
-    """Trials that did not complete cleanly, by status and failure kind, with a count and an example message."""
-    bad = trials[(trials["status"] != TrialStatus.COMPLETED) | trials["failure_kind"].notna()]
-    if bad.empty:
-        return pd.DataFrame(columns=["status", "failure_kind", "trials", "example"])
-    rows = []
-    from orchestrator.results.query import NO_STATUS
-
-    for (status, kind), group in bad.groupby([bad["status"].fillna(NO_STATUS), bad["failure_kind"].fillna("-")],
-                                             sort=True):
-        message = next((m for m in group["failure_message"] if isinstance(m, str) and m), "")
-        rows.append({"status": status, "failure_kind": kind, "trials": len(group),
-                     "example": message.strip().splitlines()[0][:240] if message.strip() else ""})
-    return pd.DataFrame(rows).sort_values("trials", ascending=False, kind="stable").reset_index(drop=True)
-
-
 def _in_flight_at_send(sent: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For each request, how many requests were in flight when it was sent (itself excluded)."""
     starts, ends = np.sort(sent), np.sort(end)
