@@ -200,5 +200,7 @@ def test_measurements_far_from_any_calibration_keep_the_fit_within_its_bounds(tm
     assert any(abs(cal[f] - fm.BOUNDS[f][1]) < 1e-9 for f in ("compute_efficiency", "bandwidth_efficiency"))
     assert all(fm.BOUNDS[f][0] <= v <= fm.BOUNDS[f][1] for f, v in cal.items()), cal
     assert not any("fit failed" in n for n in notes), notes
-    assert search.next_pick() is not None or search.stop_reason
+    # The search goes on: another configuration is picked, not the one just measured.
+    following = search.next_pick()
+    assert following is not None and following.params != first.params, search.stop_reason
     assert predicted["output_throughput"] > 0
