@@ -10,6 +10,7 @@ hands it to the searcher. A result that cannot be written stops the study
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import json
 import logging
 import os
@@ -34,6 +35,30 @@ from orchestrator.results.store import ResultsStore
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class MeasuredTrial:
+    """A trial executed, judged and made into its row, not yet written."""
+
+    result: TrialResult
+    judgement: Judgement
+    row: dict
+
+
+def measure_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, trial_number: int, ctx: TrialContext,
+                  measurement: int = 0, prediction: Optional[Mapping[str, Any]] = None,
+                  engine=None) -> MeasuredTrial:
+    """Execute, judge, build the row: every trial's steps before its row is written (the trial actor's
+    :func:`tune_trainable`, and the tests that run a trial the way it does). ``prediction``: what
+    ``search.fidelity: sim`` picked the configuration on, kept next to what was measured."""
+    result = execute_trial(study, dict(params), trial_id=trial_id, trial_number=trial_number, ctx=ctx,
+                           engine=engine, measurement=measurement)
+    judgement = judge_result(study, result)
+    row = trial_row(study, result, judgement)
+    if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured
+        row.update(prediction_columns(study, dict(prediction or {}), row))
+    return MeasuredTrial(result, judgement, row)
+
+
 def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     """Runs inside a Tune trial actor: execute, judge, write the rows, report to Tune/Optuna."""
     import ray
@@ -42,12 +67,10 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     number = int(config[TRIAL_NUMBER_KEY])
     params = {k: v for k, v in config.items() if k not in (TRIAL_NUMBER_KEY, PREDICTION_KEY, REMEASURE_KEY)}
     trial_id = f"{ctx.run_id}-{number:04d}"
-    result = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx,
-                           measurement=int(config.get(REMEASURE_KEY) or 0))
-    judgement = judge_result(study, result)
-    row = trial_row(study, result, judgement)
-    if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured
-        row.update(prediction_columns(study, json.loads(config.get(PREDICTION_KEY) or "{}"), row))
+    trial = measure_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx,
+                          measurement=int(config.get(REMEASURE_KEY) or 0),
+                          prediction=json.loads(config.get(PREDICTION_KEY) or "{}"))
+    result, judgement, row = trial.result, trial.judgement, trial.row
     report = SamplerReport.of(judgement, row["status"])
     if ctx.sink_name:
         try:
