@@ -15,12 +15,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
+from conftest import REPO
 from orchestrator.harness import CLIENT_LAG_MS, harness_verdict
 from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
 from orchestrator.study import parse_study
@@ -30,7 +30,6 @@ from recorded_trial import run_trial
 pytestmark = pytest.mark.slow
 
 SERVE_PORT = 8204
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARAMS = {"max_num_seqs": 16}
 
 
