@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, local_serve
 from orchestrator.harness import CLIENT_LAG_MS, harness_verdict
 from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
 from orchestrator.study import parse_study
@@ -35,15 +35,8 @@ PARAMS = {"max_num_seqs": 16}
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    """A Ray cluster of our own (never one another job on the machine started) with Serve."""
-    import ray
-
-    from orchestrator.cluster import start_serve
-    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator")
-    try:
-        yield start_serve(SERVE_PORT)  # the port Serve's proxy listens on
-    finally:
-        ray.shutdown()
+    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
+        yield port
 
 
 def study_doc(tmp_path, faults=(), capacity=None) -> dict:
