@@ -32,17 +32,18 @@ import numpy as np
 
 from orchestrator import judge
 from orchestrator.confidence import DEFAULT_CONFIDENCE, Interval, intervals_to_columns, t_of, z_of
+from orchestrator.failures import error_rate, too_many_failures
 from orchestrator.metrics import LoadMetrics
 from orchestrator.records import RequestRecord
 
-__all__ = ["Verdict", "judge_level", "LevelPoint", "next_rate",
+__all__ = ["LevelVerdict", "judge_level", "LevelPoint", "next_rate",
            "capacity_index", "capacity_bracket", "CapacityBracket", "LevelResult", "CapacityResult", "search_capacity",
            "level_workload"]
 
 
 # ---------------------------------------------------------------- judging one level
 @dataclass(frozen=True)
-class Verdict:
+class LevelVerdict:
     """A level against the SLOs: its measured values (``ok``, ``violation``), and whether that
     holds at the confidence the level's intervals were taken at (``decided``)."""
 
@@ -61,7 +62,7 @@ class Verdict:
 
 def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 0.0,
                 saturated: bool = False, intervals: Optional[Mapping[str, Interval]] = None,
-                confidence: float = DEFAULT_CONFIDENCE) -> Verdict:
+                confidence: float = DEFAULT_CONFIDENCE) -> LevelVerdict:
     """Does a level meet the SLOs? ``slo``: :class:`orchestrator.study.Constraint` objects.
 
     ``intervals``: each SLO metric's interval (:mod:`orchestrator.confidence`). The verdict is
@@ -71,7 +72,7 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     """
     reasons = []
     if metrics.num_requests == 0:
-        return Verdict(False, math.inf, ("no measured request",))
+        return LevelVerdict(False, math.inf, ("no measured request",))
     checks = judge.check_all(slo, metrics.as_dict())
     violation = max((c.violation for c in checks), default=-math.inf)
     ok = all(c.met for c in checks)
@@ -94,12 +95,12 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
             # the line through the levels must not trust the narrow side.
             margin_sd = (max(math.log(hi / c.value), math.log(c.value / lo)) / z_of(confidence)
                          if lo is not None and hi is not None and lo > 0 and hi >= c.value >= lo else None)
-    error_rate = metrics.failed / metrics.num_requests
-    if error_rate > max_error_rate:  # only a failing error rate enters the margin
-        violation = max(violation, (error_rate - max_error_rate) / max(max_error_rate, 0.01))
+    if too_many_failures(metrics, max_error_rate):  # only a failing error rate enters the margin
+        rate = error_rate(metrics)
+        violation = max(violation, (rate - max_error_rate) / max(max_error_rate, 0.01))
         ok = False
         sure_miss = True
-        reasons.append(f"error rate {error_rate:.3g} > {max_error_rate:g}")
+        reasons.append(f"error rate {rate:.3g} > {max_error_rate:g}")
     if saturated:
         ok = False
         sure_miss = True
@@ -107,7 +108,7 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
     if violation == -math.inf:
         violation = 0.0 if ok else math.inf
     decided = sure_miss if not ok else sure_met
-    return Verdict(ok, float(violation), tuple(reasons), decided, margin, margin_sd)
+    return LevelVerdict(ok, float(violation), tuple(reasons), decided, margin, margin_sd)
 
 
 def _log_margin(op: str, limit: float, value: Optional[float]) -> Optional[float]:
@@ -134,7 +135,7 @@ class LevelPoint:
     violation: float
     saturated: bool = False
     decided: bool = True
-    margin: Optional[float] = None  # Verdict.margin
+    margin: Optional[float] = None  # LevelVerdict.margin
     margin_sd: Optional[float] = None
     windows: int = 1  # times the level was measured
 
@@ -313,7 +314,7 @@ class LevelResult:
     planned_requests: int
     records: list[RequestRecord]
     metrics: LoadMetrics
-    verdict: Verdict
+    verdict: LevelVerdict
     saturated_at_s: Optional[float] = None
     stopped_early: bool = False
     telemetry: dict = field(default_factory=dict)

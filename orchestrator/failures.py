@@ -3,9 +3,10 @@
 A failed configuration is a measurement ("this does not fit"), not a crash of the
 study: the trial is recorded with its kind and the engine's own message. Every
 classification lives here: an engine's start-up error text (:func:`classify_start_error`),
-a failure under load (:func:`classify_load`), a failure kind's trial status
-(:func:`status_of`), and the environment problems that stop a study instead
-(:func:`storage_problem`).
+a failure under load (:func:`classify_load`), too many failed requests
+(:func:`too_many_failures`), a lost trial process or an unwritten row (:func:`trial_lost`,
+:func:`not_recorded`), a failure kind's trial status (:func:`status_of`), and the environment
+problems that stop a study instead (:func:`storage_problem`).
 """
 
 from __future__ import annotations
@@ -153,16 +154,27 @@ def classify_load(*, health: Optional[str], errors: Iterable[Optional[str]], suc
     return None
 
 
+def error_rate(metrics) -> float:
+    """The share of the measured requests that failed (0 when none was measured)."""
+    return metrics.failed / metrics.num_requests if metrics.num_requests else 0.0
+
+
+def too_many_failures(metrics, max_error_rate: float) -> bool:
+    """The one error-rate rule: more than ``max_error_rate`` of the measured requests failed
+    (exactly at the limit is allowed). A trial's (:func:`request_failures`) and a capacity level's."""
+    return error_rate(metrics) > max_error_rate
+
+
 def request_failures(metrics, max_error_rate: float, first_error: Optional[str] = None) -> Optional[Failure]:
     """A measured trial whose failed requests exceed ``max_error_rate`` of those measured: degraded,
     with the failures counted by kind (None: within the limit)."""
-    if not metrics.num_requests or metrics.failed / metrics.num_requests <= max_error_rate:
+    if not too_many_failures(metrics, max_error_rate):
         return None
     kinds = {"timeout": metrics.failed_timeout, "http": metrics.failed_http, "connection": metrics.failed_connection,
              "bad response": metrics.failed_bad_response, "aborted": metrics.failed_aborted}
     counted = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
     text = (f"{metrics.failed} of {metrics.num_requests} requests failed "
-            f"({metrics.failed / metrics.num_requests:.1%} > {max_error_rate:.1%})"
+            f"({error_rate(metrics):.1%} > {max_error_rate:.1%})"
             + (f": {counted}" if counted else "") + (f"; first: {first_error}" if first_error else ""))
     return Failure(FailureKind.REQUEST_FAILURES, text)
 
@@ -175,6 +187,17 @@ def empty_window(metrics, warmup_s: float, cooldown_s: float) -> Optional[Failur
     why = f": warmup_s ({warmup_s:g} s) and cooldown_s ({cooldown_s:g} s) left none of the load's requests" \
         if warmup_s > 0 or cooldown_s > 0 else ""
     return Failure(FailureKind.EMPTY_WINDOW, "no request in the measured window" + why)
+
+
+def trial_lost(detail: str) -> Failure:
+    """A trial whose process died for good (its node was lost): the orchestrator's failure, not
+    the configuration's."""
+    return Failure(FailureKind.INTERNAL, "trial process lost: " + detail)
+
+
+def not_recorded(detail: str) -> Failure:
+    """A trial whose row could not be written (a full disk): the study stops."""
+    return Failure(FailureKind.INTERNAL, "result not recorded: " + detail)
 
 
 def teardown_warning(problems: list[str]) -> Optional[Failure]:

@@ -43,7 +43,10 @@ GiB = 1 << 30
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FitVerdict:
+    """Does a configuration fit before it starts (the pre-flight)? Not fitting says why, as the
+    failure kind the engine would have given."""
+
     ok: bool
     kind: Optional[FailureKind] = None
     reason: str = ""
@@ -75,7 +78,7 @@ def resolve_args(study, args: EngineArgs) -> EngineArgs:
 
 
 def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
-          units_per_node: Optional[int] = None) -> Verdict:
+          units_per_node: Optional[int] = None) -> FitVerdict:
     """Judge ``args`` (already resolved) against the study's model and GPU."""
     from orchestrator.sim.hardware import get_gpu
     from orchestrator.sim.memory import plan_memory
@@ -84,25 +87,25 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
     model = ModelShape.load(study.model.name, study.base_dir)
     refusal = vllm_refusal(args) or _quantization_refusal(study, model, args)
     if refusal is not None:
-        return Verdict(False, FailureKind.INVALID_ARGS, refusal)
+        return FitVerdict(False, FailureKind.INVALID_ARGS, refusal)
     need = args.gpus
     if cluster_units is not None and need > cluster_units:
-        return Verdict(False, FailureKind.PREFLIGHT,
+        return FitVerdict(False, FailureKind.PREFLIGHT,
                        f"needs {need} GPUs (TP {args.tensor_parallel_size} x PP {args.pipeline_parallel_size}) "
                        f"but the cluster has {cluster_units}")
     if units_per_node is not None and args.tensor_parallel_size > units_per_node:
-        return Verdict(False, FailureKind.PREFLIGHT,
+        return FitVerdict(False, FailureKind.PREFLIGHT,
                        f"tensor_parallel_size {args.tensor_parallel_size} exceeds the {units_per_node} GPUs of a node")
     if model.num_attention_heads % args.tensor_parallel_size:
-        return Verdict(False, FailureKind.INVALID_ARGS,
+        return FitVerdict(False, FailureKind.INVALID_ARGS,
                        f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
                        f"tensor parallel size ({args.tensor_parallel_size}).")
     if model.num_layers < args.pipeline_parallel_size:
-        return Verdict(False, FailureKind.INVALID_ARGS,
+        return FitVerdict(False, FailureKind.INVALID_ARGS,
                        f"pipeline_parallel_size {args.pipeline_parallel_size} exceeds the model's "
                        f"{model.num_layers} layers")
     if args.max_model_len and args.max_model_len > model.max_position_embeddings:
-        return Verdict(False, FailureKind.INVALID_ARGS,
+        return FitVerdict(False, FailureKind.INVALID_ARGS,
                        f"max_model_len {args.max_model_len} is larger than the model's maximum "
                        f"({model.max_position_embeddings})")
     if is_cpu_study(study):
@@ -112,9 +115,9 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
         plan = plan_memory(model, gpu, args, study.model.dtype)
     except EngineStartError as e:
         if e.kind == FailureKind.KV_CACHE_TOO_SMALL and _within_margin(model, gpu, args, study.model.dtype):
-            return Verdict(True)
-        return Verdict(False, e.kind, e.message)
-    return Verdict(True, kv_cache_tokens=plan.kv_tokens)
+            return FitVerdict(True)
+        return FitVerdict(False, e.kind, e.message)
+    return FitVerdict(True, kv_cache_tokens=plan.kv_tokens)
 
 
 def _quantization_refusal(study, model, args: EngineArgs) -> Optional[str]:
@@ -162,19 +165,19 @@ def cpu_kv_tokens(model, args: EngineArgs, kv_space_gib: float, dtype: str = "au
     return int(kv_space_gib * GiB) // (bs * per_token) * bs
 
 
-def _check_cpu(study, model, args: EngineArgs) -> Verdict:
+def _check_cpu(study, model, args: EngineArgs) -> FitVerdict:
     space = getattr(study.engine, "cpu_kv_cache_gib", None)
     if not space or not args.max_model_len:
-        return Verdict(True)
+        return FitVerdict(True)
     tokens = cpu_kv_tokens(model, args, space, study.model.dtype)
     need = ceil_div(int(args.max_model_len), int(args.block_size or 128)) * int(args.block_size or 128)
     if need > tokens * (1 + PREFLIGHT_MARGIN):
-        return Verdict(False, FailureKind.KV_CACHE_TOO_SMALL,
+        return FitVerdict(False, FailureKind.KV_CACHE_TOO_SMALL,
                        f"ValueError: To serve at least one request with the model's max seq len "
                        f"({args.max_model_len}), the KV cache needs {need:,} tokens but "
                        f"VLLM_CPU_KVCACHE_SPACE={space} GiB holds {tokens:,}. Raise engine.cpu_kv_cache_gib or "
                        f"lower max_model_len.")
-    return Verdict(True, kv_cache_tokens=tokens)
+    return FitVerdict(True, kv_cache_tokens=tokens)
 
 
 # ------------------------------------------------------------------ the whole space
@@ -291,7 +294,7 @@ def survey(study, *, cluster_units: Optional[int] = None, units_per_node: Option
             args = resolve_args(study, engine_args_from_params(params, fixed=fixed))
             verdict = check(study, args, cluster_units=cluster_units, units_per_node=units_per_node)
         except (ValueError, TypeError) as e:  # arguments the engine could not even build
-            verdict = Verdict(False, FailureKind.INVALID_ARGS, str(e))
+            verdict = FitVerdict(False, FailureKind.INVALID_ARGS, str(e))
         keys = [(k, repr(v)) for k, v in params.items() if k in searched]
         if verdict.ok:
             feasible += 1

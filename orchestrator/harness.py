@@ -32,9 +32,11 @@ its sends, and the excess is then partly the client's, not the path's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
+
+from orchestrator.failures import TrialStatus
+from orchestrator.numbers import finite_float
 
 TTFT_RELATIVE = 0.10
 TTFT_FLOOR_MS = 20.0
@@ -51,27 +53,16 @@ class HarnessVerdict:
         return {"harness_bound": self.bound, "harness_bound_reason": self.reason}
 
 
-def _num(m: Mapping[str, Any], key: str) -> Optional[float]:
-    v = m.get(key)
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
 def harness_verdict(metrics: Mapping[str, Any]) -> HarnessVerdict:
     """The harness-bound rule over one row's (or one level's) columns (pure; see the module doc)."""
     reasons: list[str] = []
     judged = False
 
-    client_ttft = _num(metrics, "ttft_p50_ms")
-    engine_ttft = _num(metrics, "engine_ttft_p50_ms")
+    client_ttft = finite_float(metrics.get("ttft_p50_ms"))
+    engine_ttft = finite_float(metrics.get("engine_ttft_p50_ms"))
     if client_ttft is not None and engine_ttft is not None:
         judged = True
-        upper = _num(metrics, "engine_ttft_p50_upper_ms")
+        upper = finite_float(metrics.get("engine_ttft_p50_upper_ms"))
         bound = max(engine_ttft, upper) if upper is not None else engine_ttft
         excess = client_ttft - bound
         if excess > TTFT_FLOOR_MS and excess > TTFT_RELATIVE * bound:
@@ -79,10 +70,10 @@ def harness_verdict(metrics: Mapping[str, Any]) -> HarnessVerdict:
                            + (f" (at most {bound:,.0f} ms)" if bound > engine_ttft else "")
                            + f": the serving path adds {client_ttft - engine_ttft:,.0f} ms")
 
-    client_tput = _num(metrics, "output_throughput")
-    engine_tput = _num(metrics, "engine_output_throughput")
-    failed = _num(metrics, "failed")
-    completed = _num(metrics, "completed")
+    client_tput = finite_float(metrics.get("output_throughput"))
+    engine_tput = finite_float(metrics.get("engine_output_throughput"))
+    failed = finite_float(metrics.get("failed"))
+    completed = finite_float(metrics.get("completed"))
     if (client_tput is not None and engine_tput is not None and engine_tput > 0 and not failed
             and completed != 0):
         judged = True
@@ -93,7 +84,7 @@ def harness_verdict(metrics: Mapping[str, Any]) -> HarnessVerdict:
 
     if not judged:
         return HarnessVerdict(None)
-    lag = _num(metrics, "sched_lag_p99_ms")
+    lag = finite_float(metrics.get("sched_lag_p99_ms"))
     if reasons and lag is not None and lag > CLIENT_LAG_MS:
         # The client is part of the harness: on a busy client machine its own event loop, not the
         # path, can hold the first tokens (and the sends), and the user needs to know which.
@@ -110,4 +101,4 @@ def harness_bound_mask(trials):
     if "harness_bound" not in trials.columns:
         return pd.Series(False, index=trials.index)
     mask = trials["harness_bound"].astype("boolean").fillna(False).astype(bool)
-    return mask & (trials["status"] == "completed") if "status" in trials.columns else mask
+    return mask & (trials["status"] == TrialStatus.COMPLETED) if "status" in trials.columns else mask

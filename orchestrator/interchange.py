@@ -32,7 +32,9 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from orchestrator.failures import TrialStatus
 from orchestrator.metrics import LATENCY_FAMILIES, LOAD_METRIC_NAMES, PERCENTILES, RequestSLO, summarise
+from orchestrator.numbers import finite_float
 from orchestrator.pricing import gpu_hour_price, unit_metrics
 from orchestrator.records import RequestErrorKind, RequestRecord
 
@@ -243,33 +245,27 @@ def records_from_bench(data: Mapping[str, Any]) -> Optional[list[RequestRecord]]
     return out
 
 
-def _num(v: Any) -> Optional[float]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
 def _summary_metrics(data: Mapping[str, Any]) -> dict[str, Optional[float]]:
     """Our metric names from vLLM's summary fields (no per-request lists)."""
-    completed, failed = _num(data.get("completed")), _num(data.get("failed")) or 0.0
-    dur = _num(data.get("duration"))
-    total_in = _num(data.get("total_input_tokens"))
+    completed, failed = finite_float(data.get("completed")), finite_float(data.get("failed")) or 0.0
+    dur = finite_float(data.get("duration"))
+    total_in = finite_float(data.get("total_input_tokens"))
     m: dict[str, Optional[float]] = {
         "num_requests": completed + failed if completed is not None else None,
         "completed": completed, "failed": failed, "duration_s": dur,
-        "request_throughput": _num(data.get("request_throughput")),
+        "request_throughput": finite_float(data.get("request_throughput")),
         "input_throughput": total_in / dur if total_in is not None and dur else None,
-        "output_throughput": _num(data.get("output_throughput")),
-        "total_token_throughput": _num(data.get("total_token_throughput")),
-        "goodput": _num(data.get("request_goodput")),
-        "total_input_tokens": total_in, "total_output_tokens": _num(data.get("total_output_tokens")),
-        "requested_rate": _num(data.get("request_rate")),
+        "output_throughput": finite_float(data.get("output_throughput")),
+        "total_token_throughput": finite_float(data.get("total_token_throughput")),
+        "goodput": finite_float(data.get("request_goodput")),
+        "total_input_tokens": total_in, "total_output_tokens": finite_float(data.get("total_output_tokens")),
+        "requested_rate": finite_float(data.get("request_rate")),
     }
     for fam in LATENCY_FAMILIES:
-        m[f"{fam}_mean_ms"] = _num(data.get(f"mean_{fam}_ms"))
-        m[f"{fam}_p50_ms"] = _num(data.get(f"p50_{fam}_ms", data.get(f"median_{fam}_ms")))
+        m[f"{fam}_mean_ms"] = finite_float(data.get(f"mean_{fam}_ms"))
+        m[f"{fam}_p50_ms"] = finite_float(data.get(f"p50_{fam}_ms", data.get(f"median_{fam}_ms")))
         for p in PERCENTILES[1:]:
-            m[f"{fam}_p{p}_ms"] = _num(data.get(f"p{p}_{fam}_ms"))
+            m[f"{fam}_p{p}_ms"] = finite_float(data.get(f"p{p}_{fam}_ms"))
     return m
 
 
@@ -287,7 +283,7 @@ def from_bench_result(data: Mapping[str, Any], *, raw: bytes, source: str, study
     except ValueError:
         started = datetime.now(timezone.utc)
     records = records_from_bench(data)
-    requested = _num(data.get("request_rate"))
+    requested = finite_float(data.get("request_rate"))
     if records is not None:
         metrics = summarise(records, gpus=gpus or 1, slo=slo, requested_rate=requested).as_dict()
         metrics["sched_lag_p50_ms"] = metrics["sched_lag_p99_ms"] = metrics["sched_lag_max_ms"] = None
@@ -302,7 +298,7 @@ def from_bench_result(data: Mapping[str, Any], *, raw: bytes, source: str, study
     scalars = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
     row: dict[str, Any] = {
         "study": study_name, "study_fingerprint": fingerprint, "run_id": "imported",
-        "trial_id": bench_trial_id(raw), "trial_number": -1, "status": "completed",
+        "trial_id": bench_trial_id(raw), "trial_number": -1, "status": TrialStatus.COMPLETED.value,
         "started_at": started, "finished_at": started, "engine": "external", "engine_mode": BENCH_ENGINE_MODE,
         "model": data.get("model_id"), "gpu": gpu, "gpus": gpus,
         "params_json": json.dumps(params, sort_keys=True, default=str),

@@ -17,11 +17,13 @@ Pure: no I/O, no Ray, no Optuna import; the study's types are only annotations.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
+
+from orchestrator.failures import TrialStatus
+from orchestrator.numbers import finite_float
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -35,25 +37,13 @@ PENALTY = {"maximize": 0.0, "minimize": 1e9}
 START_CONSTRAINT = "engine_started"
 # A strict limit reached exactly: missed by this much (relative), the least positive margin.
 STRICT_MISS = 1e-12
-COMPLETED = "completed"
-
-
-def _number(value: Any) -> Optional[float]:
-    """A finite float, or None (missing, NaN, inf, or not a number)."""
-    if value is None or isinstance(value, bool):
-        return None if value is None else float(value)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def violation(op: str, limit: float, value: Any) -> float:
     """Relative excess of ``value`` over the limit ``op limit``: <= 0 met, > 0 missed.
 
     Missing or non-finite values miss by 1.0 (one whole limit)."""
-    x = _number(value)
+    x = finite_float(value)
     if x is None:
         return 1.0
     scale = max(abs(limit), 1e-9)
@@ -90,7 +80,7 @@ class ConstraintCheck:
 
 
 def check(constraint: "Constraint", value: Any) -> ConstraintCheck:
-    return ConstraintCheck(constraint, _number(value), violation(constraint.op, constraint.value, value))
+    return ConstraintCheck(constraint, finite_float(value), violation(constraint.op, constraint.value, value))
 
 
 def check_all(constraints: Sequence["Constraint"], metrics: Mapping[str, Any]) -> tuple[ConstraintCheck, ...]:
@@ -145,11 +135,11 @@ def judge(study: "Study", metrics: Mapping[str, Any], status: Any) -> Judgement:
 def judge_against(objectives: Sequence[Any], constraints: Sequence["Constraint"], metrics: Mapping[str, Any],
                   status: Any) -> Judgement:
     """:func:`judge` with the objectives and SLOs given directly (no study at hand)."""
-    completed = str(getattr(status, "value", status)) == COMPLETED
+    completed = isinstance(status, str) and status == TrialStatus.COMPLETED  # a str enum, or a row's text
     return Judgement(
         completed=completed,
         directions=tuple(o.resolved_direction for o in objectives),
-        objectives=tuple(_number(metrics.get(o.metric)) for o in objectives),
+        objectives=tuple(finite_float(metrics.get(o.metric)) for o in objectives),
         checks=check_all(constraints, metrics),
     )
 
@@ -174,5 +164,5 @@ def feasible_mask(df: "pd.DataFrame", constraints: Sequence["Constraint"] = ()) 
     """Completed rows (if ``df`` has a ``status`` column) that meet every constraint."""
     ok = constraints_mask(df, constraints)
     if "status" in df.columns:
-        ok &= (df["status"].astype(object) == COMPLETED).to_numpy(dtype=bool)
+        ok &= (df["status"].astype(object) == TrialStatus.COMPLETED).to_numpy(dtype=bool)
     return ok

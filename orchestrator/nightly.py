@@ -34,6 +34,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
 
+from orchestrator.failures import TrialStatus
 from orchestrator.metrics import default_direction
 from orchestrator.results.analysis import best_under_slos, config_key
 from orchestrator.results.pareto import pareto_front
@@ -196,7 +197,7 @@ def previous_run(trials: pd.DataFrame, study: Study, *, before: Optional[str] = 
         return None
     same = trials[trials["workload_json"].map(_same_workload(study))]
     runs = same.groupby("run_id").agg(start=("started_at", "min"),
-                                      completed=("status", lambda s: (s == "completed").any()))
+                                      completed=("status", lambda s: (s == TrialStatus.COMPLETED).any()))
     runs = runs[runs["completed"]]
     if before is not None and before in set(trials["run_id"]):
         cutoff = trials.loc[trials["run_id"] == before, "started_at"].min()
@@ -307,7 +308,7 @@ def compare_nights(previous: pd.DataFrame, current: pd.DataFrame, study: Study, 
             add(Change(what, "status", None, None, b["trial_id"], None, None, False, note="not re-measured"))
             continue
         a = _first_draw(after)
-        if a["status"] != "completed":
+        if a["status"] != TrialStatus.COMPLETED:
             add(Change(what, "status", None, None, b["trial_id"], a["trial_id"], None, regression=True,
                        note=f"was {b['status']}, now {a['status']} ({a.get('failure_kind')})"))
             continue

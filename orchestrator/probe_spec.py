@@ -10,21 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrator.engine_args import validate_engine_arg
 from orchestrator.metrics import PROBE_METRIC_NAMES
+from orchestrator.strict_model import StrictModel
 from orchestrator.study_errors import Problem
 
 # Metrics only a probe measures (``probe_s`` is its duration; it needs a probe all the same).
 AGREEMENT_METRICS = PROBE_METRIC_NAMES
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ProbeSpec(_Strict):
+class ProbeSpec(StrictModel):
     """How the probe is made and which configuration is the reference."""
 
     prompts: int = Field(default=64, ge=64, le=100_000, description="prompts of the probe set (at least 64)")

@@ -14,9 +14,11 @@ import sys
 import time
 from typing import Any, Optional
 
+from orchestrator.failures import TrialStatus, status_of, trial_lost
 from orchestrator.study import Study
 from orchestrator.judge import feasible_mask
 from orchestrator.pricing import study_price
+from orchestrator.results.outcomes import outcome_summary
 from orchestrator.results.ties import bounds
 
 
@@ -68,7 +70,7 @@ class ProgressPrinter:
 
 
         ok = feasible_mask(trials, self.study.constraints)
-        self.failed += int((trials["status"] != "completed").sum())
+        self.failed += int((trials["status"] != TrialStatus.COMPLETED).sum())
         self.feasible += int(ok.sum())
         first = self.study.objectives[0]
         if ok.any() and first.metric in trials.columns:
@@ -140,7 +142,7 @@ class ProgressPrinter:
         self.done += 1
         self.finished_here += 1
         status = result.get("status", "?")
-        if status != "completed":
+        if status != TrialStatus.COMPLETED:
             self.failed += 1
         first = self.study.objectives[0]
         value = result.get(first.metric)
@@ -159,9 +161,9 @@ class ProgressPrinter:
                     self.best = value
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not k.startswith("__"))
         objs = "  ".join(f"{o.metric}={_fmt(result.get(o.metric))}" for o in self.study.objectives) \
-            if status == "completed" else (result.get("failure_kind") or "")
-        slo = "" if status != "completed" else ("  SLO ok" if result.get("feasible") else "  SLO missed")
-        if status == "completed" and result.get("harness_bound"):
+            if status == TrialStatus.COMPLETED else (result.get("failure_kind") or "")
+        slo = "" if status != TrialStatus.COMPLETED else ("  SLO ok" if result.get("feasible") else "  SLO missed")
+        if status == TrialStatus.COMPLETED and result.get("harness_bound"):
             slo += "  harness-bound"
         elapsed = time.monotonic() - self.t0
         left = self.total - self.done
@@ -185,7 +187,7 @@ class ProgressPrinter:
 
     def finish(self, trials) -> None:
         """The run's outcome in one line per status; why, if nothing completed."""
-        self._print(outcome_summary(self.study, trials))
+        self._print(outcome_summary(trials))
 
     def tune_callback(self):
         from ray.tune import Callback
@@ -203,24 +205,9 @@ class ProgressPrinter:
                 printer.trial_finished(trial.last_result or {}, trial.config or {})
 
             def on_trial_error(self, iteration, trials, trial, **info):
-                printer.trial_finished({"status": "error", "tid": trial.trial_id,
-                                        "failure_kind": "trial actor died"}, trial.config or {})
+                lost = trial_lost(trial.trial_id)  # as the row it gets (search/tune.lost_trial_recorder)
+                printer.trial_finished({"status": status_of(lost.kind).value, "tid": trial.trial_id,
+                                        "failure_kind": lost.kind.value}, trial.config or {})
 
         return _Progress()
 
-
-def outcome_summary(study: Study, trials) -> str:
-    """Counts by status and failure kind; when nothing completed, the most common reason (pure)."""
-    if trials is None or len(trials) == 0:
-        return "no trials recorded"
-    parts = []
-    for status, group in trials.groupby("status", sort=True):
-        kinds = group["failure_kind"].dropna() if "failure_kind" in group else []
-        detail = ", ".join(f"{n} {k}" for k, n in kinds.value_counts().items()) if len(kinds) else ""
-        parts.append(f"{len(group)} {status}" + (f" ({detail})" if detail and status != "completed" else ""))
-    text = "trials: " + "; ".join(parts)
-    if not (trials["status"] == "completed").any():
-        messages = trials["failure_message"].dropna() if "failure_message" in trials else []
-        if len(messages):
-            text += f"\n  no configuration completed; most common reason: {messages.value_counts().index[0][:300]}"
-    return text

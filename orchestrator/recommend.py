@@ -20,6 +20,7 @@ import pandas as pd
 
 from orchestrator.accelerator import runs_on_cpu
 from orchestrator.engine_args import EngineArgs
+from orchestrator.failures import TrialStatus
 from orchestrator.pricing import unit_columns
 from orchestrator.redaction import EnvRef, holds_secret, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
@@ -161,14 +162,14 @@ def select_trial(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] 
             close = difflib.get_close_matches(trial_id, list(trials["trial_id"]), n=3)
             raise RecommendError(f"no trial {trial_id!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
         row = exact.iloc[0]
-        if row["status"] != "completed":
+        if row["status"] != TrialStatus.COMPLETED:
             raise RecommendError(f"trial {row['trial_id']} did not complete ({row['status']}: "
                                  f"{row.get('failure_kind')}); only measured trials can be recommended")
         return row
     constraints = normalize_constraints(study.constraints if slos is None else slos)
     objective_text = objective or f"{study.objectives[0].resolved_direction} {study.objectives[0].metric}"
     (metric, direction), = normalize_objectives([objective_text])
-    completed = trials[trials["status"] == "completed"] if "status" in trials.columns else trials
+    completed = trials[trials["status"] == TrialStatus.COMPLETED] if "status" in trials.columns else trials
     pooled = combine_repeats(completed, [metric, "ttft_p99_ms"])  # a configuration measured again: pooled
     ranked = best_under_slos(pooled, metric, direction, constraints)
     if ranked.empty:
@@ -232,7 +233,7 @@ def distance_from_defaults(row: pd.Series) -> int:
 
 
 def _why_none(trials: pd.DataFrame, constraints: Sequence[Constraint]) -> str:
-    completed = trials[trials["status"] == "completed"]
+    completed = trials[trials["status"] == TrialStatus.COMPLETED]
     if completed.empty:
         return "no trial completed; nothing was measured"
     lines = ["no completed trial meets " + ", ".join(str(c) for c in constraints) + ":"]

@@ -17,14 +17,16 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.metrics import LOAD_METRIC_NAMES, RequestSLO
+from orchestrator.metrics import LOAD_METRIC_NAMES, REQUEST_SLO_FAMILIES, RequestSLO
 from orchestrator.redaction import redact
 from orchestrator.probe_spec import ProbeSpec, probe_problems
+from orchestrator.strict_model import StrictModel
 from orchestrator.study_capacity import CAPACITY_DEFAULTS_ADDED_LATER, CapacitySpec, SaturationSettings
 from orchestrator.study_goals import Constraint, Objective, parse_objective
 from orchestrator.sim.hardware import GPUS, get_gpu
@@ -50,12 +52,7 @@ __all__ = [
 ]
 
 
-class _Strict(BaseModel):
-    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ModelSpec(_Strict):
+class ModelSpec(StrictModel):
     name: str = Field(description="a catalog name (search_spaces/models/NAME.json) or a config.json path")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     served_name: Optional[str] = Field(default=None, description="model id the endpoint serves")
@@ -70,7 +67,7 @@ class ModelSpec(_Strict):
         return v
 
 
-class HardwareSpec(_Strict):
+class HardwareSpec(StrictModel):
     gpu: str = Field(description="GPU type from the catalog (orchestrator.sim.hardware)")
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=4096)
@@ -94,7 +91,7 @@ class HardwareSpec(_Strict):
         return self.gpus_per_node * self.nodes
 
 
-class Budget(_Strict):
+class Budget(StrictModel):
     trials: Count = Field(default=16, ge=1, le=100_000)
     wall_time_s: Optional[float] = Field(default=None, gt=0)
     max_concurrent_trials: int = Field(default=1, ge=1, le=1024)
@@ -106,7 +103,7 @@ class Budget(_Strict):
 DEFAULT_MAX_ERROR_RATE = 0.01
 
 
-class Study(_Strict):
+class Study(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     description: str = ""
     seed: int = Field(default=0, ge=0, description="seeds the workload, the sampler and the probe")
@@ -191,14 +188,21 @@ class Study(_Strict):
         return [o.resolved_direction for o in self.objectives]
 
     def request_slo(self) -> RequestSLO:
-        """Per-request limits for goodput, from constraints on ttft/tpot/e2el percentiles."""
+        """Per-request limits for goodput, from constraints on ttft/tpot/e2el percentiles: the
+        tightest upper limit of each family, strict (``<``) when a constraint at that value is."""
         limits: dict[str, float] = {}
+        strict: set[str] = set()
         for c in self.constraints:
             fam = c.metric.split("_", 1)[0]
-            if fam in ("ttft", "tpot", "e2el") and c.metric.endswith("_ms") and c.op in ("<=", "<"):
-                key = f"{fam}_ms"
-                limits[key] = min(limits.get(key, float("inf")), c.value)
-        return RequestSLO(**limits)
+            if fam not in REQUEST_SLO_FAMILIES or not c.metric.endswith("_ms") or c.op not in ("<=", "<"):
+                continue
+            key = f"{fam}_ms"
+            if c.value < limits.get(key, math.inf):
+                limits[key] = c.value
+                strict.discard(fam)
+            if c.value == limits[key] and c.op == "<":
+                strict.add(fam)
+        return RequestSLO(**limits, strict=frozenset(strict))
 
     def without_secrets(self) -> "Study":
         """This study with its engine's secret values ``***`` (see :mod:`orchestrator.redaction`): what

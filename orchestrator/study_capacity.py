@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrator.confidence import DEFAULT_CONFIDENCE
 from orchestrator.metrics import LOAD_METRIC_NAMES
+from orchestrator.strict_model import StrictModel
 from orchestrator.study_goals import Constraint
 from orchestrator.workload.spec import MAX_RATE
 
 __all__ = ["CapacitySpec", "MAX_LEVEL_REQUESTS", "SaturationSettings"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class SaturationSettings(_Strict):
+class SaturationSettings(StrictModel):
     """When a capacity level counts as saturated (queue growing without bound) and stops early."""
 
     window_s: float = Field(default=5.0, gt=0, description="trailing window the backlog growth is measured over "
@@ -33,7 +30,7 @@ class SaturationSettings(_Strict):
 MAX_LEVEL_REQUESTS = 1_000_000  # as workload.num_requests
 
 
-class CapacitySpec(_Strict):
+class CapacitySpec(StrictModel):
     """Capacity search: one deployment, several load levels, the highest rate that meets the SLOs."""
 
     start_rate: Optional[float] = Field(default=None, gt=0, description="first level (default: the workload's rate)")

@@ -9,20 +9,16 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Optional, Union
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from orchestrator.engine_args import SERVING_ARGS, unknown_engine_arg
 from orchestrator.redaction import url_credential_problem
 from orchestrator.space import Scalar
+from orchestrator.strict_model import StrictModel
 from orchestrator.study_errors import Problem, models_by_tag
 
 
-class _Strict(BaseModel):
-    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class SimCalibration(_Strict):
+class SimCalibration(StrictModel):
     """Multipliers fitted against real vLLM runs (1.0 = the catalog roofline as is)."""
 
     compute_efficiency: float = Field(default=1.0, gt=0, le=10)
@@ -33,7 +29,7 @@ class SimCalibration(_Strict):
                                     description="multiplies the latency outside the engine core (the TTFT offset)")
 
 
-class SimFault(_Strict):
+class SimFault(StrictModel):
     """One failure injected into the simulated engine (chaos testing; see docs/search.md)."""
 
     kind: Literal["start_crash", "never_ready", "crash", "oom", "ingress_delay"] = Field(
@@ -67,7 +63,7 @@ class SimFault(_Strict):
         return v
 
 
-class SimEngineSpec(_Strict):
+class SimEngineSpec(StrictModel):
     kind: Literal["sim"] = "sim"
     mode: Literal["served", "virtual"] = Field(
         default="served", description="served: a Ray Serve app in real time; virtual: no HTTP, no sleeping")
@@ -88,7 +84,7 @@ class SimEngineSpec(_Strict):
         return v
 
 
-class VllmEngineSpec(_Strict):
+class VllmEngineSpec(StrictModel):
     kind: Literal["vllm"] = "vllm"
     platform: Literal["auto", "cuda", "cpu"] = "auto"
     ingress: Literal["engine", "serve_llm"] = Field(
@@ -106,7 +102,7 @@ class VllmEngineSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="environment of the engine processes")
 
 
-class ExternalEngineSpec(_Strict):
+class ExternalEngineSpec(StrictModel):
     kind: Literal["external"] = "external"
     base_url: str = Field(description="e.g. http://127.0.0.1:8000 (the /v1 routes live under it)")
     model_name: Optional[str] = None

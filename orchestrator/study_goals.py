@@ -10,17 +10,13 @@ import difflib
 import re
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from orchestrator import judge
 from orchestrator.metrics import DIRECTIONS, default_direction, known_metric_names
+from orchestrator.strict_model import StrictModel
 
 __all__ = ["Constraint", "Objective", "parse_objective"]
-
-
-class _Strict(BaseModel):
-    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def parse_objective(text: str) -> tuple[str, Optional[str]]:
@@ -33,7 +29,7 @@ def parse_objective(text: str) -> tuple[str, Optional[str]]:
     raise ValueError(f"cannot read objective {text!r}; expected 'COLUMN' or 'maximize|minimize COLUMN'")
 
 
-class Objective(_Strict):
+class Objective(StrictModel):
     metric: str
     direction: Optional[Literal["maximize", "minimize"]] = None
 
@@ -61,7 +57,7 @@ class Objective(_Strict):
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
 
-class Constraint(_Strict):
+class Constraint(StrictModel):
     """An SLO on a trial metric, e.g. ``ttft_p99_ms <= 200``."""
 
     metric: str

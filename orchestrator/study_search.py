@@ -10,21 +10,17 @@ from __future__ import annotations
 import difflib
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from orchestrator.space import SearchSpace
+from orchestrator.strict_model import StrictModel
 from orchestrator.study_errors import Problem
-
-
-class _Strict(BaseModel):
-    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 MAX_GRID_POINTS = 100_000  # as budget.trials: a grid sampler lists (and checks off) every point
 
 
-class SearchStage(_Strict):
+class SearchStage(StrictModel):
     """One step of a staged search: its parameters are searched while the others are held."""
 
     name: Optional[str] = Field(default=None, max_length=100)
@@ -33,7 +29,7 @@ class SearchStage(_Strict):
                                   description="trials of this stage; the last stage may leave it out (the rest)")
 
 
-class SearchSettings(_Strict):
+class SearchSettings(StrictModel):
     sampler: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
     seed: Optional[int] = Field(default=None, ge=0, description="sampler seed; default: the study's seed")
     n_startup_trials: Optional[int] = Field(default=None, ge=0, description="random trials before the model kicks in")

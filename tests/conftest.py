@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, Mapping, Optional
 
 import pytest
 
@@ -55,6 +57,31 @@ def study_doc():
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@contextmanager
+def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[int]:
+    """A Ray cluster of our own (``address="local"``: never one another job on the machine started)
+    with Serve's proxy on ``port``: 3 CPUs, 1 logical GPU, engine metrics reported every second.
+    ``env``: set in this process and in Ray's workers while it runs. Yields the proxy's port."""
+    import ray
+
+    from orchestrator.cluster import start_serve
+
+    env = dict(env or {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
+             _system_config={"metrics_report_interval_ms": 1000}, runtime_env={"env_vars": env} if env else None)
+    try:
+        yield start_serve(port)
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # Native libraries loaded by the Ray and vLLM tests (torch, grpc, vLLM's extensions) can abort

@@ -1,11 +1,12 @@
-"""A trial run the way a study's trial actor runs it: execute, judge, build the row."""
+"""A trial run the way a study's trial actor runs it: through ``measure_trial``, the steps
+``orchestrator.search.tune.tune_trainable`` takes before it writes the row (execute, judge, the
+row, the fidelity search's prediction columns)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.results.rows import trial_row
-from orchestrator.trial import execute_trial, judge_result
+from orchestrator.search.tune import measure_trial
 from orchestrator.trial_result import TrialResult
 
 
@@ -23,8 +24,9 @@ class RecordedTrial:
         return list(self.result.levels)
 
 
-def run_trial(study, params, *, trial_id, trial_number, ctx, engine=None, measurement=0) -> RecordedTrial:
-    """``execute_trial`` + the judge + the row, as ``orchestrator.search.tune.tune_trainable`` does."""
-    result = execute_trial(study, params, trial_id=trial_id, trial_number=trial_number, ctx=ctx, engine=engine,
-                           measurement=measurement)
-    return RecordedTrial(result, trial_row(study, result, judge_result(study, result)))
+def run_trial(study, params, *, trial_id, trial_number, ctx, engine=None, measurement=0,
+              prediction=None) -> RecordedTrial:
+    """One trial as the trial actor measures it (``prediction``: what ``search.fidelity: sim`` picked it on)."""
+    trial = measure_trial(study, params, trial_id=trial_id, trial_number=trial_number, ctx=ctx, engine=engine,
+                          measurement=measurement, prediction=prediction)
+    return RecordedTrial(trial.result, trial.row)

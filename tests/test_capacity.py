@@ -86,6 +86,17 @@ def test_judge_level():
     assert not sat.ok and "saturated" in sat.reasons[0]
 
 
+@pytest.mark.parametrize("limit, allowed", [(1 / 11, True), (1 / 11 - 1e-9, False), (0.0, False)])
+def test_a_level_and_a_trial_read_the_error_rate_by_one_rule(limit, allowed):
+    """1 of 11 requests failed: allowed at a limit of exactly 1/11, not below it, for a capacity
+    level and for a trial (degraded) alike."""
+    from orchestrator.failures import request_failures
+
+    m = metrics(100, failed=1)
+    assert judge_level(m, [], max_error_rate=limit).ok is allowed
+    assert (request_failures(m, limit) is None) is allowed
+
+
 def test_a_level_is_decided_only_when_every_interval_is_on_one_side_of_its_limit():
     from orchestrator.confidence import Interval
 

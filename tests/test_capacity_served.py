@@ -12,10 +12,10 @@ Real vLLM's curve (the CPU build under ``ray.serve.llm``) is checked in
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from conftest import local_serve
 from orchestrator.results import load_requests
 from orchestrator.results.levels import load_levels
 from orchestrator.study import parse_study
@@ -29,27 +29,11 @@ SERVE_PORT = 8202
 
 @pytest.fixture(scope="module")
 def ray_serve(tmp_path_factory):
-    """A Ray cluster of our own (never one another job on the machine started) with Serve."""
-    import ray
-
-    from orchestrator.cluster import start_serve
-
     cache = tmp_path_factory.mktemp("cache")
     env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
            "HF_HOME": str(cache / "hf")}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
-             _system_config={"metrics_report_interval_ms": 1000}, runtime_env={"env_vars": env})
-    try:
-        yield start_serve(SERVE_PORT)  # the port Serve's proxy listens on
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with local_serve(SERVE_PORT, env) as port:  # the port Serve's proxy listens on
+        yield port
 
 
 def study_doc(tmp_path, mode: str) -> dict:

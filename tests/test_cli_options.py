@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
+from conftest import REPO
 from orchestrator.cli import build_parser
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:

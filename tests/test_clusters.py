@@ -15,10 +15,10 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from conftest import REPO
 from orchestrator.cli import build_parser
 from orchestrator.study import load_study
 
-REPO = Path(__file__).resolve().parents[1]
 CLUSTERS = REPO / "clusters"
 IMAGE_HOME = "/app/"  # where clusters/Dockerfile puts the repository
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())

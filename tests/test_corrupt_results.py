@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 
 pytestmark = pytest.mark.slow  # `orchestrator run` starts Ray
 
-REPO = Path(__file__).resolve().parents[1]
 TRIALS = 4
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from orchestrator.results.docs_tables import (
     COMMAND, TABLES, check_text, doc_files, marked_tables, rewrite_text, table_diff,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
 
 

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import socket
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,11 +154,17 @@ def _get(url: str, timeout_s: float = 10) -> tuple[int, str]:
 
 
 def _answers(url: str) -> bool:
+    """Whether something still serves ``url``. Any HTTP status is an answer (a half torn-down
+    server answering 503 still serves), except 404: Serve's proxy outlives a deleted application
+    and says its route is gone. Refused, reset or timed out: nothing serves there. Anything else
+    is raised, never read as either."""
     try:
         _get(url, timeout_s=5)
-        return True
-    except Exception:  # noqa: BLE001 - refused, reset or timed out: nothing serves there
+    except urllib.error.HTTPError as e:  # before URLError, its base class
+        return e.code != 404
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
+    return True
 
 
 def _free(resource: str) -> float:

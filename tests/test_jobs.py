@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # Dashboard, GCS, client server, agent (listen, grpc), metrics, runtime-env agent, node manager, object manager, Serve.
 PORTS = dict(dashboard=8480, gcs=8481, client=8482, agent_listen=8483, agent_grpc=8484, metrics=8485,

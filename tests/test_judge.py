@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from orchestrator import judge
 from orchestrator.capacity import judge_level
+from orchestrator.metrics import summarise
+from orchestrator.records import RequestRecord
 from orchestrator.recommend import RecommendError, select_trial
 from orchestrator.results.pareto import feasible_mask, pareto_front
 from orchestrator.results.rows import trial_row
@@ -105,3 +107,22 @@ def test_a_missing_or_non_finite_value_never_meets(value):
     for op in OPS:
         assert not judge.met(op, 100.0, value)
         assert judge.violation(op, 100.0, value) == 1.0
+
+
+@pytest.mark.parametrize("op", ["<", "<="])
+def test_requests_and_a_trial_exactly_at_a_limit_are_judged_alike_by_goodput_judge_and_front(study_doc, op):
+    """``ttft_p99_ms < 125`` with every request at exactly 125 ms: the trial is infeasible, no request
+    is good, and the front is empty; with ``<=`` all three say met."""
+    study_doc["constraints"] = [f"ttft_p99_ms {op} 125"]
+    study = parse_study(study_doc)
+    # 0.125 s is exact in binary: every TTFT is exactly 125.0 ms
+    records = [RequestRecord(index=i, scheduled_s=float(i), sent_s=float(i), first_token_s=i + 0.125,
+                             end_s=i + 0.25, token_times_s=[i + 0.125, i + 0.25], completion_tokens=2)
+               for i in range(8)]
+    m = summarise(records, slo=study.request_slo())
+    assert m.ttft_p99_ms == 125.0 and m.completed == 8
+    met = op == "<="
+    assert m.goodput == (pytest.approx(m.request_throughput) if met else 0.0)
+    row = {**m.as_dict(), "status": "completed", "trial_id": "t-0000"}
+    assert judge.judge(study, row, "completed").feasible is met
+    assert len(pareto_front(pd.DataFrame([row]), study.objectives, study.constraints)) == int(met)

@@ -108,7 +108,7 @@ def test_goodput_and_slo_attainment():
     no_slo = summarise(RECORDS)
     assert no_slo.goodput == pytest.approx(4 / 0.7) and no_slo.slo_attainment == pytest.approx(4 / 9)
 
-    # ttft <= 250 and tpot <= 80: R0 (100, 66.7) yes, R1 (200, 50) yes, R2 (100, one token: tpot 0) yes,
+    # ttft <= 250 and tpot <= 80: R0 (100, 66.7) yes, R1 (200, 50) yes, R2 (100, one token: no tpot) yes,
     # R3 (ttft 400) no -> 3 good requests.
     m = summarise(RECORDS, slo=RequestSLO(ttft_ms=250, tpot_ms=80))
     assert m.goodput == pytest.approx(3 / 0.7)
@@ -119,6 +119,16 @@ def test_goodput_and_slo_attainment():
     assert summarise(RECORDS, slo=RequestSLO(e2el_ms=250)).goodput == pytest.approx(1 / 0.7)
     # A limit equal to the value is met (<=): ttft <= 100 keeps R0 and R2.
     assert summarise(RECORDS, slo=RequestSLO(ttft_ms=100)).goodput == pytest.approx(2 / 0.7)
+    # A strict limit (<) at the value is not met: ttft < 100 keeps none (R0 and R2 sit at 100).
+    assert summarise(RECORDS, slo=RequestSLO(ttft_ms=100, strict=frozenset({"ttft"}))).goodput == 0.0
+
+
+def test_a_one_token_request_has_no_tpot_and_a_tpot_limit_does_not_apply_to_it():
+    # tpot <= 1 ms: R0 (66.7), R1 (50) and R3 (100) miss; R2, one token, has no TPOT: good.
+    assert summarise(RECORDS, slo=RequestSLO(tpot_ms=1)).goodput == pytest.approx(1 / 0.7)
+    assert summarise(RECORDS, slo=RequestSLO(tpot_ms=1, strict=frozenset({"tpot"}))).goodput == pytest.approx(1 / 0.7)
+    # ...but it must still meet the other limits: ttft < 100 fails it.
+    assert summarise(RECORDS, slo=RequestSLO(ttft_ms=100, tpot_ms=1, strict=frozenset({"ttft"}))).goodput == 0.0
 
 
 def test_scheduling_lag():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+from conftest import REPO
 from orchestrator.nightly import (NightlyPolicy, NightlySummary, compare_nights, front_points, load_summaries,
                                   previous_run, summarise_night)
 from orchestrator.results.schema import trial_row_to_table, trials_schema
@@ -17,7 +17,6 @@ from orchestrator.study import parse_study
 from orchestrator.trial import TrialContext
 from recorded_trial import run_trial
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _study(slowdown: float = 1.0, **over):

@@ -71,3 +71,26 @@ def test_a_resumed_run_starts_from_its_recorded_best(study_doc, monkeypatch):
                       "output_throughput_per_gpu": 500.0, "ttft_p99_ms": 100.0}, {"max_num_seqs": 64})
     line = out.getvalue().splitlines()[1]
     assert "best output_throughput_per_gpu 900" in line and "not completed 1" in line, line
+
+
+def test_a_lost_or_unrecorded_trial_is_shown_with_the_classifiers_status_and_kind(study_doc, monkeypatch):
+    """The progress line's status and kind for a trial whose actor died, and for a row that could not
+    be written, come from orchestrator.failures: a status and a kind that exist."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from orchestrator import judge
+    from orchestrator.failures import FailureKind, TrialStatus
+    from orchestrator.search.optuna_search import SamplerReport
+    from orchestrator.search.tune import tune_result
+
+    p, out = _printer(study_doc, monkeypatch)
+    p.tune_callback().on_trial_error(0, [], SimpleNamespace(trial_id="r-0000", config={"max_num_seqs": 8}))
+    assert "r-0000 error" in out.getvalue() and FailureKind.INTERNAL.value in out.getvalue()
+
+    study = parse_study(study_doc)
+    verdict = judge.judge(study, {"output_throughput_per_gpu": 900.0, "ttft_p99_ms": 150.0}, "completed")
+    report = dataclasses.replace(SamplerReport.of(verdict, "completed"), write_error="No space left on device")
+    shown = tune_result(study, {"trial_id": "r-0001", "status": "completed"}, verdict, report)
+    assert TrialStatus(shown["status"]) is TrialStatus.ERROR
+    assert FailureKind(shown["failure_kind"]) is FailureKind.INTERNAL

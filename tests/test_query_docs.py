@@ -17,9 +17,9 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 import yaml
+from conftest import REPO
 
 
-REPO = Path(__file__).resolve().parents[1]
 QUICKSTART_TRIALS = 8
 
 

@@ -6,17 +6,16 @@ import json
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+from conftest import REPO
 from orchestrator.engine_args import EngineArgs
 from orchestrator.recommend import RecommendError, engine_args_of, recommend, select_trial
 from orchestrator.study import parse_study
 
-REPO = Path(__file__).resolve().parents[1]
 
 # vLLM's own `vllm serve` parser (the CPU build is enough): argv in, the parsed engine arguments out as JSON.
 VLLM_PARSE = r"""

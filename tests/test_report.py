@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import REPO
 from orchestrator.results.report import level_curves, load_curves
 from orchestrator.results.report_tables import _in_flight_at_send
 
-REPO = Path(__file__).resolve().parents[1]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 

@@ -21,6 +21,7 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
+from conftest import REPO
 from orchestrator.results import load_requests, load_trials, requests_to_table
 from orchestrator.search import ResultsSinkActor, new_run_id
 from orchestrator.study import parse_study
@@ -28,7 +29,6 @@ from orchestrator.trial import TrialContext
 from recorded_trial import run_trial
 from test_query_docs import _RUNNER, python_blocks
 
-REPO = Path(__file__).resolve().parents[1]
 LEGACY_RUN = "20261203T071410-2711"  # the old format with a suffix of digits only: Polars' worst case
 NEW_RUN = re.compile(r"r\d{8}-\d{6}-[a-z]{4}")
 POINTS = [

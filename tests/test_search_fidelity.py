@@ -200,5 +200,24 @@ def test_measurements_far_from_any_calibration_keep_the_fit_within_its_bounds(tm
     assert any(abs(cal[f] - fm.BOUNDS[f][1]) < 1e-9 for f in ("compute_efficiency", "bandwidth_efficiency"))
     assert all(fm.BOUNDS[f][0] <= v <= fm.BOUNDS[f][1] for f, v in cal.items()), cal
     assert not any("fit failed" in n for n in notes), notes
-    assert search.next_pick() is not None or search.stop_reason
+    # The search goes on: another configuration is picked, not the one just measured.
+    following = search.next_pick()
+    assert following is not None and following.params != first.params, search.stop_reason
     assert predicted["output_throughput"] > 0
+
+
+def test_a_trial_run_as_the_trial_actor_runs_it_keeps_the_prediction_it_was_picked_on(endpoint, tmp_path):
+    """The trial actor's own steps (``measure_trial``, as ``tune_trainable`` runs them): the row holds
+    what the simulator predicted and how far the measurement was from it."""
+    from recorded_trial import run_trial
+
+    from orchestrator.trial import TrialContext
+
+    study = parse_study(_doc(tmp_path, endpoint))
+    predicted = {"output_throughput": 1000.0, "tpot_p50_ms": 20.0}
+    row = run_trial(study, {"max_num_seqs": 64, "max_num_batched_tokens": 8192}, trial_id="r-0000",
+                    trial_number=0, ctx=TrialContext("r"), prediction=predicted).row
+    assert row["status"] == "completed", row.get("failure_message")
+    for metric, p in predicted.items():
+        assert row[f"predicted_{metric}"] == p
+        assert row[f"prediction_error_{metric}"] == pytest.approx((row[metric] - p) / p)

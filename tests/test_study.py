@@ -134,5 +134,8 @@ def test_validate_cli_exit_code_and_no_traceback(tmp_path, study_doc):
 
 
 def test_shipped_study_files_are_valid(repo):
-    for path in sorted((repo / "search_spaces").glob("*.yaml")):
+    paths = sorted((repo / "search_spaces").glob("*.yaml"))
+    # a moved folder or a wrong pattern would check nothing
+    assert repo / "search_spaces" / "quickstart.yaml" in paths and len(paths) >= 10, paths
+    for path in paths:
         load_study(path)

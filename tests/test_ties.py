@@ -14,6 +14,7 @@ import json
 import pandas as pd
 import pytest
 
+from conftest import local_serve
 from orchestrator.recommend import recommend
 from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.schema import trial_row_to_table, trials_schema
@@ -32,16 +33,8 @@ SLOW_PARAMS = {"max_num_seqs": 32}
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    """A Ray cluster of our own (never one another job on the machine started) with Serve."""
-    import ray
-
-    from orchestrator.cluster import start_serve
-
-    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator")
-    try:
-        yield start_serve(SERVE_PORT)
-    finally:
-        ray.shutdown()
+    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
+        yield port
 
 
 def served_study(tmp_path, slowdown: float = 1.0):

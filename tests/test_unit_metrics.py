@@ -18,13 +18,13 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import REPO
 from orchestrator.judge import violation
 from orchestrator.pricing import DEFAULT_PRICE_PER_GPU_HOUR, gpu_hour_price, unit_metrics
 from orchestrator.results.pareto import pareto_front
 from orchestrator.sim.hardware import GPUS
 from orchestrator.study import Constraint, StudyFileError, parse_study
 
-REPO = Path(__file__).resolve().parents[1]
 PRICE = 3.6  # $/GPU-hour: one GPU for one second costs a thousandth of a dollar
 
 

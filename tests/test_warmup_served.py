@@ -16,6 +16,7 @@ import os
 
 import pytest
 
+from conftest import local_serve
 from orchestrator.results import ResultsStore, load_requests, load_trials
 from orchestrator.results.levels import levels_to_table, load_levels
 from orchestrator.results.schema import requests_to_table
@@ -31,16 +32,8 @@ PREFIX = 64  # shared-prefix tokens: four 16-token blocks of the simulated engin
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    """A Ray cluster of our own (never one another job on the machine started) with Serve."""
-    import ray
-
-    from orchestrator.cluster import start_serve
-    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
-             _system_config={"metrics_report_interval_ms": 1000})
-    try:
-        yield start_serve(SERVE_PORT)  # the port Serve's proxy listens on
-    finally:
-        ray.shutdown()
+    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
+        yield port
 
 
 def run(port, tmp_path, name, workload, max_num_seqs=32, **extra):

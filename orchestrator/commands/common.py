@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from orchestrator.failures import TrialStatus
+
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -75,6 +77,7 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
 
     from orchestrator.pricing import unit_columns
     from orchestrator.results import load_trials
+    from orchestrator.results.outcomes import status_counts
     from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
 
     df = load_trials(study_dir)
@@ -105,23 +108,14 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
               "their differences are not measured beyond it (docs/querying.md, \"Ties\").")
 
 
-def status_counts(df) -> str:
-    """``"3 completed, 1 failed"``; a row without a status (a damaged file) is counted as such."""
-    from orchestrator.results.query import NO_STATUS
-
-    counts = df["status"].fillna(NO_STATUS).value_counts().to_dict() if len(df) else {}
-    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-
-
 def explain_empty_front(study, df) -> str:
     if df.empty:
         return "no trials recorded"
-    completed = df[df["status"] == "completed"]
+    completed = df[df["status"] == TrialStatus.COMPLETED]
     if completed.empty:
-        kinds = df["failure_kind"].fillna("?").value_counts().to_dict()
-        sample = df["failure_message"].dropna().head(1).tolist()
-        return ("no configuration could run: " + ", ".join(f"{v} {k}" for k, v in kinds.items())
-                + (f"\n  e.g. {sample[0][:300]}" if sample else ""))
+        from orchestrator.results.outcomes import failure_lines
+
+        return "\n".join(["no configuration could run:"] + ["  " + line for line in failure_lines(df)])
     lines = ["no completed trial met every SLO:"]
     for c in study.constraints:
         vals = completed[c.metric].dropna()

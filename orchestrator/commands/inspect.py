@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, print_front, status_counts, study_from_dataset
-from orchestrator.results.query import NO_STATUS
+from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, print_front, study_from_dataset
+from orchestrator.failures import TrialStatus
+from orchestrator.results.outcomes import failure_lines, status_counts
 
 
 def cmd_pareto(args) -> int:
@@ -32,13 +33,12 @@ def cmd_show(args) -> int:
     for run_id, g in df.groupby(df["run_id"].fillna("?"), sort=True):
         print(f"run {run_id}: {len(g)} trials ({status_counts(g)}), {_when(g['started_at'].min(), '%Y-%m-%d %H:%M')}"
               f" .. {_when(g['finished_at'].max(), '%H:%M')} UTC")
-    bad = df[df["status"] != "completed"]
-    if len(bad):
-        print("not completed, by kind:")
-        kinds = bad["failure_kind"].where(bad["status"].notna(), NO_STATUS).fillna("?")
-        for kind, g in bad.groupby(kinds):
-            print(f"  {kind}: {len(g)}  e.g. {str(g['failure_message'].iloc[0])[:160]}")
-    completed = df[df["status"] == "completed"]
+    failures = failure_lines(df)
+    if failures:
+        print("failures, by status and kind:")
+        for line in failures:
+            print("  " + line)
+    completed = df[df["status"] == TrialStatus.COMPLETED]
     bound = harness_bound_mask(completed)
     if len(completed):
         print("best completed trial per objective:")

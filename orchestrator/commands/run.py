@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from orchestrator.commands.common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add_run_arguments, err, load_study_or_report,
                                          load_study_with_overrides, positive_int, print_front)
+from orchestrator.failures import TrialStatus
 
 
 def cmd_validate(args) -> int:
@@ -53,7 +54,7 @@ def _exit_code(run) -> int:
         return EXIT_OK
     rows = load_trials(run.study_dir)
     rows = rows[rows["run_id"] == run.run_id] if len(rows) else rows
-    if len(rows) and not (rows["status"] == "completed").any():
+    if len(rows) and not (rows["status"] == TrialStatus.COMPLETED).any():
         err(f"run {run.run_id}: no trial completed; see the reasons above (trials: {run.trials_dir})")
         return EXIT_FAILURE
     return EXIT_OK

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from orchestrator.failures import TrialStatus
 from orchestrator.metrics import default_direction
 from orchestrator.results.pareto import pareto_front
 from orchestrator.results.report_tables import LEVEL_X_COLUMNS, axes_metrics
@@ -31,9 +32,9 @@ STYLES: dict[str, tuple[str, str, str, str]] = {
     "pruned": ("pruned before start", "v", "#8c564b", "#8c564b"),
     "error": ("orchestrator error", "s", "#e377c2", "#e377c2"),
 }
-STATUS_COLOURS = {"completed": "#2ca02c", "degraded": "#bcbd22", "infeasible": "#9467bd", "failed": "#ff7f0e",
-                  "pruned": "#8c564b",
-                  "error": "#e377c2"}
+STATUS_COLOURS = {TrialStatus.COMPLETED.value: "#2ca02c", TrialStatus.DEGRADED.value: "#bcbd22",
+                  TrialStatus.INFEASIBLE.value: "#9467bd", TrialStatus.FAILED.value: "#ff7f0e",
+                  TrialStatus.PRUNED.value: "#8c564b", TrialStatus.ERROR.value: "#e377c2"}
 
 
 def _figure(width: float, height: float):
@@ -98,7 +99,8 @@ def pareto_figure(trials: pd.DataFrame, categories: pd.Series, study: Study):
             ax.text(0.5, 0.5, "no trial measured", ha="center", va="center", transform=ax.transAxes)
     strip = fig.add_subplot(grid[1, :])
     unmeasured = trials[~trials.index.isin(measured.index)]
-    kinds = [k for k in ("degraded", "failed", "infeasible", "pruned", "error")
+    kinds = [k.value for k in (TrialStatus.DEGRADED, TrialStatus.FAILED, TrialStatus.INFEASIBLE, TrialStatus.PRUNED,
+                               TrialStatus.ERROR)
              if (categories.loc[unmeasured.index] == k).any()]
     for row, cat in enumerate(kinds):
         sel = unmeasured[categories.loc[unmeasured.index] == cat]

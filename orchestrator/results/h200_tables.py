@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import pandas as pd
 
+from orchestrator.failures import TrialStatus
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.levels import load_levels
 from orchestrator.results.query import load_trials
@@ -115,7 +116,7 @@ def initial_point(row: pd.Series, points: Sequence[dict]) -> bool:
 
 def ran(row: pd.Series) -> bool:
     """A real trial: it took the GPU (pruned rows never started an engine)."""
-    return row["status"] != "pruned"
+    return row["status"] != TrialStatus.PRUNED
 
 
 # ---------------------------------------------------------------- benchmarks.md
@@ -157,7 +158,7 @@ def capacity_levels_table(study_dir: str | Path) -> str:
 
 def best_trial(trials: pd.DataFrame) -> Optional[str]:
     """The highest capacity; among equal capacities the lower TTFT p99 (the one with more headroom)."""
-    done = trials[trials["status"] == "completed"]
+    done = trials[trials["status"] == TrialStatus.COMPLETED]
     if done.empty:
         return None
     return str(done.sort_values(["capacity_rps", "ttft_p99_ms"], ascending=[False, True]).iloc[0]["trial_id"])
@@ -174,7 +175,7 @@ def capacity_trials_table(study_dir: str | Path) -> str:
     rows = []
     for _, t in trials.iterrows():
         label = short_id(t["trial_id"]) + (" (initial point)" if initial_point(t, initial) else "")
-        if t["status"] == "completed":
+        if t["status"] == TrialStatus.COMPLETED:
             capacity = bold(f"{t['capacity_rps']:.1f}", t["trial_id"] != best and math.isclose(t["capacity_rps"], top))
         else:
             capacity = f"{t['status']} ({t['failure_kind']})" if not missing(t["failure_kind"]) else str(t["status"])
@@ -205,7 +206,7 @@ def fidelity_trials_table(study_dir: str | Path) -> str:
 def _first_reaching(real: pd.DataFrame, target: float, eligible: pd.Series) -> Optional[tuple[int, pd.Series]]:
     """(position among the real trials, counted from 1; the row) of the first eligible trial at ``target``."""
     for pos, (i, t) in enumerate(real.iterrows(), start=1):
-        if eligible.loc[i] and t["status"] == "completed" and t["capacity_rps"] >= target:
+        if eligible.loc[i] and t["status"] == TrialStatus.COMPLETED and t["capacity_rps"] >= target:
             return pos, t
     return None
 

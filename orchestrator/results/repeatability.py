@@ -16,6 +16,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from orchestrator.failures import TrialStatus
+
 __all__ = ["capacity_spread", "repeatability_table", "fixed_rate_table", "series_of"]
 
 _SEED = re.compile(r"^(?P<series>.+?)(?:-r(?P<rate>[0-9.]+))?-s(?P<seed>\d+)$")
@@ -37,7 +39,7 @@ def _frame(*dirs: Path) -> pd.DataFrame:
     df = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
     parts = df["study"].map(series_of)
     df = df.assign(series=[p[0] for p in parts], fixed_rate=[p[1] for p in parts], seed=[p[2] for p in parts])
-    return df[df["status"] == "completed"]
+    return df[df["status"] == TrialStatus.COMPLETED]
 
 
 def _spread(values: np.ndarray) -> tuple[float, float]:

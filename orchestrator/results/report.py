@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from orchestrator.failures import TrialStatus
 from orchestrator.harness import harness_bound_mask
 from orchestrator.nightly import load_summaries
 from orchestrator.pricing import study_price
@@ -40,9 +41,10 @@ from orchestrator.results.figures import (STATUS_COLOURS, STYLES, curves_figure,
                                           importance_figure, level_figure, nightly_figure, pareto_figure,
                                           timeline_figure)
 from orchestrator.results.levels import load_levels
+from orchestrator.results.outcomes import failure_breakdown
 from orchestrator.results.query import cannot_write, load_requests, load_trials, resolve_location
 from orchestrator.results.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table,
-                                                curve_trials, failure_breakdown, front_of, front_table, importances,
+                                                curve_trials, front_of, front_table, importances,
                                                 level_curves, load_curves, point_categories)
 from orchestrator.study import Study
 
@@ -159,7 +161,7 @@ def _harness_section(trials: pd.DataFrame) -> Optional[Section]:
     flagged = trials[harness_bound_mask(trials)]
     if flagged.empty:
         return None
-    completed = int((trials["status"] == "completed").sum())
+    completed = int((trials["status"] == TrialStatus.COMPLETED).sum())
     cols = [c for c in HARNESS_COLUMNS if c in flagged.columns]
     return Section("harness", "Harness-bound trials", [
         f'<p class="bad">{len(flagged)} of {completed} completed trial(s) are harness-bound: the client saw '

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from orchestrator.failures import TrialStatus
 from orchestrator.pricing import unit_columns
 from orchestrator.metrics import PROBE_METRIC_NAMES
 from orchestrator.results.pareto import pareto_front
@@ -27,9 +28,10 @@ def point_categories(trials: pd.DataFrame, study: Study) -> pd.Series:
     front / feasible / slo_missed / degraded / failed / infeasible / pruned / error.
     """
     front = pareto_front(trials, study.objectives, study.constraints)
-    cats = trials["status"].map({"completed": "slo_missed", "degraded": "degraded", "failed": "failed", "infeasible": "infeasible",
-                                 "pruned": "pruned", "error": "error"}).fillna("error")
-    feasible = (trials["status"] == "completed") & trials["feasible"].fillna(False).astype(bool)
+    # a status is its own category, but a completed trial is drawn by whether it met the SLOs
+    cats = trials["status"].map({s.value: s.value for s in TrialStatus}
+                                | {TrialStatus.COMPLETED.value: "slo_missed"}).fillna(TrialStatus.ERROR.value)
+    feasible = (trials["status"] == TrialStatus.COMPLETED) & trials["feasible"].fillna(False).astype(bool)
     cats[feasible] = "feasible"
     cats[trials.index.isin(front.index)] = "front"
     return cats.rename("category")
@@ -50,22 +52,6 @@ def axes_metrics(study: Study) -> tuple[str, list[str]]:
     tpot = next((m for m in named if m.startswith("tpot_")), "tpot_p50_ms")
     agreement = [m for m in dict.fromkeys(named) if m in PROBE_METRIC_NAMES and m != "probe_s" and m != y][:1]
     return y, [ttft, tpot] + agreement
-
-
-def failure_breakdown(trials: pd.DataFrame) -> pd.DataFrame:
-    """Trials that did not complete cleanly, by status and failure kind, with a count and an example message."""
-    bad = trials[(trials["status"] != "completed") | trials["failure_kind"].notna()]
-    if bad.empty:
-        return pd.DataFrame(columns=["status", "failure_kind", "trials", "example"])
-    rows = []
-    from orchestrator.results.query import NO_STATUS
-
-    for (status, kind), group in bad.groupby([bad["status"].fillna(NO_STATUS), bad["failure_kind"].fillna("-")],
-                                             sort=True):
-        message = next((m for m in group["failure_message"] if isinstance(m, str) and m), "")
-        rows.append({"status": status, "failure_kind": kind, "trials": len(group),
-                     "example": message.strip().splitlines()[0][:240] if message.strip() else ""})
-    return pd.DataFrame(rows).sort_values("trials", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def _in_flight_at_send(sent: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from orchestrator.cluster import NAMESPACE, cluster_info, ensure_ray, local_ray,
 from orchestrator.engine_args import engine_args_from_params
 from orchestrator.engines import create_engine
 from orchestrator.engines.serve_app import delete_app
-from orchestrator.failures import root_message, storage_problem
+from orchestrator.failures import TrialStatus, root_message, storage_problem
 from orchestrator.gpu_ledger import GpuLedgerActor
 from orchestrator.progress import ProgressPrinter
 from orchestrator.results.query import load_trials
@@ -361,7 +361,7 @@ def _budget_used(store, run_id: str) -> int:
     """Trials of the run that count against its budget: every row but the pruned (a configuration
     the pre-flight turned away never started, and took no trial)."""
     rows = store.read_trials(run_id=run_id)
-    return int((rows["status"] != "pruned").sum()) if len(rows) else 0
+    return int((rows["status"] != TrialStatus.PRUNED).sum()) if len(rows) else 0
 
 
 def _stopped_text(study: Study, store, run: RunState, why: str) -> str:

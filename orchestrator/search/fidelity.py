@@ -28,9 +28,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
+from orchestrator.failures import TrialStatus
 from orchestrator.judge import judge
+from orchestrator.numbers import finite_float
 from orchestrator.search import fidelity_model as fm
-from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, finite_float, fit_levels,
+from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels,
                                                   noise_columns,
                                                   score_in_simulator, study_metrics)
 
@@ -124,7 +126,7 @@ class FidelitySearch:
         if self.measured:  # a resumed run's real trials: as many iterations as their fits had, from none
             self.refit(over_cluster=True, iterations=fm.FIT_ITERATIONS * len(self.measured))
             self.note(f"fidelity sim: {len(self.measured)} real trial(s) recorded before; {self.describe_calibration()}")
-        starts = sum(c.status == "completed" for c in self.candidates.values())
+        starts = sum(c.status == TrialStatus.COMPLETED for c in self.candidates.values())
         feasible = sum(self._feasible(c) for c in self.candidates.values())
         self.note(f"fidelity sim: scored {len(points)} of {size} configurations in the simulator in "
                   f"{time.monotonic() - t0:.1f} s; {starts} start, {feasible} predicted to meet the SLOs")
@@ -181,7 +183,7 @@ class FidelitySearch:
         levels (:func:`fit_levels`), any other real trial as its own metrics."""
         configs, rates, measured = [], [], []
         for p, s, m in self.measured.values():
-            if s != "completed":
+            if s != TrialStatus.COMPLETED:
                 continue
             levels = m.get("levels") if self.study.capacity is not None else None
             for lv in levels or [None]:
@@ -207,7 +209,7 @@ class FidelitySearch:
         todo = [k for _, k, _ in self._rank()[:top]]  # and the real trials (their errors under this calibration)
         for p, s, _ in self.measured.values():
             k = point_key(p)
-            if s == "completed" and k not in todo:
+            if s == TrialStatus.COMPLETED and k not in todo:
                 self.candidates.setdefault(k, _Candidate(dict(p)))
                 todo.append(k)
         scores = self._score([self.candidates[k].params for k in todo], self.theta, over_cluster=over_cluster)
@@ -239,11 +241,11 @@ class FidelitySearch:
     def _rank(self, exclude: Sequence[tuple] = ()) -> list[tuple[float, tuple, Pick]]:
         """Unmeasured candidates that start, by expected gain (largest first)."""
         keys = [k for k, c in self.candidates.items() if k not in self.measured and k not in exclude
-                and c.status == "completed"]
+                and c.status == TrialStatus.COMPLETED]
         if not keys:
             return []
         xs = np.array([self._encode(self.candidates[k].params) for k in keys])
-        real = [(p, m) for p, s, m in self.measured.values() if s == "completed"]
+        real = [(p, m) for p, s, m in self.measured.values() if s == TrialStatus.COMPLETED]
         xr = np.array([self._encode(p) for p, _ in real]) if real else np.zeros((0, xs.shape[1]))
 
         def corrected(metric: str) -> tuple[np.ndarray, np.ndarray]:

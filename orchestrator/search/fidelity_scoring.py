@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from orchestrator.numbers import finite_float
 from orchestrator.search import fidelity_model as fm
 
 # A capacity trial's load levels the calibration is fitted to: those nearest its capacity (the knee
@@ -143,11 +144,3 @@ def _free_ray_cpus() -> int:
         return int(ray.available_resources().get("CPU", 0)) if ray.is_initialized() else 0
     except Exception:  # noqa: BLE001 - no cluster to ask: score here
         return 0
-
-
-def finite_float(v: Any) -> Optional[float]:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None

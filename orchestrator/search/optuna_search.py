@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from orchestrator.failures import TrialStatus
 from orchestrator.search.fidelity import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
 from orchestrator.search.racing import REMEASURE_ATTR, REMEASURE_KEY
 from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch, enqueue_stage
@@ -53,7 +54,7 @@ class SamplerReport:
 
     @classmethod
     def of(cls, judgement, status: str) -> "SamplerReport":
-        return cls(tuple(judgement.optuna_values()), judgement.optuna_constraints(), failed=status == "error")
+        return cls(tuple(judgement.optuna_values()), judgement.optuna_constraints(), failed=status == TrialStatus.ERROR)
 
     def to_tune(self) -> str:
         return json.dumps({"values": list(self.values), "constraints": self.constraints, "failed": self.failed,
@@ -304,7 +305,7 @@ def searcher_class():
                 def screen(trial, params, _screen=self._screen):  # a pick that cannot start is not picked again
                     turned_away = _screen(trial, params)
                     if turned_away:
-                        fidelity.observe(params, "pruned", {}, refit=False)
+                        fidelity.observe(params, TrialStatus.PRUNED.value, {}, refit=False)
                     return turned_away
             return propose(self._ot_study, ask, staged=self._staged, screen=screen,
                            discard=lambda trial: self._ot_trials.pop(trial_id, None))
@@ -332,7 +333,7 @@ def searcher_class():
             if self._fidelity is not None and params is not None:
                 measured = json.loads(result.get(MEASURED_KEY) or "{}")
                 try:
-                    self._fidelity.observe(params, measured.pop("status", "error"), measured,
+                    self._fidelity.observe(params, measured.pop("status", TrialStatus.ERROR.value), measured,
                                            cluster_idle=not self._picked)  # no other trial in flight
                 except Exception as e:  # noqa: BLE001 - raised here, Tune leaves the trial half-stopped
                     log.warning("fidelity sim: trial %s not taken into the calibration: %s", trial_id, e)

@@ -23,8 +23,9 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
+from orchestrator.failures import TrialStatus
 from orchestrator.results.ties import pool
-from orchestrator.search.fidelity_scoring import finite_float
+from orchestrator.numbers import finite_float
 
 __all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "remeasure_trials"]
 
@@ -94,7 +95,7 @@ class Racer:
             params = json.loads(row["params_json"]) if isinstance(row.get("params_json"), str) else None
             if params is None:
                 continue
-            feasible = row.get("status") == "completed" and bool(row.get("feasible"))
+            feasible = row.get("status") == TrialStatus.COMPLETED and bool(row.get("feasible"))
             self.observe(params, feasible, finite_float(row.get(self.metric)), float(lo), float(hi))
 
     def contenders(self) -> list[str]:

@@ -10,6 +10,7 @@ hands it to the searcher. A result that cannot be written stops the study
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from orchestrator.failures import Failure, FailureKind, TrialStatus, root_message
+from orchestrator.failures import TrialStatus, not_recorded, root_message, status_of, trial_lost
 from orchestrator.judge import Judgement
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.rows import trial_row
@@ -34,6 +35,30 @@ from orchestrator.results.store import ResultsStore
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class MeasuredTrial:
+    """A trial executed, judged and made into its row, not yet written."""
+
+    result: TrialResult
+    judgement: Judgement
+    row: dict
+
+
+def measure_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, trial_number: int, ctx: TrialContext,
+                  measurement: int = 0, prediction: Optional[Mapping[str, Any]] = None,
+                  engine=None) -> MeasuredTrial:
+    """Execute, judge, build the row: every trial's steps before its row is written (the trial actor's
+    :func:`tune_trainable`, and the tests that run a trial the way it does). ``prediction``: what
+    ``search.fidelity: sim`` picked the configuration on, kept next to what was measured."""
+    result = execute_trial(study, dict(params), trial_id=trial_id, trial_number=trial_number, ctx=ctx,
+                           engine=engine, measurement=measurement)
+    judgement = judge_result(study, result)
+    row = trial_row(study, result, judgement)
+    if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured
+        row.update(prediction_columns(study, dict(prediction or {}), row))
+    return MeasuredTrial(result, judgement, row)
+
+
 def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     """Runs inside a Tune trial actor: execute, judge, write the rows, report to Tune/Optuna."""
     import ray
@@ -42,12 +67,10 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     number = int(config[TRIAL_NUMBER_KEY])
     params = {k: v for k, v in config.items() if k not in (TRIAL_NUMBER_KEY, PREDICTION_KEY, REMEASURE_KEY)}
     trial_id = f"{ctx.run_id}-{number:04d}"
-    result = execute_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx,
-                           measurement=int(config.get(REMEASURE_KEY) or 0))
-    judgement = judge_result(study, result)
-    row = trial_row(study, result, judgement)
-    if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured
-        row.update(prediction_columns(study, json.loads(config.get(PREDICTION_KEY) or "{}"), row))
+    trial = measure_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx,
+                          measurement=int(config.get(REMEASURE_KEY) or 0),
+                          prediction=json.loads(config.get(PREDICTION_KEY) or "{}"))
+    result, judgement, row = trial.result, trial.judgement, trial.row
     report = SamplerReport.of(judgement, row["status"])
     if ctx.sink_name:
         try:
@@ -73,11 +96,13 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
             if row.get(f"{o.metric}_{end}") is not None:
                 out[f"{o.metric}_{end}"] = row[f"{o.metric}_{end}"]
     out[REPORT_KEY] = report.to_tune()
-    out["status"] = row["status"] if report.write_error is None else "not recorded"
+    out["status"], out["failure_kind"] = row["status"], row.get("failure_kind") or ""
     if report.write_error is None:
         out[ROW_KEY] = row["trial_id"]
+    else:
+        lost = not_recorded(report.write_error)
+        out["status"], out["failure_kind"] = status_of(lost.kind).value, lost.kind.value
     out["feasible"] = judgement.feasible
-    out["failure_kind"] = row.get("failure_kind") or ""
     out["harness_bound"] = bool(row.get("harness_bound"))
     if study.search.fidelity == "sim":  # what the searcher fits the simulator's calibration to
         measured = {**{m: row.get(m) for m in fidelity_metrics(study) + noise_columns(study)}, "status": row["status"]}
@@ -155,7 +180,7 @@ def lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: st
             now = datetime.now(timezone.utc)
             lost = TrialResult(run_id=run_id, trial_id=f"{run_id}-{number:04d}", trial_number=number, params=config,
                                args=None, started_at=now, finished_at=now, status=TrialStatus.ERROR,
-                               failure=Failure(FailureKind.INTERNAL, "trial process lost: " + _error_text(trial)))
+                               failure=trial_lost(_error_text(trial)))
             row = trial_row(study, lost)
             self.lost += 1
             try:

@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from orchestrator.engine_args import EngineArgs
+from orchestrator.failures import TrialStatus
 from orchestrator.sim.core import SimEngineCore
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.models import ModelShape
@@ -135,7 +136,7 @@ def study_points(path: str) -> list[Point]:
     real_study = read_study_definition(path)
     sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
     engine = create_engine(sim_study)
-    trials = load_trials(path, status="completed")
+    trials = load_trials(path, status=TrialStatus.COMPLETED.value)
     levels = load_levels(path)
     base_rate = study_requests(sim_study).requested_rate
     points = []

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import AfterValidator, Field, Strict, model_validator
 
-
-class _Strict(BaseModel):
-    # .inf and .nan are lost in a JSON round trip of the study and mean no setting here
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+from orchestrator.strict_model import StrictModel
 
 
 # A count given as true or "20" is a mistake, not 1 or 20.
@@ -21,12 +18,12 @@ Count = Annotated[int, Strict()]
 
 
 # ---------------------------------------------------------------- lengths
-class FixedLength(_Strict):
+class FixedLength(StrictModel):
     kind: Literal["fixed"] = "fixed"
     value: Count = Field(ge=1, description="every request has this many tokens")
 
 
-class UniformLength(_Strict):
+class UniformLength(StrictModel):
     kind: Literal["uniform"] = "uniform"
     min: Count = Field(ge=1)
     max: Count = Field(ge=1)
@@ -38,7 +35,7 @@ class UniformLength(_Strict):
         return self
 
 
-class NormalLength(_Strict):
+class NormalLength(StrictModel):
     kind: Literal["normal"] = "normal"
     mean: float = Field(gt=0)
     std: float = Field(ge=0)
@@ -46,7 +43,7 @@ class NormalLength(_Strict):
     max: Optional[Count] = Field(default=None, ge=1)
 
 
-class LognormalLength(_Strict):
+class LognormalLength(StrictModel):
     """Lognormal with the given mean (not median) and shape ``sigma``; clipped."""
 
     kind: Literal["lognormal"] = "lognormal"
@@ -56,7 +53,7 @@ class LognormalLength(_Strict):
     max: Optional[Count] = Field(default=None, ge=1)
 
 
-class ChoiceLength(_Strict):
+class ChoiceLength(StrictModel):
     kind: Literal["choice"] = "choice"
     values: list[Count] = Field(min_length=1)
     weights: Optional[list[float]] = None
@@ -105,12 +102,12 @@ def _burstiness(value: float) -> float:
 
 
 Burstiness = Annotated[float, Field(gt=0), AfterValidator(_burstiness)]
-class PoissonArrival(_Strict):
+class PoissonArrival(StrictModel):
     kind: Literal["poisson"] = "poisson"
     rate: float = Field(gt=0, le=MAX_RATE, description="requests per second")
 
 
-class GammaArrival(_Strict):
+class GammaArrival(StrictModel):
     """Gamma inter-arrival times; burstiness < 1 is burstier than Poisson (vLLM's ``--burstiness``)."""
 
     kind: Literal["gamma"] = "gamma"
@@ -118,25 +115,25 @@ class GammaArrival(_Strict):
     burstiness: Burstiness
 
 
-class ConstantArrival(_Strict):
+class ConstantArrival(StrictModel):
     kind: Literal["constant"] = "constant"
     rate: float = Field(gt=0, le=MAX_RATE)
 
 
-class ConcurrencyArrival(_Strict):
+class ConcurrencyArrival(StrictModel):
     """Closed loop: keep this many requests in flight."""
 
     kind: Literal["concurrency"] = "concurrency"
     concurrency: Count = Field(ge=1, le=MAX_CONCURRENCY)
 
 
-class BurstArrival(_Strict):
+class BurstArrival(StrictModel):
     """Every request at time zero (vLLM's ``--request-rate inf``)."""
 
     kind: Literal["burst"] = "burst"
 
 
-class RampArrival(_Strict):
+class RampArrival(StrictModel):
     """The rate moves from ``start_rate`` to ``end_rate`` over the requests (vLLM's ``--ramp-up-strategy``).
 
     Request i (of n) is drawn at ``start + (end - start) * i / (n - 1)`` (linear) or
@@ -151,7 +148,7 @@ class RampArrival(_Strict):
     burstiness: Burstiness = 1.0
 
 
-class DiurnalArrival(_Strict):
+class DiurnalArrival(StrictModel):
     """A daily rate cycle compressed into the load window (non-homogeneous Poisson).
 
     The rate is ``rate * (1 + amplitude * sin(2 pi (t / period_s + phase)))``, or, with
@@ -183,7 +180,7 @@ RATE_ARRIVALS = (PoissonArrival, GammaArrival, ConstantArrival, RampArrival, Diu
 
 
 # ---------------------------------------------------------------- recorded traffic
-class TraceSpec(_Strict):
+class TraceSpec(StrictModel):
     """Replay a JSONL trace: arrival times and lengths come from the file (:mod:`.trace`)."""
 
     path: str = Field(description="a JSONL file (relative to the study file), or the name of a shipped "
@@ -204,7 +201,7 @@ class TraceSpec(_Strict):
         return self
 
 
-class DatasetSpec(_Strict):
+class DatasetSpec(StrictModel):
     """Prompts and output lengths from a file; arrivals from ``workload.arrival`` (:mod:`.datasets`)."""
 
     format: Literal["sharegpt", "vllm-custom", "trace"]
@@ -215,7 +212,7 @@ class DatasetSpec(_Strict):
                                                   "(vllm bench serve's --custom-output-len)")
 
 
-class SharedPrefix(_Strict):
+class SharedPrefix(StrictModel):
     """Requests share one of ``groups`` prefixes of ``length`` tokens (system prompts, RAG context)."""
 
     groups: Count = Field(ge=1)
@@ -223,7 +220,7 @@ class SharedPrefix(_Strict):
     fraction: float = Field(default=1.0, ge=0, le=1, description="share of requests that use a prefix")
 
 
-class WarmupSpec(_Strict):
+class WarmupSpec(StrictModel):
     """Warm up until the engine is steady (after the ``warmup_requests`` burst), then measure.
 
     The trial's own load (its arrival process at its rate, or a capacity search's first
@@ -251,7 +248,7 @@ class WarmupSpec(_Strict):
         return self
 
 
-class WorkloadSpec(_Strict):
+class WorkloadSpec(StrictModel):
     api: Literal["completions", "chat"] = "completions"
     arrival: ArrivalSpec = PoissonArrival(rate=4.0)
     num_requests: Count = Field(default=200, ge=1, le=1_000_000)
