@@ -237,7 +237,7 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
                 sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
                 step = check_interval_s if monitor is not None else float("inf")
 
-                async def session(chain: list[int]) -> None:
+                async def play_session(chain: list[int]) -> None:
                     due = t0 + measured[chain[0]].arrival_s
                     for pos in chain:
                         while (delay := due - now()) > 0 and not aborting.on:
@@ -253,7 +253,7 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
                         if pos + 1 < n:
                             due += measured[pos + 1].think_s
 
-                tasks = [asyncio.create_task(session(chain)) for chain in _session_chains(measured)]
+                tasks = [asyncio.create_task(play_session(chain)) for chain in _session_chains(measured)]
             elif closed:
                 positions = iter(range(n))
 

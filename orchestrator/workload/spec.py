@@ -333,13 +333,6 @@ class WorkloadSpec(_Strict):
         def changed(*keys: str) -> list[str]:
             return [k for k in keys if getattr(self, k) != type(self).model_fields[k].default]
 
-        if self.trace is not None and self.dataset is not None:
-            raise ValueError("trace and dataset exclude each other; use one")
-        if self.trace is not None:
-            clash = changed("arrival", "num_requests", "input_len", "output_len", "shared_prefix")
-            if clash:
-                raise ValueError(f"trace gives arrivals and lengths; remove {', '.join(clash)} "
-                                 "(or use dataset: to replay the file's lengths at workload.arrival)")
         if self.sessions is not None:
             if self.trace is not None or self.dataset is not None:
                 raise ValueError("sessions exclude trace and dataset; read multi-turn files with sessions.file")
@@ -350,6 +343,13 @@ class WorkloadSpec(_Strict):
                 raise ValueError("sessions.file gives each turn's lengths; remove "
                                  f"{', '.join(changed('input_len', 'output_len'))} "
                                  "(sessions.file.output_len replaces the file's answer lengths)")
+        if self.trace is not None and self.dataset is not None:
+            raise ValueError("trace and dataset exclude each other; use one")
+        if self.trace is not None:
+            clash = changed("arrival", "num_requests", "input_len", "output_len", "shared_prefix")
+            if clash:
+                raise ValueError(f"trace gives arrivals and lengths; remove {', '.join(clash)} "
+                                 "(or use dataset: to replay the file's lengths at workload.arrival)")
         if self.dataset is not None:
             clash = changed("input_len", "output_len", "shared_prefix")
             if clash:
