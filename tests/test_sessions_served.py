@@ -71,5 +71,6 @@ def test_served_sim_sessions(tmp_path, ray_serve):
     assert row["ttft_p50_ms_first_turn"] is not None and row["ttft_p50_ms_later_turns"] is not None
     # The served engine counts prompt tokens of the chat template-free word encoding: the same tokens.
     expected = row["expected_prefix_hit_rate"]
+    print(f"prefix cache: measured {row['prefix_cache_hit_rate']:.4f}, expected {expected:.4f}")
     lost = 16 * len(requests) / requests["expected_prompt_tokens"].sum()
     assert expected - lost - 0.01 <= row["prefix_cache_hit_rate"] <= expected + 0.01
