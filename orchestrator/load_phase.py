@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from orchestrator.capacity import LevelResult, judge_level, level_workload, search_capacity
+from orchestrator.session_metrics import session_columns, turn_table
 from orchestrator.saturation import SaturationDetector, detect_saturation, slo_backlog
 from orchestrator.harness import harness_verdict
 from orchestrator.loadgen import Endpoint, run_load_sync
@@ -172,7 +173,8 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
             rs = study_requests(study, workload, level=level, replicate=window)
             if level > 0 or window > 0:  # the engine is warm after the first level
                 rs = dataclasses.replace(rs, warmup=(), warmup_stream=None)
-            floor = slo_backlog(slo, rate, [r.output_len for r in rs.measured])
+            # Requests in flight, not sessions: a session workload's rate is sessions per second.
+            floor = slo_backlog(slo, rate * rs.requests_per_arrival, [r.output_len for r in rs.measured])
             monitor = SaturationDetector(spec.saturation, floor) if served else None
             recs, tel = run_level(rs, monitor, window > 0)
             for r in recs:
@@ -270,3 +272,22 @@ def phase_metrics(study: Study, phase: LoadPhase, gpus: int):
         curve=tuple((lv.rate, lv.metrics.request_throughput, lv.verdict.ok) for lv in cap.levels),
         low=bracket.low, high=bracket.high, confidence=spec.confidence)
     return m, outcome, intervals, spec.confidence
+
+
+def session_results(study: Study, phase: LoadPhase, metrics) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A session workload's columns (:mod:`orchestrator.session_metrics`) and per-turn table, over
+    the requests the row's metrics measure (the load window's, or the capacity level's); empty for
+    workloads of single requests."""
+    if study.workload.sessions is None:
+        return {}, []
+    records, scale = phase.records, 1.0
+    cap = phase.capacity
+    if cap is not None:
+        chosen = cap.best or min(cap.levels, key=lambda lv: lv.rate)
+        records = chosen.records
+        base_rate = phase.levels_base_rate
+        scale = 1.0 if study.capacity.level_duration_s or not base_rate else base_rate / chosen.rate
+    wl, slo = study.workload, study.request_slo()
+    window = measurement_window(records, wl.warmup_s * scale, wl.cooldown_s * scale)
+    return (session_columns(records, slo=slo, duration_s=metrics.duration_s, window=window),
+            turn_table(records, slo=slo, window=window))

@@ -154,6 +154,7 @@ HIGHER_IS_BETTER = frozenset({
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
     "engine_output_throughput", "engine_request_throughput", "goodput_per_gpu", "capacity_rps_per_gpu",
     "token_agreement", "prefix_agreement", "first_divergence_mean",
+    "sessions", "session_goodput", "session_slo_attainment", "expected_prefix_hit_rate",
 })
 DIRECTIONS = ("minimize", "maximize")
 
@@ -370,8 +371,14 @@ PROBE_METRIC_NAMES: tuple[str, ...] = ("token_agreement", "prefix_agreement", "l
                                        "logprob_diff_p95", "first_divergence_mean", "probe_s")
 
 
+# Multi-turn sessions (orchestrator.session_metrics): null for workloads of single requests.
+SESSION_METRIC_NAMES: tuple[str, ...] = (
+    "sessions", "session_goodput", "session_slo_attainment", "turns_per_session_mean", "expected_prefix_hit_rate",
+    "ttft_p50_ms_first_turn", "ttft_p99_ms_first_turn", "ttft_p50_ms_later_turns", "ttft_p99_ms_later_turns")
+
+
 def known_metric_names() -> list[str]:
     """Every metric an objective or constraint may name."""
     return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES
                 + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES
-                + PROBE_METRIC_NAMES)
+                + PROBE_METRIC_NAMES + SESSION_METRIC_NAMES)

@@ -51,6 +51,11 @@ class RequestRecord:
     error_kind: Optional[RequestErrorKind] = None
     warmup: bool = False
     prefix_group: Optional[int] = None
+    # Multi-turn sessions: the session and turn (1-based) the request was; None / 0 for single requests.
+    session: Optional[int] = None
+    turn: int = 0
+    # Prompt tokens the workload expects the prefix cache to hold (the previous turn's prompt).
+    expected_cached_tokens: int = 0
     # Capacity search: the load level this request belonged to, and which of the level's
     # windows (0: its first; a level left undecided is measured again, with a clock of its own).
     level: int = 0

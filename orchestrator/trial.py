@@ -24,7 +24,7 @@ from orchestrator.failures import (EngineStartError, Failure, FailureKind, Trial
                                    request_failures, start_failure, status_of, teardown_warning)
 from orchestrator.harness import harness_verdict
 from orchestrator.judge import Judgement, judge
-from orchestrator.load_phase import LoadPhase, measure, phase_metrics, served_load, study_requests
+from orchestrator.load_phase import LoadPhase, measure, phase_metrics, served_load, session_results, study_requests
 from orchestrator.pricing import study_price, unit_metric_intervals, unit_metrics
 from orchestrator.probe import probe_trial
 from orchestrator.study import Study
@@ -93,11 +93,14 @@ class _Builder:
         records: tuple = ()
         levels: tuple = ()
         unit: dict[str, Any] = {}
+        sessions: dict[str, Any] = {}
+        turns: list = []
         intervals: dict = {}
         confidence = None
         phase = self.phase
         if phase is not None:
             metrics, capacity, intervals, confidence = phase_metrics(study, phase, self.args.gpus if self.args else 1)
+            sessions, turns = session_results(study, phase, metrics)
             if self.status is TrialStatus.COMPLETED:
                 first = next((r.error for r in phase.records if r.error and not r.warmup), None)
                 wl = study.workload
@@ -122,7 +125,7 @@ class _Builder:
             failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
             engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
             levels=levels, unit_metrics=unit, probe=dict(self.probe or {}), intervals=intervals,
-            confidence=confidence, measurement=self.measurement)
+            confidence=confidence, measurement=self.measurement, sessions=sessions, turns=tuple(turns))
 
 
 def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,

@@ -88,6 +88,8 @@ class TrialResult:
     intervals: Mapping[str, Interval] = field(default_factory=dict)  # where each metric's true value lies
     confidence: Optional[float] = None  # ... at this confidence (orchestrator.confidence)
     measurement: int = 0  # which measurement of its configuration (> 0: measured again, racing)
+    sessions: Mapping[str, Any] = field(default_factory=dict)  # multi-turn session columns (session_metrics)
+    turns: tuple[Mapping[str, Any], ...] = ()  # multi-turn: one row per turn index (session_metrics.turn_table)
 
     @property
     def completed(self) -> bool:
@@ -108,6 +110,7 @@ class TrialResult:
         out.update(self.harness)
         out.update(self.unit_metrics)
         out.update(self.probe)
+        out.update(self.sessions)
         out.update(intervals_to_columns(self.intervals))
         if self.intervals:
             out["confidence"] = self.confidence

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, positive_int, study_from_dataset
+from orchestrator.failures import TrialStatus
 
 NO_CAPACITY = ("{path}: no capacity search in this study (no capacity_rps in its trials); plan needs the "
                "capacity per replica: add a `capacity:` section to the study file and run it "
@@ -115,7 +116,7 @@ def cmd_plan(args) -> int:
     if "capacity_rps" not in trials or trials["capacity_rps"].notna().sum() == 0:
         err("plan: " + NO_CAPACITY.format(path=args.path))
         return EXIT_FAILURE
-    measured = trials[(trials["status"] == "completed") & trials["capacity_rps"].notna()]
+    measured = trials[(trials["status"] == TrialStatus.COMPLETED) & trials["capacity_rps"].notna()]
     pooled = combine_repeats(measured, ["capacity_rps"])  # a configuration measured again: one candidate
     levels = load_levels(args.path, list(pooled["trial_id"]))
     candidates, unreadable = [], []

@@ -51,10 +51,24 @@ def _completions_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> d
     return body
 
 
+def _messages(req: Request) -> list[dict]:
+    """The conversation: one user message, or a session turn's user and assistant messages in turn."""
+    words = req.prompt_text.split() if req.prompt_text is not None else None
+    if not req.segments:
+        text = token_ids_to_text(req.prompt_token_ids) if words is None else req.prompt_text
+        return [{"role": "user", "content": text}]
+    out, at = [], 0
+    for i, n in enumerate(req.segments):
+        part = req.prompt_token_ids[at:at + n] if words is None else words[at:at + n]
+        content = token_ids_to_text(part) if words is None else " ".join(part)
+        out.append({"role": "user" if i % 2 == 0 else "assistant", "content": content})
+        at += n
+    return out
+
+
 def _chat_body(endpoint: "Endpoint", req: Request, ignore_eos: bool) -> dict:
     body = _common(endpoint, req, ignore_eos)
-    text = token_ids_to_text(req.prompt_token_ids) if req.prompt_text is None else req.prompt_text
-    body["messages"] = [{"role": "user", "content": text}]
+    body["messages"] = _messages(req)
     # The chat API's name for the output limit (``max_tokens`` is deprecated there),
     # as ``vllm bench serve`` sends it.
     body["max_completion_tokens"] = req.output_len

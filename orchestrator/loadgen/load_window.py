@@ -105,6 +105,9 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
       earlier ones (sleep-until on ``time.perf_counter``, so lag never accumulates);
       with ``max_concurrency`` it then waits for a slot, and ``sent_s`` is when it got
       one while ``scheduled_s`` stays its due time;
+    * multi-turn sessions (``requests.sessions``): one task per session sends its first turn
+      at ``t0 + arrival_s`` and each next turn ``think_s`` after the previous answer's last
+      token (or after the client gave up on it); ``scheduled_s`` is that due time;
     * closed loop (``requests.closed_loop_concurrency`` = N): N workers (at most
       ``max_concurrency``) each send the next request as soon as their previous one
       ends; ``scheduled_s`` is when the worker picked it.
@@ -230,7 +233,28 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
 
             if monitor is not None:
                 watcher = asyncio.create_task(watch())
-            if closed:
+            if requests.sessions:
+                sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+                step = check_interval_s if monitor is not None else float("inf")
+
+                async def play_session(chain: list[int]) -> None:
+                    due = t0 + measured[chain[0]].arrival_s
+                    for pos in chain:
+                        while (delay := due - now()) > 0 and not aborting.on:
+                            await asyncio.sleep(min(delay, step))
+                        if aborting.on:
+                            return
+                        dispatched(pos)
+                        await one(pos, due - t0, sem)
+                        rec = records[pos]
+                        ended = rec.end_s if rec.end_s is not None else rec.finished_s
+                        # The next turn: think time after this answer ended (closed loop within a session).
+                        due = t0 + (ended if ended is not None else clock())
+                        if pos + 1 < n:
+                            due += measured[pos + 1].think_s
+
+                tasks = [asyncio.create_task(play_session(chain)) for chain in _session_chains(measured)]
+            elif closed:
                 positions = iter(range(n))
 
                 async def worker() -> None:
@@ -351,6 +375,17 @@ async def _warm_until_steady(session: aiohttp.ClientSession, endpoint: Endpoint,
             task.cancel()
     log.info("steady warm-up: %s after %.2f s, %d requests", reason, clock() - start, len(sent))
     return sent, reason
+
+
+def _session_chains(measured) -> list[list[int]]:
+    """Positions of each session's turns, in turn order (a session's turns are consecutive)."""
+    chains: list[list[int]] = []
+    for pos, req in enumerate(measured):
+        if chains and req.turn > 1 and measured[chains[-1][-1]].session == req.session:
+            chains[-1].append(pos)
+        else:
+            chains.append([pos])
+    return chains
 
 
 def _shift(rec: RequestRecord, dt: float) -> None:

@@ -176,6 +176,9 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, req: 
         expected_output_tokens=req.output_len,
         warmup=req.warmup,
         prefix_group=req.prefix_group,
+        session=req.session,
+        turn=req.turn,
+        expected_cached_tokens=req.history_len,
     )
     if on_record is not None:
         on_record(rec)

@@ -81,6 +81,9 @@ def _extra(result: "TrialResult") -> Optional[str]:
         cap = result.capacity
         extra["capacity"] = {"levels": cap.levels, "stop_reason": cap.stop_reason, "level_of_row": cap.level_of_row,
                              "curve": [list(p) for p in cap.curve]}
+    if result.turns:  # a session workload: its rate (and capacity) counts sessions
+        extra["rate_unit"] = "sessions/s"
+        extra["turns"] = [dict(t) for t in result.turns]
     return json.dumps(extra, default=str) if extra else None
 
 

@@ -298,6 +298,9 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("level", pa.int64(), nullable=False),
         pa.field("window", pa.int64()),  # of its level (0: the first; null in files written before)
         pa.field("prefix_group", pa.int64()),
+        pa.field("session", pa.int64()),  # multi-turn: the session and its turn (1-based); null otherwise
+        pa.field("turn", pa.int64()),
+        pa.field("expected_cached_tokens", pa.int64()),  # multi-turn: the previous turn's prompt tokens
         pa.field("scheduled_s", pa.float64()),
         pa.field("sent_s", pa.float64()),
         pa.field("first_token_s", pa.float64()),
@@ -365,6 +368,10 @@ def requests_to_table(records: Sequence[RequestRecord], *, study: str, run_id: s
         "level": pa.array(np.fromiter((r.level for r in records), dtype=np.int64, count=n)),
         "window": pa.array(np.fromiter((r.window for r in records), dtype=np.int64, count=n)),
         "prefix_group": opt_ints(r.prefix_group for r in records),
+        "session": opt_ints(r.session for r in records),
+        "turn": opt_ints(r.turn if r.session is not None else None for r in records),
+        "expected_cached_tokens": opt_ints(r.expected_cached_tokens if r.session is not None else None
+                                           for r in records),
         "scheduled_s": _nullable(_opt_floats(r.scheduled_s for r in records), pa.float64()),
         "sent_s": _nullable(sent, pa.float64()),
         "first_token_s": _nullable(first, pa.float64()),

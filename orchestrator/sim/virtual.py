@@ -63,7 +63,8 @@ class _Driver:
         rec = RequestRecord(index=req.index, scheduled_s=at if scheduled is None else scheduled, sent_s=at,
                             expected_prompt_tokens=req.prompt_len, expected_output_tokens=req.output_len,
                             warmup=req.warmup, prefix_group=req.prefix_group, prompt_tokens=req.prompt_len,
-                            completion_tokens=0)
+                            completion_tokens=0, session=req.session, turn=req.turn,
+                            expected_cached_tokens=req.history_len)
         self.records[(req.warmup, req.index)] = rec
         heapq.heappush(self._due, (at + self.latency, next(self._seq), req))
         return rec
@@ -212,6 +213,24 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
     return sent, reason
 
 
+def _play_sessions(drv: _Driver, measured) -> None:
+    """Multi-turn sessions: first turns at their session's start; turn k+1 once turn k's answer
+    reached the client, plus its think time (closed loop within a session)."""
+    following = {}
+    for prev, req in zip(measured, measured[1:]):
+        if req.session == prev.session and req.turn == prev.turn + 1:
+            following[prev.index] = req
+    for req in measured:
+        if req.turn <= 1:
+            drv.send(req, req.arrival_s, scheduled=req.arrival_s)
+    while drv.busy():
+        for rec in drv.advance():
+            nxt = following.get(rec.index) if not rec.warmup else None
+            if nxt is not None:
+                due = max(drv.t, _ended_at(rec)) + nxt.think_s
+                drv.send(nxt, due, scheduled=due)
+
+
 def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None,
              timeout_s: Optional[float] = None) -> list[RequestRecord]:
     """Run the workload to completion in virtual time; records of warm-ups first, then measured by index.
@@ -249,7 +268,9 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None,
 
     measured = sorted(requests.measured, key=lambda r: (r.arrival_s, r.index))
     conc = requests.closed_loop_concurrency
-    if conc is None:
+    if requests.sessions:
+        _play_sessions(drv, requests.measured)
+    elif conc is None:
         for req in measured:
             drv.send(req, req.arrival_s, scheduled=req.arrival_s)
         while drv.busy():

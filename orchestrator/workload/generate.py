@@ -54,6 +54,8 @@ Indexes: measured requests are ``0 .. num_requests-1``; the burst's are
 ``-warmup_requests - 1`` in the order they are sent. Every index of a
 :class:`RequestSet` is unique; warm-up indexes are negative.
 
+Multi-turn sessions (``workload.sessions``): :mod:`orchestrator.workload.sessions`.
+
 Traces and datasets (``workload.trace`` / ``workload.dataset``): the file gives each
 request's output length and either its prompt text or its input length. A text
 prompt is sent as text; its ``prompt_token_ids`` are the word-level encoding the
@@ -78,6 +80,7 @@ import numpy as np
 from orchestrator.workload.arrivals import nominal_rate, sample_arrivals
 from orchestrator.workload.datasets import read_dataset
 from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.sessions import build_session_requests
 from orchestrator.workload.spec import ConcurrencyArrival, WorkloadSpec
 from orchestrator.workload.synthesis import (
     draw_prefixes,
@@ -111,6 +114,8 @@ def build_requests(spec: WorkloadSpec, seed: int, vocab_size: int,
     check_vocab(vocab_size)
     if level < 0 or replicate < 0:
         raise ValueError(f"level and replicate must be >= 0, got {level}, {replicate}")
+    if spec.sessions is not None:
+        return build_session_requests(spec, seed, vocab_size, base_dir, level, replicate)
     if spec.trace is not None or spec.dataset is not None:
         return _build_from_file(spec, seed, vocab_size, base_dir, level, replicate)
     seqs = seed_streams(seed)

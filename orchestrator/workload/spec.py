@@ -220,6 +220,49 @@ class SharedPrefix(StrictModel):
     fraction: float = Field(default=1.0, ge=0, le=1, description="share of requests that use a prefix")
 
 
+class SessionFileSpec(StrictModel):
+    """Sessions read from a file (:mod:`.session_files`): every turn's user message and answer length."""
+
+    format: Literal["sharegpt", "session-trace"] = Field(
+        description="sharegpt: every turn of each conversation; session-trace: JSONL of "
+                    "{session, turn, timestamp, input_len | prompt, output_len, think_s}")
+    path: str = Field(description="the file (relative to the study file)")
+    shuffle: bool = Field(default=True, description="seeded shuffle of the sessions before taking num_requests "
+                                                    "(cycled if short)")
+    timestamps: bool = Field(default=False, description="session-trace: sessions start at their first turn's "
+                                                        "timestamp instead of at workload.arrival")
+    time_scale: float = Field(default=1.0, gt=0, description="multiplies the start times and think times of a "
+                                                             "session-trace")
+    output_len: Optional[Count] = Field(default=None, ge=1, description="every turn asks for this many tokens "
+                                                                        "instead of the file's")
+
+
+class SessionSpec(StrictModel):
+    """Multi-turn sessions (:mod:`.sessions`): with it, ``num_requests`` counts sessions and the
+    arrival's rate is sessions per second. Turn k+1 is sent ``think_time_ms`` after turn k's answer
+    ends; its prompt is the conversation so far (every user message and every answer the workload
+    wrote) and a new user message of ``input_len`` tokens; it asks for ``output_len`` tokens."""
+
+    turns: LengthSpec = Field(description="turns per session (a length distribution of counts)")
+    think_time_ms: Optional[LengthSpec] = Field(default=None,
+                                                description="milliseconds between an answer's end and the "
+                                                            "next turn (none: at once)")
+    max_prompt_len: Optional[Count] = Field(default=None, ge=2,
+                                            description="a session ends before a turn whose prompt would be "
+                                                        "longer (the engine's max_model_len minus output_len)")
+    file: Optional[SessionFileSpec] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthands(cls, data):
+        if isinstance(data, dict):
+            data = dict(data)
+            for key in ("turns", "think_time_ms"):
+                if key in data:
+                    data[key] = _length_shorthand(data[key])
+        return data
+
+
 class WarmupSpec(StrictModel):
     """Warm up until the engine is steady (after the ``warmup_requests`` burst), then measure.
 
@@ -263,6 +306,8 @@ class WorkloadSpec(StrictModel):
     ignore_eos: bool = True
     trace: Optional[TraceSpec] = None
     dataset: Optional[DatasetSpec] = None
+    sessions: Optional[SessionSpec] = Field(default=None, description="multi-turn sessions: num_requests counts "
+                                                                      "sessions, the rate is sessions per second")
     warmup_s: float = Field(default=0.0, ge=0, description="requests due in the first seconds are not measured")
     cooldown_s: float = Field(default=0.0, ge=0, description="requests due in the last seconds are not measured")
     max_sched_lag_ms: float = Field(default=20.0, gt=0,
@@ -285,6 +330,16 @@ class WorkloadSpec(StrictModel):
         def changed(*keys: str) -> list[str]:
             return [k for k in keys if getattr(self, k) != type(self).model_fields[k].default]
 
+        if self.sessions is not None:
+            if self.trace is not None or self.dataset is not None:
+                raise ValueError("sessions exclude trace and dataset; read multi-turn files with sessions.file")
+            if not isinstance(self.arrival, (PoissonArrival, GammaArrival, ConstantArrival)):
+                raise ValueError(f"sessions arrive by a rate: arrival kind {self.arrival.kind!r} is not allowed "
+                                 "with sessions; use poisson, gamma or constant")
+            if self.sessions.file is not None and changed("input_len", "output_len"):
+                raise ValueError("sessions.file gives each turn's lengths; remove "
+                                 f"{', '.join(changed('input_len', 'output_len'))} "
+                                 "(sessions.file.output_len replaces the file's answer lengths)")
         if self.trace is not None and self.dataset is not None:
             raise ValueError("trace and dataset exclude each other; use one")
         if self.trace is not None:
