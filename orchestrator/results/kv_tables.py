@@ -11,7 +11,6 @@ Identical configurations with identical logged sizes are one line (``trials``).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,13 @@ from orchestrator import feasibility
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.h200_tables import markdown, params_of, trials_of
-from orchestrator.sim.models import ModelShape
 
 # Predicted within this share of the logged size (docs/simulator.md states it).
 KV_TOLERANCE = 0.03
 # Every dataset with vLLM's logged KV cache sizes (relative to the repository root).
 KV_DATASETS = tuple("results/examples/" + d for d in (
     "llama3-8b-h200", "llama3-8b-h200-interactive", "llama3-8b-h200-kv-fp8", "llama3-8b-h200-fidelity",
-    "llama3-8b-h200-fidelity-levels", "repeatability-cpu-vllm")) + ("tests/data/cpu_kv_reference.json",)
+    "llama3-8b-h200-fidelity-levels", "repeatability-cpu-vllm"))
 
 
 def _study_dirs(path: Path) -> list[Path]:
@@ -53,17 +51,6 @@ def predictions(*paths: Path) -> list[dict[str, Any]]:
     seen: Counter = Counter()
     found: dict[tuple, dict[str, Any]] = {}
     for path in map(Path, paths):
-        if path.suffix == ".json":
-            for ref in json.loads(path.read_text()):
-                args = EngineArgs(dtype=ref.get("dtype", "float32"), kv_cache_dtype=ref.get("kv_cache_dtype", "auto"),
-                                  block_size=ref.get("block_size", 128), max_model_len=ref.get("max_model_len"))
-                predicted = feasibility.cpu_kv_tokens(ModelShape.load(ref["model"]), args, ref["kv_space_gib"],
-                                                      ref.get("dtype", "auto"))
-                key = (path.name, ref["model"], "CPU", f"KV space {ref['kv_space_gib']:g} GiB, "
-                       f"len {ref['max_model_len']}, block {ref.get('block_size', 128)}", int(ref["kv_cache_tokens"]))
-                found.setdefault(key, {"predicted": predicted})
-                seen[key] += 1
-            continue
         for study_dir in _study_dirs(path):
             study = read_study_definition(str(study_dir))
             fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
