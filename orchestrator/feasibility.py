@@ -1,10 +1,13 @@
 """Pre-flight check: can this configuration start at all on the study's hardware?
 
-The arithmetic is the simulator's memory model (vLLM's own accounting: weights per
-GPU, profile-run activations, CUDA graphs, KV blocks for one ``max_model_len``
-sequence), plus cluster-shape rules. A configuration rejected here never costs a
-GPU start; it is recorded as ``pruned`` with the reason, and the sampler is told it
-violated the ``engine_started`` constraint, so it learns the infeasible region.
+The decision is :func:`orchestrator.sim.start.start_plan`, the very function the
+simulated engine starts with (vLLM's own accounting: its argument refusals, weights
+per GPU, profile-run activations, CUDA graphs, KV blocks for one ``max_model_len``
+sequence), plus cluster-shape rules. On by default for vLLM and the simulator. A
+configuration rejected here never costs a GPU start; it is recorded as ``pruned``
+with the reason, and the sampler is told it violated the ``engine_started``
+constraint, so it learns the infeasible region. Against a real engine a configuration
+within :data:`PREFLIGHT_MARGIN` of the boundary is let try (:func:`margin`).
 
 :func:`survey` runs the same check over the whole space before a study starts: a
 study none of whose configurations can start ends there, with a report of why,
@@ -31,8 +34,9 @@ from orchestrator.engine_args import EngineArgs, ceil_div, engine_args_from_para
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.space import pick_value, value_count
 
-# Real engines use a little memory the model cannot see; only reject configurations
-# that miss by more than this margin, and let borderline ones try.
+# Real engines use a little memory the model cannot see (predicted KV caches are within 1%
+# of vLLM's logged ones, docs/simulator.md); only reject configurations that would still
+# not start with this share more of the requested memory, and let borderline ones try.
 PREFLIGHT_MARGIN = 0.03
 # Surveys check every configuration of spaces up to this size, a seeded sample of larger ones.
 SURVEY_MAX_POINTS = 4096
@@ -53,18 +57,13 @@ class FitVerdict:
     kv_cache_tokens: Optional[int] = None
 
 
-def effective_preflight(study) -> bool:
-    """``search.preflight``, else on for vLLM only (the sim's start is the same arithmetic;
-    an external endpoint already runs)."""
-    return study.search.preflight if study.search.preflight is not None else study.engine.kind == "vllm"
-
-
 def preflight_on(study) -> bool:
-    """Whether proposals and trials are checked before a start: ``search.preflight``, by default
-    for vLLM only (the simulator's start is this same arithmetic; an external endpoint already runs)."""
+    """Whether proposals and trials are checked before a start: ``search.preflight``, by default on
+    for every engine the orchestrator starts (vLLM and the simulator: a configuration that cannot
+    start takes no trial); an external endpoint is already running."""
     if study.search.preflight is not None:
         return bool(study.search.preflight)
-    return study.engine.kind == "vllm"
+    return study.engine.kind in ("sim", "vllm")
 
 
 def survey_applies(study) -> bool:
@@ -77,17 +76,27 @@ def resolve_args(study, args: EngineArgs) -> EngineArgs:
     return with_study_defaults(study, args)
 
 
+def margin(study) -> float:
+    """How far past the memory boundary a configuration must be to be pruned: none for the
+    simulator (its start is this very arithmetic, :func:`orchestrator.sim.start.start_plan`),
+    :data:`PREFLIGHT_MARGIN` of the requested memory for a real engine."""
+    return 0.0 if study.engine.kind == "sim" else PREFLIGHT_MARGIN
+
+
 def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
           units_per_node: Optional[int] = None) -> FitVerdict:
-    """Judge ``args`` (already resolved) against the study's model and GPU."""
+    """Judge ``args`` (already resolved) against the study's model and GPU: vLLM's argument
+    refusals, the cluster's shape, then the start-up memory plan the simulator starts with."""
     from orchestrator.sim.hardware import get_gpu
-    from orchestrator.sim.memory import plan_memory
     from orchestrator.sim.models import ModelShape
+    from orchestrator.sim.start import start_plan, start_refusal
 
     model = ModelShape.load(study.model.name, study.base_dir)
-    refusal = vllm_refusal(args) or _quantization_refusal(study, model, args)
-    if refusal is not None:
-        return FitVerdict(False, FailureKind.INVALID_ARGS, refusal)
+    cpu = is_cpu_study(study)
+    refused = _checkpoint_refusal(study, args) or start_refusal(
+        model, args, gpu=None if cpu else study.hardware.gpu, dtype=study.model.dtype)
+    if refused is not None:
+        return FitVerdict(False, refused.kind, refused.message)
     need = args.gpus
     if cluster_units is not None and need > cluster_units:
         return FitVerdict(False, FailureKind.PREFLIGHT,
@@ -96,53 +105,45 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
     if units_per_node is not None and args.tensor_parallel_size > units_per_node:
         return FitVerdict(False, FailureKind.PREFLIGHT,
                        f"tensor_parallel_size {args.tensor_parallel_size} exceeds the {units_per_node} GPUs of a node")
-    if model.num_attention_heads % args.tensor_parallel_size:
-        return FitVerdict(False, FailureKind.INVALID_ARGS,
-                       f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
-                       f"tensor parallel size ({args.tensor_parallel_size}).")
-    if model.num_layers < args.pipeline_parallel_size:
-        return FitVerdict(False, FailureKind.INVALID_ARGS,
-                       f"pipeline_parallel_size {args.pipeline_parallel_size} exceeds the model's "
-                       f"{model.num_layers} layers")
-    if args.max_model_len and args.max_model_len > model.max_position_embeddings:
-        return FitVerdict(False, FailureKind.INVALID_ARGS,
-                       f"max_model_len {args.max_model_len} is larger than the model's maximum "
-                       f"({model.max_position_embeddings})")
-    if is_cpu_study(study):
+    if cpu:
         return _check_cpu(study, model, args)
     gpu = get_gpu(study.hardware.gpu)
     try:
-        plan = plan_memory(model, gpu, args, study.model.dtype)
+        plan = start_plan(model, gpu, args, study.model.dtype)
     except EngineStartError as e:
-        if e.kind == FailureKind.KV_CACHE_TOO_SMALL and _within_margin(model, gpu, args, study.model.dtype):
+        if e.kind in _MEMORY_KINDS and _within_margin(model, gpu, args, study.model.dtype, margin(study)):
             return FitVerdict(True)
         return FitVerdict(False, e.kind, e.message)
     return FitVerdict(True, kv_cache_tokens=plan.kv_tokens)
 
 
-def _quantization_refusal(study, model, args: EngineArgs) -> Optional[str]:
-    """vLLM's refusal of the quantization or KV dtype on this GPU / the CPU build / this checkpoint."""
-    from orchestrator.quant_support import checkpoint_method, checkpoint_refusal, hardware_refusal
+# Refusals decided by the memory arithmetic, where the margin lets a borderline configuration try.
+_MEMORY_KINDS = (FailureKind.NO_KV_MEMORY, FailureKind.KV_CACHE_TOO_SMALL)
+
+
+def _checkpoint_refusal(study, args: EngineArgs) -> Optional[EngineStartError]:
+    """vLLM's refusal of a quantization the checkpoint was not made with (the device's own
+    refusals are :func:`~orchestrator.sim.start.start_refusal`'s)."""
+    from orchestrator.quant_support import checkpoint_method, checkpoint_refusal
     from orchestrator.sim.models import find_model_config
 
-    cpu = is_cpu_study(study)
-    explicit = next((d for d in (args.dtype, study.model.dtype) if d not in (None, "auto")), None)
-    dtype = explicit or (model.torch_dtype if cpu else "bfloat16")  # vLLM's auto: half precision on GPUs
-    if args.quantization is None and not str(args.kv_cache_dtype).startswith("fp8"):
+    if args.quantization is None or study.engine.kind == "sim":  # a simulated checkpoint has no format
         return None
     checkpoint = checkpoint_method(getattr(study.engine, "model_source", None),
                                    find_model_config(study.model.name, study.base_dir))
-    return checkpoint_refusal(args.quantization, checkpoint) or hardware_refusal(
-        args, gpu=None if cpu else study.hardware.gpu, model_dtype=dtype, head_dim=model.head_dim)
+    text = checkpoint_refusal(args.quantization, checkpoint)
+    return None if text is None else EngineStartError(FailureKind.INVALID_ARGS, text)
 
 
-def _within_margin(model, gpu, args: EngineArgs, dtype: str) -> bool:
-    """Would the configuration fit with ``PREFLIGHT_MARGIN`` more memory? (then let it try)"""
+def _within_margin(model, gpu, args: EngineArgs, dtype: str, share: float) -> bool:
+    """Would the configuration start with ``share`` more of the requested memory? (then let it try)"""
     from orchestrator.sim.memory import plan_memory
 
+    if share <= 0:
+        return False
     try:
         plan_memory(model, gpu, replace(args, gpu_memory_utilization=min(1.0, args.gpu_memory_utilization
-                                                                         * (1 + PREFLIGHT_MARGIN))), dtype)
+                                                                         * (1 + share))), dtype)
         return True
     except EngineStartError:
         return False
@@ -165,18 +166,27 @@ def cpu_kv_tokens(model, args: EngineArgs, kv_space_gib: float, dtype: str = "au
     return int(kv_space_gib * GiB) // (bs * per_token) * bs
 
 
+def cpu_kv_space_gib(study, args: EngineArgs) -> Optional[float]:
+    """The KV space vLLM-CPU gets: ``kv_cache_memory_bytes`` where set (it wins over the
+    environment), else ``VLLM_CPU_KVCACHE_SPACE`` (``engine.cpu_kv_cache_gib``)."""
+    fixed = args.extra.get("kv_cache_memory_bytes")
+    return int(fixed) / GiB if fixed else getattr(study.engine, "cpu_kv_cache_gib", None)
+
+
 def _check_cpu(study, model, args: EngineArgs) -> FitVerdict:
-    space = getattr(study.engine, "cpu_kv_cache_gib", None)
+    space = cpu_kv_space_gib(study, args)
     if not space or not args.max_model_len:
         return FitVerdict(True)
     tokens = cpu_kv_tokens(model, args, space, study.model.dtype)
     need = ceil_div(int(args.max_model_len), int(args.block_size or 128)) * int(args.block_size or 128)
-    if need > tokens * (1 + PREFLIGHT_MARGIN):
+    if need > tokens * (1 + margin(study)):
+        given = (f"kv_cache_memory_bytes={args.extra['kv_cache_memory_bytes']}"
+                 if args.extra.get("kv_cache_memory_bytes") else f"VLLM_CPU_KVCACHE_SPACE={space:g} GiB")
         return FitVerdict(False, FailureKind.KV_CACHE_TOO_SMALL,
                        f"ValueError: To serve at least one request with the model's max seq len "
-                       f"({args.max_model_len}), the KV cache needs {need:,} tokens but "
-                       f"VLLM_CPU_KVCACHE_SPACE={space} GiB holds {tokens:,}. Raise engine.cpu_kv_cache_gib or "
-                       f"lower max_model_len.")
+                       f"({args.max_model_len}), the KV cache needs {need:,} tokens but {given} holds "
+                       f"{tokens:,}. Raise engine.cpu_kv_cache_gib (or kv_cache_memory_bytes) or lower "
+                       f"max_model_len.")
     return FitVerdict(True, kv_cache_tokens=tokens)
 
 

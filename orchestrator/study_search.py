@@ -41,8 +41,9 @@ class SearchSettings(StrictModel):
     stages: list[SearchStage] = Field(
         default_factory=list, description="staged search: parameter groups searched one after another")
     preflight: Optional[bool] = Field(
-        default=None, description="skip configurations that cannot fit in memory before starting them; "
-                                  "default: on for real engines, off for the sim (its start is the same arithmetic)")
+        default=None, description="skip configurations that cannot start (vLLM's memory accounting and argument "
+                                  "refusals) before they take a trial; default: on for vllm and sim, false turns "
+                                  "it off")
     fidelity: Literal["real", "sim"] = Field(
         default="real", description="sim: score the space with the simulator, measure only a shortlist for real "
                                     "(vllm and external engines; see docs/search.md)")

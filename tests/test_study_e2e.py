@@ -31,7 +31,8 @@ def small_study(tmp_path, **overrides):
         "space": {"max_num_seqs": [2, 64], "max_model_len": [8192, 131072], "gpu_memory_utilization": 0.25},
         "objectives": ["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
         "constraints": ["ttft_p99_ms <= 5000"],
-        "search": {"sampler": "grid"},
+        # The engine's own start refusal through Serve is what is tested: no pre-flight.
+        "search": {"sampler": "grid", "preflight": False},
         "budget": {"trials": 4, "max_concurrent_trials": 2},
         "output": str(tmp_path / "out"),
     }

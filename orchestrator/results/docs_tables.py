@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from orchestrator.results import h200_tables as h200
+from orchestrator.results import kv_tables
 from orchestrator.results import repeatability
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
     DocTable("sim-vs-h200-ingress", (_EX + "h200-ingress",), h200.sim_ingress_table),
     DocTable("sim-vs-h200-capacity", (_EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"),
              h200.sim_capacity_table),
+    DocTable("kv-predicted-vs-logged", kv_tables.KV_DATASETS, kv_tables.kv_prediction_table),
 )}
 
 

@@ -92,7 +92,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
                                    units_per_node=None if cpu else study.hardware.gpus_per_node)
         if found.all_infeasible:
             raise StudyStopped(f"study {study.name}: " + found.report())
-        drop = found.droppable() if feasibility.preflight_on(study) else {}  # the sim's own start refuses them
+        drop = found.droppable() if feasibility.preflight_on(study) else {}  # switched off: the engine's start decides
         survey_text = found.report(trimmed=bool(drop)) if found.never else None
     state_dir = local_state_dir(study)
     check_state(state_dir)  # raises DamagedState: a file where a folder belongs, or the reverse

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from orchestrator.accelerator import with_device_defaults
-from orchestrator.engine_args import EngineArgs, ceil_div, vllm_refusal
-from orchestrator.quant_support import hardware_refusal
-from orchestrator.failures import EngineStartError, FailureKind
+from orchestrator.engine_args import EngineArgs, ceil_div
 from orchestrator.sim.cost import StepCostModel
 from orchestrator.sim.hardware import GpuSpec
-from orchestrator.sim.memory import MemoryPlan, plan_memory
+from orchestrator.sim.memory import MemoryPlan
 from orchestrator.sim.models import ModelShape
 from orchestrator.sim.scheduler import SchedRequest, Scheduler
+from orchestrator.sim.start import start_plan
 
 
 @dataclass(frozen=True)
@@ -77,13 +76,9 @@ class SimEngineCore:
     def __init__(self, model: ModelShape, gpu: GpuSpec, args: EngineArgs, calibration=None, dtype: str = "auto"):
         if args.max_num_seqs is None or args.max_model_len is None:
             args = with_device_defaults(args, gpu, model_max_len=model.max_position_embeddings)
-        # vLLM refuses these arguments before loading anything (the simulated checkpoint has no format)
-        refusal = vllm_refusal(args) or hardware_refusal(
-            args, gpu=gpu.name, model_dtype=args.dtype if args.dtype != "auto" else dtype, head_dim=model.head_dim)
-        if refusal is not None:
-            raise EngineStartError(FailureKind.INVALID_ARGS, refusal)
         self.model, self.gpu, self.args = model, gpu, args
-        self.memory: MemoryPlan = plan_memory(model, gpu, args, dtype)
+        # The pre-flight's own decision (one function): the simulator refuses exactly what it prunes.
+        self.memory: MemoryPlan = start_plan(model, gpu, args, dtype)
         num_blocks = self.memory.num_blocks
         override = args.extra.get("num_gpu_blocks_override")
         if override:

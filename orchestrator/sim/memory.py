@@ -4,7 +4,12 @@ Mirrors ``gpu_worker.determine_available_memory`` and ``kv_cache_utils``:
 
     requested = ceil(total * gpu_memory_utilization)
     kv_bytes  = requested - weights - activation peak - CUDA graphs - non-torch
+                (or ``kv_cache_memory_bytes`` where it is set)
     num_blocks = kv_bytes // (block_size * kv_bytes_per_token)
+
+and vLLM's two KV refusals: no bytes left for a block (``no_kv_memory``), fewer blocks
+than one ``max_model_len`` sequence needs (``kv_cache_too_small``). The whole start
+decision (argument refusals first, then this plan) is :func:`orchestrator.sim.start.start_plan`.
 
 The non-weight terms are fitted to the H200 reference (Llama-3.1-8B, 0.9, 8192
 tokens, 256 seqs: 109.5 GiB of KV; 0.15 / 0.59 GiB of graphs at 16 / 256 seqs).
@@ -146,17 +151,13 @@ def _fmt_gib(b: float) -> str:
 
 
 def plan_memory(model: ModelShape, gpu: GpuSpec, args: EngineArgs, dtype: str = "auto") -> MemoryPlan:
-    """Plan one rank's memory; raise :class:`EngineStartError` where vLLM would fail to start.
+    """Plan one rank's memory; raise :class:`EngineStartError` where vLLM's memory would not start it
+    (the argument refusals come first: :func:`orchestrator.sim.start.start_plan`).
 
     ``args`` must be resolved (``EngineArgs.resolved``): max_num_seqs,
     max_num_batched_tokens, max_model_len and block_size are read as numbers.
     """
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
-    if model.num_attention_heads % tp != 0:
-        raise EngineStartError(
-            FailureKind.INVALID_ARGS,
-            f"ValueError: Total number of attention heads ({model.num_attention_heads}) "
-            f"must be divisible by tensor parallel size ({tp}).")
     if args.max_model_len is None or args.block_size is None or args.max_num_seqs is None:
         raise ValueError("plan_memory needs resolved EngineArgs (call EngineArgs.resolved first)")
 
@@ -182,6 +183,9 @@ def plan_memory(model: ModelShape, gpu: GpuSpec, args: EngineArgs, dtype: str = 
     act = activation_bytes(model, args, dbytes)
     graphs = cudagraph_bytes(model, args, dbytes)
     kv = requested - weights - act - graphs - non_torch
+    fixed_kv = args.extra.get("kv_cache_memory_bytes")
+    if fixed_kv:  # vLLM takes the size as given and skips the utilization arithmetic
+        kv = int(fixed_kv)
     bs = int(args.block_size)
     per_token = kv_bytes_per_token(model, args, dbytes)
     page = bs * per_token

@@ -1,4 +1,4 @@
-"""Start-up memory plan: the H200 calibration and vLLM's three start failures."""
+"""Start-up memory plan: the H200 calibration and vLLM's start failures (through ``start_plan``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from orchestrator.failures import EngineStartError, FailureKind, classify_start_
 from orchestrator.sim.hardware import get_gpu
 from orchestrator.sim.memory import GiB, cudagraph_capture_sizes, plan_memory
 from orchestrator.sim.models import ModelShape
+from orchestrator.sim.start import start_plan
 
 
 def resolved(gpu, **kw) -> EngineArgs:
@@ -86,7 +87,7 @@ def test_float32_doubles_weights(llama8b):
 
 def _start_error(model, gpu, args) -> EngineStartError:
     with pytest.raises(EngineStartError) as info:
-        plan_memory(model, gpu, args)
+        start_plan(model, gpu, args)
     err = info.value
     assert classify_start_error(err.message) == err.kind  # reads like the real engine's log
     return err
