@@ -2,9 +2,10 @@
 
 The served simulator (real Ray Serve, real HTTP load, real time): the same configuration measured
 twice with different workload seeds (equal by construction) must come out tied in
-``best_under_slos``, the noise-aware front and ``recommend``; another configuration on an engine 30% slower must be
-ranked below, beyond the noise. The capacity search's intervals are checked the same way on the
-virtual simulator, where they are cheap.
+``best_under_slos``, the noise-aware front and ``recommend``; another configuration on an engine
+60% slower must be ranked below, beyond the noise. The capacity search's intervals are checked the
+same way on the virtual simulator, where they are cheap: three seeds of one configuration tied, an
+engine 30% slower ranked below.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ def test_equal_configurations_are_tied_and_a_slower_one_is_ranked(ray_serve, tmp
     # The same configuration, measured twice with other arrivals, lengths and prompts.
     a = run_trial(study, PARAMS, trial_id="r1-0000", trial_number=0, ctx=ctx)
     b = run_trial(study, PARAMS, trial_id="r1-0001", trial_number=1, ctx=ctx, measurement=1)
-    # Another configuration on an engine 30% slower (another configuration: recommend pools the
+    # Another configuration on an engine 60% slower (another configuration: recommend pools the
     # measurements of one configuration, and this one must stay a row of its own).
-    slow_study = served_study(tmp_path, slowdown=1.3)
+    slow_study = served_study(tmp_path, slowdown=1.6)
     c = run_trial(slow_study, SLOW_PARAMS, trial_id="r1-0002", trial_number=2, ctx=ctx)
     rows = _frame(study, [a, b, c])
     assert list(rows["status"]) == ["completed"] * 3, rows[["status", "failure_message"]]
@@ -83,12 +84,14 @@ def test_equal_configurations_are_tied_and_a_slower_one_is_ranked(ray_serve, tmp
     assert len(front) == 2 and list(front["tied_with"]) == [1, 1]  # both stay: neither is better beyond the noise
     assert front["strict_front"].sum() == 1  # the point values alone would have named one
 
-    # 30% slower: ranked below both, beyond the noise, off the front.
+    # 60% slower: ranked below both, beyond the noise, off the front. (In real time on two busy
+    # cores a 30% slower engine came out tied once: the client's own delays widen the intervals.
+    # The 30% case is the virtual capacity test below, where nothing but the engine differs.)
     ranked = best_under_slos(rows, "tpot_p50_ms", "minimize")
     assert ranked["trial_id"].iloc[-1] == "r1-0002" and not ranked["tied_with_best"].iloc[-1]
-    # The engine's steps take 30% longer; the served loop's own time per step does not, and on a
-    # busy 2-core machine it made the measured gap 17%.
-    assert rows["tpot_p50_ms"].iloc[2] > 1.1 * rows["tpot_p50_ms"].iloc[:2].max()
+    # The engine's steps take 60% longer; the served loop's own time per step does not (on a busy
+    # 2-core machine a 30% slowdown measured 17%).
+    assert rows["tpot_p50_ms"].iloc[2] > 1.2 * rows["tpot_p50_ms"].iloc[:2].max()
     front = front_with_ties(rows, ["minimize tpot_p50_ms"])
     assert set(front["trial_id"]) == {"r1-0000", "r1-0001"}
 
