@@ -366,8 +366,11 @@ UNIT_METRIC_NAMES: tuple[str, ...] = ("goodput_per_gpu", "capacity_rps_per_gpu",
 
 # The reference-agreement probe (orchestrator.probe): greedy outputs of a fixed prompt set against
 # the study's baseline configuration; null where no probe ran or no baseline exists yet.
+# Perplexity of held-out text (orchestrator.probe_perplexity): its value, and the trial's minus the baseline's.
+PERPLEXITY_METRIC_NAMES: tuple[str, ...] = ("heldout_perplexity", "perplexity_delta")
 PROBE_METRIC_NAMES: tuple[str, ...] = ("token_agreement", "prefix_agreement", "logprob_diff_mean",
-                                       "logprob_diff_p95", "first_divergence_mean", "probe_s")
+                                       "logprob_diff_p95", "first_divergence_mean") + PERPLEXITY_METRIC_NAMES + (
+                                       "probe_s",)
 
 
 def known_metric_names() -> list[str]:

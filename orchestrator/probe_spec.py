@@ -32,6 +32,9 @@ class ProbeSpec(StrictModel):
     concurrency: int = Field(default=1, ge=1, le=1024,
                              description="probe requests in flight; 1 keeps batch composition, hence numerics, "
                                          "the same in every trial")
+    perplexity_sequences: int = Field(default=16, ge=0, le=1024,
+                                      description="held-out texts scored for heldout_perplexity (0: none)")
+    perplexity_tokens: int = Field(default=256, ge=2, le=1 << 16, description="tokens per held-out text")
     seed: Optional[int] = Field(default=None, description="default: the study's seed")
     timeout_s: float = Field(default=120.0, gt=0, le=86_400, description="per probe request")
     baseline: Optional[dict[str, Union[bool, int, float, str, None]]] = Field(
