@@ -153,7 +153,8 @@ HIGHER_IS_BETTER = frozenset({
     "total_input_tokens", "total_output_tokens", "achieved_rate", "capacity_rps",
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
     "engine_output_throughput", "engine_request_throughput", "goodput_per_gpu", "capacity_rps_per_gpu",
-    "token_agreement", "prefix_agreement", "first_divergence_mean",
+    "token_agreement", "prefix_agreement", "first_divergence_mean", "engine_spec_acceptance_rate",
+    "engine_spec_accepted_per_draft",
 })
 DIRECTIONS = ("minimize", "maximize")
 
@@ -345,7 +346,9 @@ def _engine_window_fields() -> list[str]:
         names += [f"engine_{fam}_p{p}_ms" for p in ENGINE_PERCENTILES]
         if fam == "ttft":
             names.append("engine_ttft_p50_upper_ms")
-    return names + ["engine_output_throughput", "engine_request_throughput"]
+    # speculative decoding: accepted / proposed tokens, and accepted tokens per proposal
+    return names + ["engine_output_throughput", "engine_request_throughput", "engine_spec_acceptance_rate",
+                    "engine_spec_accepted_per_draft"]
 
 
 ENGINE_WINDOW_METRIC_NAMES: tuple[str, ...] = tuple(_engine_window_fields())
