@@ -96,14 +96,6 @@ class Grammar:
         return asdict(self)
 
 
-def default_grammar(vocab_size: int, seed: int = 0) -> Grammar:
-    """The grammar of a vocabulary made by :func:`orchestrator.modelgen.build_tokenizer` (its special
-    tokens at the top are never emitted)."""
-    from orchestrator.modelgen import special_token_count
-
-    return Grammar(vocab_size, vocab_size - special_token_count(vocab_size), seed)
-
-
 def training_sequences(grammar: Grammar, rows: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Training text (with jumps) of one recipe seed, and its loss mask."""
     return grammar.sample(rows, length, np.random.default_rng([grammar.seed, _TRAIN, seed]), jumps=True)

@@ -14,6 +14,7 @@ exactly N tokens, so workloads control prompt lengths exactly on any model.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -160,3 +161,21 @@ def _keep_token_ids(out: Path, bos: int, eos: int) -> None:
     data = json.loads((out / "config.json").read_text())
     data["bos_token_id"], data["eos_token_id"] = bos, eos
     (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def model_cache_root() -> Path:
+    """Where :func:`trained_model_dir` keeps trained models (``$ORCHESTRATOR_MODEL_CACHE``)."""
+    return Path(os.environ.get("ORCHESTRATOR_MODEL_CACHE", Path.home() / ".cache" / "orchestrator" / "models"))
+
+
+def trained_model_dir(shape: str, recipe="tiny", root: Optional[Path] = None, base_dir: Optional[Path] = None,
+                      log=print) -> Path:
+    """The trained model of ``shape`` and ``recipe`` under ``root`` (default: :func:`model_cache_root`),
+    in a directory named by the recipe hash: trained once, then found."""
+    from orchestrator import training
+
+    recipe = training.get_recipe(recipe)
+    digest = training.recipe_hash(model_config(shape, recipe=recipe, base_dir=base_dir), recipe)
+    name = f"{Path(shape).name.removesuffix('.json')}-{recipe.name}-{digest}"
+    return make_model_dir(shape, (root or model_cache_root()) / name, weights="trained", recipe=recipe,
+                          base_dir=base_dir, log=log)

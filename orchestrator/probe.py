@@ -19,7 +19,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -85,38 +85,12 @@ def _answer(payload: dict, body: Optional[dict] = None) -> ProbeAnswer:
     return ProbeAnswer(tuple(str(t) for t in tokens), tuple(None if x is None else float(x) for x in logprobs))
 
 
-async def post_all(base_url: str, model: str, bodies: Sequence[dict], parse: Callable[[dict, dict], Any],
-                   failed: Callable[[str], Any], *, concurrency: int, timeout_s: float,
-                   api_key: Optional[str]) -> list:
-    """POST every body to the completions endpoint, ``concurrency`` at a time: ``parse(payload, body)`` of
-    each answer in the bodies' order, or ``failed(message)`` for a request that failed."""
-    import aiohttp
-
-    from orchestrator.loadgen import Endpoint
-
-    endpoint = Endpoint(base_url, model, api="completions", api_key=api_key)  # its URL join, headers, scrub
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(session, body: dict):
-        async with gate:
-            try:
-                async with session.post(endpoint.url, json=body, headers=endpoint.headers()) as resp:
-                    text = await resp.text()
-                    if resp.status != 200:
-                        return failed(endpoint.scrub(f"HTTP {resp.status}: {text}")[:300])
-                    return parse(json.loads(text), body)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError) as e:
-                return failed(endpoint.scrub(f"{type(e).__name__}: {e}")[:300])
-
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        return list(await asyncio.gather(*(one(session, b) for b in bodies)))
-
-
 def run_probe(base_url: str, model: str, prompts: Sequence[ProbePrompt], spec: ProbeSpec,
               api_key: Optional[str] = None) -> tuple[list[ProbeAnswer], float]:
     """Send the probe set to an OpenAI-compatible completions endpoint: (answers in prompt order, seconds)."""
     t0 = time.monotonic()
+    from orchestrator.probe_http import post_all
+
     answers = asyncio.run(post_all(base_url, model, [_body(model, p) for p in prompts], _answer,
                                    lambda e: ProbeAnswer(error=e), concurrency=spec.concurrency,
                                    timeout_s=spec.timeout_s, api_key=api_key))

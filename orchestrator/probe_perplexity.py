@@ -35,11 +35,13 @@ class Scored:
 
 def perplexity_texts(spec: ProbeSpec, vocab_size: int) -> list[tuple[int, ...]]:
     """The held-out texts the probe scores (none when ``perplexity_sequences`` is 0)."""
-    from orchestrator.corpus import default_grammar, heldout_sequences
+    from orchestrator.corpus import Grammar, heldout_sequences
+    from orchestrator.modelgen import special_token_count
 
     if spec.perplexity_sequences == 0:
         return []
-    ids = heldout_sequences(default_grammar(vocab_size), spec.perplexity_sequences, spec.perplexity_tokens)
+    grammar = Grammar(vocab_size, vocab_size - special_token_count(vocab_size))
+    ids = heldout_sequences(grammar, spec.perplexity_sequences, spec.perplexity_tokens)
     return [tuple(int(t) for t in row) for row in ids]
 
 
@@ -67,7 +69,7 @@ def score(payload: dict, ids: Sequence[int]) -> Scored:
 def run_perplexity(base_url: str, model: str, texts: Sequence[Sequence[int]], spec: ProbeSpec,
                    api_key: Optional[str] = None) -> list[Scored]:
     """Score every held-out text through the engine, ``spec.concurrency`` at a time."""
-    from orchestrator.probe import post_all
+    from orchestrator.probe_http import post_all
 
     return asyncio.run(post_all(base_url, model, [_body(model, t) for t in texts],
                                 lambda payload, body: score(payload, body["prompt"]),

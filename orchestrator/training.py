@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from orchestrator.corpus import corpus_hash, default_grammar, heldout_sequences, training_sequences
+from orchestrator.corpus import Grammar, corpus_hash, heldout_sequences, training_sequences
 
 TRAINING_FILE = "training.json"
 # Bump when the corpus or the training loop changes what a recipe produces.
@@ -119,7 +119,8 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
     device = "cuda" if recipe.device == "auto" and torch.cuda.is_available() else recipe.device
     if device == "auto":
         device = "cpu"
-    grammar = default_grammar(cfg.vocab_size, recipe.grammar_seed)
+    # the tokenizer's special tokens start at bos (orchestrator.modelgen.model_config): never emitted
+    grammar = Grammar(cfg.vocab_size, cfg.bos_token_id, recipe.grammar_seed)
     x, ok = training_sequences(grammar, recipe.steps * recipe.batch, recipe.seq_len + 1, recipe.seed)
     heldout = heldout_sequences(grammar)
     labels = np.where(ok, x, -100)  # jump targets: nothing predicts them
@@ -180,19 +181,3 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
         f"held-out perplexity {record['heldout_perplexity']:.3f} (uniform: {cfg.vocab_size})")
     return record
 
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ORCHESTRATOR_MODEL_CACHE", Path.home() / ".cache" / "orchestrator" / "models"))
-
-
-def trained_model_dir(shape: str, recipe="tiny", root: Optional[Path] = None,
-                      base_dir: Optional[Path] = None, log: Callable[[str], None] = print) -> Path:
-    """The trained model of ``shape`` and ``recipe`` under ``root`` (default: :func:`cache_root`),
-    in a directory named by the recipe hash: trained once, then found."""
-    from orchestrator.modelgen import make_model_dir, model_config
-
-    recipe = get_recipe(recipe)
-    digest = recipe_hash(model_config(shape, recipe=recipe, base_dir=base_dir), recipe)
-    name = f"{Path(shape).name.removesuffix('.json')}-{recipe.name}-{digest}"
-    return make_model_dir(shape, (root or cache_root()) / name, weights="trained", recipe=recipe,
-                          base_dir=base_dir, log=log)

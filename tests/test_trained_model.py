@@ -12,13 +12,13 @@ import sys
 import numpy as np
 import pytest
 
-from orchestrator.corpus import corpus_hash, default_grammar, heldout_sequences, training_sequences
+from orchestrator.corpus import Grammar, corpus_hash, heldout_sequences, training_sequences
 from orchestrator.metrics import PROBE_METRIC_NAMES
-from orchestrator.modelgen import make_model_dir, model_config, special_token_count
+from orchestrator.modelgen import make_model_dir, model_config, special_token_count, trained_model_dir
 from orchestrator.probe_perplexity import Scored, perplexity, perplexity_columns, perplexity_texts, score
 from orchestrator.probe_spec import ProbeSpec
 from orchestrator.sim.models import ModelShape
-from orchestrator.training import RECIPES, Recipe, recipe_hash, trained_model_dir
+from orchestrator.training import RECIPES, Recipe, recipe_hash
 from orchestrator.workload.tokens import MIN_TOKEN_ID
 
 # Small enough to train twice in a test: what is checked is that the bytes repeat, not quality.
@@ -30,8 +30,7 @@ def _sha(path) -> str:
 
 
 def test_grammar_text_is_seeded_in_range_and_peaked():
-    g = default_grammar(4096)
-    assert g.ordinary_ids == 4096 - special_token_count(4096)
+    g = Grammar(4096, 4096 - special_token_count(4096))
     x, ok = training_sequences(g, 64, 129, seed=0)
     again, _ = training_sequences(g, 64, 129, seed=0)
     other, _ = training_sequences(g, 64, 129, seed=1)
@@ -128,5 +127,5 @@ def test_perplexity_texts_are_the_grammars_heldout_text():
     spec = ProbeSpec(perplexity_sequences=4, perplexity_tokens=64)
     texts = perplexity_texts(spec, 4096)
     assert len(texts) == 4 and {len(t) for t in texts} == {64}
-    assert [list(t) for t in texts] == heldout_sequences(default_grammar(4096), 4, 64).tolist()
+    assert [list(t) for t in texts] == heldout_sequences(Grammar(4096, 4096 - special_token_count(4096)), 4, 64).tolist()
     assert perplexity_texts(ProbeSpec(perplexity_sequences=0), 4096) == []

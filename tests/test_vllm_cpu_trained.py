@@ -31,7 +31,7 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
     from orchestrator.results import load_trials
     from orchestrator.search import run_study
     from orchestrator.study import parse_study
-    from orchestrator.training import trained_model_dir
+    from orchestrator.modelgen import trained_model_dir
 
     caches = own_caches(monkeypatch, tmp_path / "cache")
     # Trained once per checkout (pytest's cache folder), then found by its recipe hash.
