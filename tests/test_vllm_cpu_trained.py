@@ -91,7 +91,7 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
     assert abs(bf16["perplexity_delta"]) < 0.5 * base["heldout_perplexity"]  # drift, not a broken model
 
     # Speculation: the engine's counters say how much of what the prompt lookup proposed was accepted.
-    assert bf16["num_speculative_tokens"] == 3 and "speculative_config" in bf16["vllm_command"]
+    assert bf16["num_speculative_tokens"] == 3 and "--speculative-config" in bf16["vllm_command"]
     assert 0 < bf16["engine_spec_acceptance_rate"] <= 1
     assert 0 < bf16["engine_spec_accepted_per_draft"] <= 3
     assert base["engine_spec_acceptance_rate"] is None or math.isnan(base["engine_spec_acceptance_rate"])
