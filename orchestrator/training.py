@@ -116,9 +116,9 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(str(out))
-    device = "cuda" if recipe.device == "auto" and torch.cuda.is_available() else recipe.device
-    if device == "auto":
-        device = "cpu"
+    device = recipe.device if recipe.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"recipe {recipe.name} trains on CUDA, and torch sees no CUDA device here")
     # the tokenizer's special tokens start at bos (orchestrator.modelgen.model_config): never emitted
     grammar = Grammar(cfg.vocab_size, cfg.bos_token_id, recipe.grammar_seed)
     x, ok = training_sequences(grammar, recipe.steps * recipe.batch, recipe.seq_len + 1, recipe.seed)
@@ -166,7 +166,8 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
         "recipe": recipe.as_dict(), "recipe_hash": digest, "training_version": TRAINING_VERSION,
         "grammar": grammar.as_dict(), "corpus_hash": corpus_hash(x, ok, heldout),
         "train_tokens": int(x.size), "heldout_tokens": int(heldout.size), "params": int(params),
-        "steps": recipe.steps, "device": device, "threads": recipe.threads, "seconds": round(seconds, 2), "cpu_seconds": round(cpu_seconds, 2),
+        "steps": recipe.steps, "device": device, "threads": recipe.threads,
+        "seconds": round(seconds, 2), "cpu_seconds": round(cpu_seconds, 2),
         "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
         "heldout_perplexity": round(math.exp(heldout_loss), 4),
         # the grammar's floor is above 1; a flat model reads about the vocabulary size

@@ -127,5 +127,6 @@ def test_perplexity_texts_are_the_grammars_heldout_text():
     spec = ProbeSpec(perplexity_sequences=4, perplexity_tokens=64)
     texts = perplexity_texts(spec, 4096)
     assert len(texts) == 4 and {len(t) for t in texts} == {64}
-    assert [list(t) for t in texts] == heldout_sequences(Grammar(4096, 4096 - special_token_count(4096)), 4, 64).tolist()
+    grammar = Grammar(4096, 4096 - special_token_count(4096))
+    assert [list(t) for t in texts] == heldout_sequences(grammar, 4, 64).tolist()
     assert perplexity_texts(ProbeSpec(perplexity_sequences=0), 4096) == []
