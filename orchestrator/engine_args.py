@@ -95,6 +95,12 @@ ENGINE_ARG_RULES: dict[str, ArgRule] = {
                                low=1, high=1024),
     "scheduling_policy": ArgRule("choice", "waiting-queue order", choices=SCHEDULING_POLICIES),
     "dtype": ArgRule("choice", "model compute dtype", choices=DTYPES),
+    # Speculative decoding by n-gram prompt lookup (vLLM's speculative_config, method "ngram"):
+    # three searchable numbers, written as the one JSON argument vLLM takes (SPECULATIVE_ARGS).
+    "num_speculative_tokens": ArgRule("int", "tokens proposed per step by n-gram prompt lookup (0 = off)",
+                                      low=0, high=16),
+    "prompt_lookup_max": ArgRule("int", "longest n-gram matched in the prompt (speculation on)", low=1, high=16),
+    "prompt_lookup_min": ArgRule("int", "shortest n-gram matched in the prompt (speculation on)", low=1, high=16),
     # ray.serve.llm's serving layer (engine.ingress: serve_llm): not vLLM arguments, but searched
     # like them, because through that ingress they bound what the engine can be measured to do.
     "num_ingress_replicas": ArgRule("int", "ray.serve.llm router replicas (ingress serve_llm only)",
@@ -105,6 +111,8 @@ ENGINE_ARG_RULES: dict[str, ArgRule] = {
 
 # Parameters of ray.serve.llm's serving layer, not of the engine: never on vLLM's command line.
 SERVING_ARGS = ("num_ingress_replicas", "stream_batching_interval_ms")
+# Folded into vLLM's ``speculative_config`` (the same JSON in 0.26 and 0.29), never passed alone.
+SPECULATIVE_ARGS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 
 TUNABLE_ENGINE_ARGS = tuple(ENGINE_ARG_RULES)
 
@@ -133,6 +141,10 @@ class EngineArgs:
     stream_interval: int = 1
     scheduling_policy: str = "fcfs"
     dtype: str = "auto"
+    # n-gram speculation (SPECULATIVE_ARGS): off at 0; the lookup bounds default to vLLM's (5 and 5).
+    num_speculative_tokens: int = 0
+    prompt_lookup_max: Optional[int] = None
+    prompt_lookup_min: Optional[int] = None
     # ray.serve.llm's serving layer (SERVING_ARGS); None: ray.serve.llm's default.
     num_ingress_replicas: Optional[int] = None
     stream_batching_interval_ms: Optional[float] = None
@@ -181,16 +193,28 @@ class EngineArgs:
         out: dict[str, Any] = {}
         defaults = EngineArgs()
         for f in fields(self):
-            if f.name == "extra" or f.name in SERVING_ARGS:
+            if f.name == "extra" or f.name in SERVING_ARGS or f.name in SPECULATIVE_ARGS:
                 continue
             value = getattr(self, f.name)
             if value is None or value == getattr(defaults, f.name):
                 continue
             out[f.name] = value
+        if self.speculative_config() is not None:
+            out["speculative_config"] = self.speculative_config()
         # gpu_memory_utilization is always written: vLLM's default changed across versions.
         out["gpu_memory_utilization"] = self.gpu_memory_utilization
         out.update(env_references(self.extra))  # hf_token_env: VAR -> hf_token, read when the engine starts
         return out
+
+    def speculative_config(self) -> Optional[dict[str, Any]]:
+        """vLLM's ``speculative_config`` for n-gram prompt lookup, or None when speculation is off."""
+        if not self.num_speculative_tokens:
+            return None
+        config: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens}
+        for name in ("prompt_lookup_max", "prompt_lookup_min"):
+            if getattr(self, name) is not None:
+                config[name] = getattr(self, name)
+        return config
 
     def serving(self) -> dict[str, Any]:
         """The ray.serve.llm serving-layer settings that differ from its defaults."""
@@ -240,6 +264,9 @@ def vllm_refusal(args: EngineArgs) -> str | None:
                 "sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
     if mnbt < seqs:
         return f"max_num_batched_tokens ({mnbt}) must be greater than or equal to max_num_seqs ({seqs})."
+    lo, hi = args.prompt_lookup_min, args.prompt_lookup_max
+    if args.num_speculative_tokens and lo is not None and hi is not None and lo > hi:
+        return f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}"
     if args.long_prefill_token_threshold > max_len:
         return (f"long_prefill_token_threshold ({args.long_prefill_token_threshold}) cannot be greater than "
                 f"the max_model_len ({max_len}).")

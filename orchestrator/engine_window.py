@@ -33,7 +33,11 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "decode": ("request_decode_time_seconds",),
 }
 # Counters read over a measured window.
-WINDOW_COUNTERS = {"generation_tokens": "generation_tokens_total", "request_success": "request_success_total"}
+WINDOW_COUNTERS = {"generation_tokens": "generation_tokens_total", "request_success": "request_success_total",
+                   # speculative decoding (exported only with a speculative_config)
+                   "spec_drafts": "spec_decode_num_drafts_total",
+                   "spec_draft_tokens": "spec_decode_num_draft_tokens_total",
+                   "spec_accepted_tokens": "spec_decode_num_accepted_tokens_total"}
 # vllm:request_success is labelled by finished_reason; these are not what the client counts as completed.
 UNSUCCESSFUL_REASONS = frozenset({"abort", "error"})
 
@@ -201,6 +205,15 @@ class _Segment:
     tokens: Optional[float]  # generation tokens (None: not exported, or the engine restarted)
     requests: Optional[float]
     active: float  # seconds from the first send to the counter's final value
+    spec: Optional[tuple[float, float, float]] = None  # drafts, draft tokens, accepted tokens in the segment
+
+
+def _spec(start: EngineSnapshot, end: EngineSnapshot) -> Optional[tuple[float, float, float]]:
+    names = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+    if any(n not in end.counters for n in names):
+        return None
+    d = tuple(end.counters[n] - start.counters.get(n, 0.0) for n in names)
+    return d if min(d) >= 0 else None  # a counter went down: the engine restarted
 
 
 def _segment(start: EngineSnapshot, end: EngineSnapshot, series: Sequence[tuple[float, float]],
@@ -224,7 +237,8 @@ def _segment(start: EngineSnapshot, end: EngineSnapshot, series: Sequence[tuple[
             done = t
             break
     begin = first_send_t if first_send_t is not None else start.t
-    return _Segment(hists, tokens, reqs if reqs is None or reqs >= 0 else None, max(done - begin, 0.0))
+    return _Segment(hists, tokens, reqs if reqs is None or reqs >= 0 else None, max(done - begin, 0.0),
+                    _spec(start, end))
 
 
 def engine_segments_metrics(segments: Sequence[tuple[EngineSnapshot, EngineSnapshot, Optional[float]]],
@@ -252,6 +266,10 @@ def engine_segments_metrics(segments: Sequence[tuple[EngineSnapshot, EngineSnaps
         if fam == "ttft":
             upper = d.quantile_upper(0.5)
             out["engine_ttft_p50_upper_ms"] = upper * 1000.0 if upper is not None and math.isfinite(upper) else None
+    if all(p.spec is not None for p in parts):
+        drafts, drafted, accepted = (sum(p.spec[i] for p in parts) for i in range(3))
+        out["engine_spec_acceptance_rate"] = accepted / drafted if drafted > 0 else None
+        out["engine_spec_accepted_per_draft"] = accepted / drafts if drafts > 0 else None
     if any(p.tokens is None for p in parts):
         return out
     tokens = sum(p.tokens for p in parts)

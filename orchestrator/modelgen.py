@@ -14,6 +14,7 @@ exactly N tokens, so workloads control prompt lengths exactly on any model.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -48,26 +49,58 @@ def build_tokenizer(vocab_size: int):
     return tok, specials, first_special
 
 
-def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", "random"] = "none",
-                   max_position_embeddings: Optional[int] = None, seed: int = 0, force: bool = False,
-                   base_dir: Optional[Path] = None) -> Path:
-    """Write the model directory; returns its path. ``base_dir``: where a relative config path
-    starts (the study file's folder, ``Study.base_dir``)."""
+def model_config(shape: str, *, max_position_embeddings: Optional[int] = None, recipe=None,
+                 base_dir: Optional[Path] = None) -> dict:
+    """The ``config.json`` a model directory of ``shape`` gets: the tokenizer's special token ids,
+    an optional context length, and a training recipe's architecture overrides."""
     from orchestrator.sim.models import ModelShape, find_model_config
 
     src = find_model_config(shape, base_dir)
     config = json.loads(Path(src).read_text())
-    shape_info = ModelShape.from_config(config, name=Path(src).stem)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if recipe is not None:
+        from orchestrator.training import apply_arch
 
-    tok, specials, first_special = build_tokenizer(shape_info.vocab_size)
-    bos, eos = first_special, first_special + 1
-    config["bos_token_id"], config["eos_token_id"] = bos, eos
+        config = apply_arch(config, recipe)
+    first_special = ModelShape.from_config(config, name=Path(src).stem).vocab_size
+    first_special -= special_token_count(first_special)
+    config["bos_token_id"], config["eos_token_id"] = first_special, first_special + 1
     config.pop("pad_token_id", None)
     if max_position_embeddings:
         config["max_position_embeddings"] = int(max_position_embeddings)
         config.pop("rope_scaling", None)
+    return config
+
+
+def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", "random", "trained"] = "none",
+                   max_position_embeddings: Optional[int] = None, seed: int = 0, force: bool = False,
+                   base_dir: Optional[Path] = None, recipe="tiny", log=print) -> Path:
+    """Write the model directory; returns its path. ``base_dir``: where a relative config path
+    starts (the study file's folder, ``Study.base_dir``). ``recipe``: the training recipe of
+    ``weights="trained"`` (a name in :data:`orchestrator.training.RECIPES` or a Recipe); a
+    directory that already holds that recipe's weights is kept as it is."""
+    from orchestrator.sim.models import ModelShape
+
+    trained = None
+    if weights == "trained":
+        from orchestrator import training
+
+        trained = training.get_recipe(recipe)
+    config = model_config(shape, max_position_embeddings=max_position_embeddings, recipe=trained,
+                          base_dir=base_dir)
+    shape_info = ModelShape.from_config(config, name=shape)
+    out = Path(out_dir)
+    if trained is not None:
+        digest = training.recipe_hash(config, trained)
+        if training.is_trained(out, digest):
+            log(f"{out}: already trained by recipe {trained.name} ({digest})")
+            return out
+        if shape_info.num_params > training.MAX_TRAINED_PARAMS:
+            raise ValueError(f"{shape} with recipe {trained.name} has {shape_info.num_params / 1e9:.1f} B parameters; "
+                             f"training is for models of at most {training.MAX_TRAINED_PARAMS / 1e6:.0f} M")
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok, specials, _ = build_tokenizer(shape_info.vocab_size)
+    bos, eos = config["bos_token_id"], config["eos_token_id"]
     max_len = int(config.get("max_position_embeddings", 4096))
 
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -86,6 +119,10 @@ def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", 
             raise ValueError(f"{shape} has {shape_info.num_params / 1e9:.1f} B parameters; random weights are "
                              "for small test models (use weights='none' and load_format=dummy, or force=True)")
         _write_random_weights(out, seed)
+    elif trained is not None:
+        (out / training.TRAINING_FILE).unlink(missing_ok=True)  # a half-written directory is trained again
+        training.train(out, trained, digest, log)
+        _keep_token_ids(out, bos, eos)
     return out
 
 
@@ -116,7 +153,29 @@ def _write_random_weights(out: Path, seed: int) -> None:
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, str(cfg.torch_dtype).replace(
         "torch.", "")) if getattr(cfg, "torch_dtype", None) else None)
     model.save_pretrained(str(out), safe_serialization=True)
-    # save_pretrained rewrites config.json; keep our token ids
+    _keep_token_ids(out, cfg.bos_token_id, cfg.eos_token_id)
+
+
+def _keep_token_ids(out: Path, bos: int, eos: int) -> None:
+    """save_pretrained rewrites config.json; keep our token ids."""
     data = json.loads((out / "config.json").read_text())
-    data["bos_token_id"], data["eos_token_id"] = cfg.bos_token_id, cfg.eos_token_id
+    data["bos_token_id"], data["eos_token_id"] = bos, eos
     (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def model_cache_root() -> Path:
+    """Where :func:`trained_model_dir` keeps trained models (``$ORCHESTRATOR_MODEL_CACHE``)."""
+    return Path(os.environ.get("ORCHESTRATOR_MODEL_CACHE", Path.home() / ".cache" / "orchestrator" / "models"))
+
+
+def trained_model_dir(shape: str, recipe="tiny", root: Optional[Path] = None, base_dir: Optional[Path] = None,
+                      log=print) -> Path:
+    """The trained model of ``shape`` and ``recipe`` under ``root`` (default: :func:`model_cache_root`),
+    in a directory named by the recipe hash: trained once, then found."""
+    from orchestrator import training
+
+    recipe = training.get_recipe(recipe)
+    digest = training.recipe_hash(model_config(shape, recipe=recipe, base_dir=base_dir), recipe)
+    name = f"{Path(shape).name.removesuffix('.json')}-{recipe.name}-{digest}"
+    return make_model_dir(shape, (root or model_cache_root()) / name, weights="trained", recipe=recipe,
+                          base_dir=base_dir, log=log)

@@ -23,11 +23,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from orchestrator.metrics import PROBE_METRIC_NAMES
+from orchestrator.metrics import PERPLEXITY_METRIC_NAMES, PROBE_METRIC_NAMES
 from orchestrator.probe_spec import ProbeSpec
 from orchestrator.redaction import redact
 from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab
 
+# The columns compare() computes from the answers (perplexity and the duration are measured apart).
+AGREEMENT_COLUMNS = tuple(m for m in PROBE_METRIC_NAMES if m not in PERPLEXITY_METRIC_NAMES + ("probe_s",))
 # Mixes the probe's stream apart from the workload's, which uses the same study seed.
 _PROBE_STREAM = 0x9B0E
 
@@ -57,9 +59,13 @@ def probe_prompts(spec: ProbeSpec, vocab_size: int, seed: int) -> list[ProbeProm
                         spec.output_tokens) for n in np.maximum(lengths, spec.min_input_tokens)]
 
 
-def probe_fingerprint(prompts: Sequence[ProbePrompt]) -> str:
-    """Names the probe set: answers to two different sets are never compared."""
-    return hashlib.sha256(json.dumps([[p.token_ids, p.max_tokens] for p in prompts]).encode()).hexdigest()[:16]
+def probe_fingerprint(prompts: Sequence[ProbePrompt], texts: Sequence[Sequence[int]] = ()) -> str:
+    """Names the probe set (its prompts, and its held-out texts if any): answers to two different
+    sets are never compared."""
+    named: list = [[p.token_ids, p.max_tokens] for p in prompts]
+    if texts:
+        named.append({"perplexity": [list(t) for t in texts]})
+    return hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------ HTTP
@@ -70,7 +76,7 @@ def _body(model: str, prompt: ProbePrompt) -> dict[str, Any]:
             "return_tokens_as_token_ids": True}
 
 
-def _answer(payload: dict) -> ProbeAnswer:
+def _answer(payload: dict, body: Optional[dict] = None) -> ProbeAnswer:
     choice = payload["choices"][0]
     lp = choice.get("logprobs") or {}
     tokens, logprobs = lp.get("tokens"), lp.get("token_logprobs")
@@ -79,37 +85,15 @@ def _answer(payload: dict) -> ProbeAnswer:
     return ProbeAnswer(tuple(str(t) for t in tokens), tuple(None if x is None else float(x) for x in logprobs))
 
 
-async def _run(base_url: str, model: str, prompts: Sequence[ProbePrompt], *, concurrency: int, timeout_s: float,
-               api_key: Optional[str]) -> list[ProbeAnswer]:
-    import aiohttp
-
-    from orchestrator.loadgen import Endpoint
-
-    endpoint = Endpoint(base_url, model, api="completions", api_key=api_key)  # its URL join, headers, scrub
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(session, prompt: ProbePrompt) -> ProbeAnswer:
-        async with gate:
-            try:
-                async with session.post(endpoint.url, json=_body(model, prompt), headers=endpoint.headers()) as resp:
-                    text = await resp.text()
-                    if resp.status != 200:
-                        return ProbeAnswer(error=endpoint.scrub(f"HTTP {resp.status}: {text}")[:300])
-                    return _answer(json.loads(text))
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError) as e:
-                return ProbeAnswer(error=endpoint.scrub(f"{type(e).__name__}: {e}")[:300])
-
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        return list(await asyncio.gather(*(one(session, p) for p in prompts)))
-
-
 def run_probe(base_url: str, model: str, prompts: Sequence[ProbePrompt], spec: ProbeSpec,
               api_key: Optional[str] = None) -> tuple[list[ProbeAnswer], float]:
     """Send the probe set to an OpenAI-compatible completions endpoint: (answers in prompt order, seconds)."""
     t0 = time.monotonic()
-    answers = asyncio.run(_run(base_url, model, prompts, concurrency=spec.concurrency, timeout_s=spec.timeout_s,
-                               api_key=api_key))
+    from orchestrator.probe_http import post_all
+
+    answers = asyncio.run(post_all(base_url, model, [_body(model, p) for p in prompts], _answer,
+                                   lambda e: ProbeAnswer(error=e), concurrency=spec.concurrency,
+                                   timeout_s=spec.timeout_s, api_key=api_key))
     return answers, time.monotonic() - t0
 
 
@@ -152,13 +136,12 @@ def compare(reference: Sequence[ProbeAnswer], answers: Sequence[ProbeAnswer]) ->
             a, b = _lp(ref, j), _lp(got, j)
             if a is not None and b is not None:
                 diffs.append(abs(a - b))
-    out: dict[str, Optional[float]] = dict.fromkeys(PROBE_METRIC_NAMES)
+    out: dict[str, Optional[float]] = dict.fromkeys(AGREEMENT_COLUMNS)
     if total:
         out.update(token_agreement=same / total, prefix_agreement=prefix / total,
                    first_divergence_mean=float(np.mean(firsts)))
     if diffs:
         out.update(logprob_diff_mean=float(np.mean(diffs)), logprob_diff_p95=float(np.percentile(diffs, 95)))
-    out.pop("probe_s")
     return out
 
 
@@ -189,22 +172,36 @@ def probe_trial(study: Any, *, base_url: str, model: str, api_key: Optional[str]
     ``keep(probe_set, trial_id, record, eligible)`` stores the answers and returns the baseline's
     record (:meth:`orchestrator.results.probe_store.ProbeStore.keep`), or None while there is none.
     """
+    from orchestrator.probe_perplexity import (
+        perplexity_columns, perplexity_texts, run_perplexity, scored_from_json, scored_to_json,
+    )
     from orchestrator.sim.models import ModelShape
 
     spec: ProbeSpec = study.probe
-    prompts = probe_prompts(spec, ModelShape.load(study.model.name, study.base_dir).vocab_size, study.seed)
+    vocab_size = ModelShape.load(study.model.name, study.base_dir).vocab_size
+    prompts = probe_prompts(spec, vocab_size, study.seed)
+    texts = perplexity_texts(spec, vocab_size)
     answers, seconds = run_probe(base_url, model, prompts, spec, api_key)
+    t0 = time.monotonic()
+    scored = run_perplexity(base_url, model, texts, spec, api_key) if texts else []
+    seconds += time.monotonic() - t0
     failed = [a.error for a in answers if a.error is not None]
+    failed_ppl = [s.error for s in scored if s.error is not None]
     # Kept on disk beside the results: an engine argument that names a secret is "***" (orchestrator.redaction).
     record = {"trial_id": trial_id, "params": dict(params),
               "engine_args": redact(asdict(args)) if args is not None else None,
-              "answers": answers_to_json(answers)}
-    baseline = keep(probe_fingerprint(prompts), trial_id, record, not failed and is_baseline(spec, args))
+              "answers": answers_to_json(answers), "perplexity": scored_to_json(scored)}
+    # An endpoint without prompt_logprobs still has a baseline for agreement (its perplexity stays null).
+    baseline = keep(probe_fingerprint(prompts, texts), trial_id, record, not failed and is_baseline(spec, args))
     columns: dict[str, Any] = {"probe_s": seconds, "probe_reference": reference_kind(study), "probe_baseline": None}
     if baseline is not None:
         columns.update(compare(answers_from_json(baseline["answers"]), answers))
         columns["probe_baseline"] = baseline["trial_id"]
     else:
-        columns.update({k: None for k in PROBE_METRIC_NAMES if k != "probe_s"})
-    note = f"{len(failed)} of {len(answers)} probe requests failed; first: {failed[0]}" if failed else None
-    return columns, note
+        columns.update({k: None for k in AGREEMENT_COLUMNS})
+    reference = baseline.get("perplexity") if baseline is not None else None
+    columns.update(perplexity_columns(scored, scored_from_json(reference) if reference else None))
+    notes = [f"{len(failed)} of {len(answers)} probe requests failed; first: {failed[0]}" if failed else "",
+             f"{len(failed_ppl)} of {len(scored)} perplexity requests failed; first: {failed_ppl[0]}"
+             if failed_ppl else ""]
+    return columns, "; ".join(n for n in notes if n) or None

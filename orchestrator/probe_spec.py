@@ -32,11 +32,14 @@ class ProbeSpec(StrictModel):
     concurrency: int = Field(default=1, ge=1, le=1024,
                              description="probe requests in flight; 1 keeps batch composition, hence numerics, "
                                          "the same in every trial")
+    perplexity_sequences: int = Field(default=16, ge=0, le=1024,
+                                      description="held-out texts scored for heldout_perplexity (0: none)")
+    perplexity_tokens: int = Field(default=256, ge=2, le=1 << 16, description="tokens per held-out text")
     seed: Optional[int] = Field(default=None, description="default: the study's seed")
     timeout_s: float = Field(default=120.0, gt=0, le=86_400, description="per probe request")
     baseline: Optional[dict[str, Union[bool, int, float, str, None]]] = Field(
         default=None, description="engine arguments of the reference configuration (a subset); default: "
-                                  "quantization null and kv_cache_dtype auto")
+                                  "quantization null, kv_cache_dtype auto, num_speculative_tokens 0")
 
     @field_validator("baseline")
     @classmethod
@@ -56,7 +59,9 @@ class ProbeSpec(StrictModel):
 
     def reference(self) -> dict[str, Any]:
         """The engine arguments a baseline trial has."""
-        return dict(self.baseline) if self.baseline is not None else {"quantization": None, "kv_cache_dtype": "auto"}
+        # Speculation off too: n-gram speculation should leave greedy answers as they are, which the probe checks.
+        return dict(self.baseline) if self.baseline is not None else {"quantization": None, "kv_cache_dtype": "auto",
+                                                                      "num_speculative_tokens": 0}
 
 
 def probe_problems(study: Any) -> list[Problem]:

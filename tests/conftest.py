@@ -38,7 +38,8 @@ BASE_STUDY = {
 LONG_MODULES = {
     "test_vllm_cpu.py": 350, "test_faults_cluster.py": 165, "test_study_e2e.py": 155, "test_jobs.py": 80,
     "test_resume_kill.py": 65, "test_faults_disk.py": 40, "test_capacity_served.py": 40, "test_nightly.py": 35,
-    "test_vllm_cpu_serve_llm.py": 110, "test_vllm_cpu_probe.py": 150, "test_harness_served.py": 35,
+    "test_vllm_cpu_serve_llm.py": 110, "test_vllm_cpu_probe.py": 150, "test_vllm_cpu_trained.py": 280,
+    "test_harness_served.py": 35,
     "test_warmup_served.py": 40, "test_search_fidelity.py": 100,
 }
 

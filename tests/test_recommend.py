@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from orchestrator.engine_args import EngineArgs
+from orchestrator.engine_args import SPECULATIVE_ARGS, EngineArgs
 from orchestrator.recommend import RecommendError, engine_args_of, recommend, select_trial
 from orchestrator.study import parse_study
 
@@ -129,7 +129,8 @@ def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_fac
     resolved = json.loads(chosen["engine_args_json"])
     serve_config = yaml.safe_load(config.read_text())
     llm_config = serve_config["applications"][0]["args"]["llm_configs"][0]
-    fields = sorted(k for k, v in resolved.items() if k != "extra" and v is not None)
+    # n-gram speculation's knobs reach vLLM as one speculative_config (tests/test_speculative.py)
+    fields = sorted(k for k, v in resolved.items() if k != "extra" and v is not None and k not in SPECULATIVE_ARGS)
     parsed = subprocess.run([sys.executable, "-c", VLLM_PARSE, command, json.dumps(llm_config["engine_kwargs"]),
                              json.dumps(fields), str(config)], capture_output=True, text=True, timeout=600,
                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VLLM_NO_USAGE_STATS": "1",

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, load_study_or_report
-from orchestrator.engine_args import ENGINE_ARG_RULES, SERVING_ARGS, validate_engine_arg
+from orchestrator.engine_args import ENGINE_ARG_RULES, SERVING_ARGS, SPECULATIVE_ARGS, validate_engine_arg
 
-_ENGINE_FLAGS = tuple(name for name in ENGINE_ARG_RULES if name not in SERVING_ARGS)
+_ENGINE_FLAGS = tuple(name for name in ENGINE_ARG_RULES if name not in SERVING_ARGS + SPECULATIVE_ARGS)
 
 
 def _choice_type(choices: tuple):

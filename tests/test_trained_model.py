@@ -1,0 +1,132 @@
+"""``make-model --weights trained``: the generated corpus, deterministic training, the recipes,
+and the probe's held-out perplexity (its texts, its parsing of vLLM's prompt_logprobs, its columns)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from orchestrator.corpus import Grammar, corpus_hash, heldout_sequences, training_sequences
+from orchestrator.metrics import PROBE_METRIC_NAMES
+from orchestrator.modelgen import make_model_dir, model_config, special_token_count, trained_model_dir
+from orchestrator.probe_perplexity import Scored, perplexity, perplexity_columns, perplexity_texts, score
+from orchestrator.probe_spec import ProbeSpec
+from orchestrator.sim.models import ModelShape
+from orchestrator.training import RECIPES, Recipe, recipe_hash
+from orchestrator.workload.tokens import MIN_TOKEN_ID
+
+# Small enough to train twice in a test: what is checked is that the bytes repeat, not quality.
+MICRO = Recipe("micro", steps=4, batch=2, seq_len=32, lr=1e-3, warmup=1)
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_grammar_text_is_seeded_in_range_and_peaked():
+    g = Grammar(4096, 4096 - special_token_count(4096))
+    x, ok = training_sequences(g, 64, 129, seed=0)
+    again, _ = training_sequences(g, 64, 129, seed=0)
+    other, _ = training_sequences(g, 64, 129, seed=1)
+    held = heldout_sequences(g)
+    assert corpus_hash(x, ok, held) == corpus_hash(again, ok, held) != corpus_hash(other, ok, held)
+    assert not any((held[:, :8] == row[:8]).all(axis=1).any() for row in x)  # held out: not a training row
+    # Training text jumps anywhere in the workload's id range (masked out of the loss); held-out text never does.
+    assert x.min() >= MIN_TOKEN_ID and x.max() < 4096 - MIN_TOKEN_ID and 0.85 < ok[:, 1:].mean() < 0.97
+    assert held.min() >= MIN_TOKEN_ID and held.max() < g.ordinary_ids
+    # Peaked: the favourite successor's probability is above a half for most ids; some are near-ties.
+    _, cum = g.tables()
+    assert np.median(cum[:, 0]) > 0.5 and (cum[:, 0] < 0.4).mean() > 0.05
+
+
+def test_same_recipe_same_bytes_and_a_trained_directory_is_kept(tmp_path):
+    a = make_model_dir("tiny-llama", tmp_path / "a", weights="trained", recipe=MICRO, log=lambda _: None)
+    b = make_model_dir("tiny-llama", tmp_path / "b", weights="trained", recipe=MICRO, log=lambda _: None)
+    assert _sha(a / "model.safetensors") == _sha(b / "model.safetensors")
+    c = make_model_dir("tiny-llama", tmp_path / "c", weights="trained", recipe=Recipe(**{**MICRO.as_dict(), "seed": 1}),
+                       log=lambda _: None)
+    assert _sha(c / "model.safetensors") != _sha(a / "model.safetensors")
+
+    record = json.loads((a / "training.json").read_text())
+    assert record["recipe"] == MICRO.as_dict() and record["steps"] == 4 and record["params"] == 3_278_080
+    assert record["recipe_hash"] == recipe_hash(model_config("tiny-llama", recipe=MICRO), MICRO)
+    assert record["seconds"] > 0 and record["cpu_seconds"] > 0
+    assert 1 < record["heldout_perplexity"] and record["train_tokens"] == 4 * 2 * 33
+    assert record["corpus_hash"] == json.loads((b / "training.json").read_text())["corpus_hash"]
+    cfg = json.loads((a / "config.json").read_text())
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (3840, 3841)
+
+    said: list[str] = []
+    before = (a / "model.safetensors").stat().st_mtime_ns
+    make_model_dir("tiny-llama", a, weights="trained", recipe=MICRO, log=said.append)
+    assert (a / "model.safetensors").stat().st_mtime_ns == before and "already trained" in said[0]
+
+
+def test_the_cache_names_the_directory_by_recipe_hash(tmp_path):
+    path = trained_model_dir("tiny-llama", MICRO, root=tmp_path, log=lambda _: None)
+    digest = json.loads((path / "training.json").read_text())["recipe_hash"]
+    assert path == tmp_path / f"tiny-llama-micro-{digest}"
+    assert trained_model_dir("tiny-llama", MICRO, root=tmp_path, log=lambda _: None) == path
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_base_recipe_is_over_100m_parameters_and_builds():
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = model_config("tiny-llama", recipe=RECIPES["base"])
+    shape = ModelShape.from_config(config, name="base")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**config))
+    params = sum(p.numel() for p in model.parameters())
+    assert params == shape.num_params and 100e6 <= params <= 150e6
+    assert RECIPES["base"].device == "auto" and RECIPES["tiny"].device == "cpu"
+
+
+def test_unknown_recipe_and_too_large_a_model_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="no training recipe 'huge'"):
+        make_model_dir("tiny-llama", tmp_path / "x", weights="trained", recipe="huge")
+    with pytest.raises(ValueError, match="training is for models of at most"):
+        make_model_dir("llama-3.1-8b", tmp_path / "y", weights="trained")
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "make-model", "tiny-llama", str(tmp_path / "z"),
+                        "--weights", "trained", "--recipe", "huge"], capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice: 'huge'" in r.stderr
+
+
+# ---------------------------------------------------------------- held-out perplexity (pure)
+def _payload(ids, logprobs):
+    """A completions response with prompt_logprobs, as vLLM writes it (keys are token ids as strings)."""
+    entries = [None] + [{str(t): {"logprob": lp, "rank": 1, "decoded_token": f"t{t}"}} for t, lp in
+                        zip(ids[1:], logprobs)]
+    return {"choices": [{"text": "t5", "prompt_logprobs": entries}]}
+
+
+def test_perplexity_of_prompt_logprobs():
+    ids = [11, 12, 13, 14]
+    got = score(_payload(ids, [-1.0, -2.0, -3.0]), ids)
+    assert got == Scored(6.0, 3)
+    assert perplexity([got, Scored(0.0, 3)]) == pytest.approx(math.exp(1.0))
+    assert score({"choices": [{"text": ""}]}, ids).error.startswith("the response has no prompt_logprobs")
+    assert "token 14" in score(_payload([11, 12, 13, 99], [-1.0, -2.0, -3.0]), ids).error
+    cols = perplexity_columns([Scored(6.0, 3)], [Scored(3.0, 3)])
+    assert cols["heldout_perplexity"] == pytest.approx(math.exp(2)) and cols["perplexity_delta"] == pytest.approx(
+        math.exp(2) - math.exp(1))
+    assert perplexity_columns([Scored(error="HTTP 400")], [Scored(3.0, 3)]) == {
+        "heldout_perplexity": None, "perplexity_delta": None}
+    assert perplexity_columns([Scored(6.0, 3)], None)["perplexity_delta"] is None
+    assert {"heldout_perplexity", "perplexity_delta"} <= set(PROBE_METRIC_NAMES)
+
+
+def test_perplexity_texts_are_the_grammars_heldout_text():
+    spec = ProbeSpec(perplexity_sequences=4, perplexity_tokens=64)
+    texts = perplexity_texts(spec, 4096)
+    assert len(texts) == 4 and {len(t) for t in texts} == {64}
+    grammar = Grammar(4096, 4096 - special_token_count(4096))
+    assert [list(t) for t in texts] == heldout_sequences(grammar, 4, 64).tolist()
+    assert perplexity_texts(ProbeSpec(perplexity_sequences=0), 4096) == []
