@@ -43,10 +43,10 @@ from orchestrator.trial import TrialContext
 from recorded_trial import run_trial
 
 RUN = "r20261204-000000-abcd"
-FILES = {  # one file of each type, relative to the study folder
-    "trials": f"trials/date=2026-12-04/run={RUN}/{RUN}-0000.parquet",
-    "levels": f"levels/date=2026-12-04/run={RUN}/{RUN}-0000.parquet",
-    "requests": f"requests/date=2026-12-04/run={RUN}/{RUN}-0000.parquet",
+FILES = {  # one file of each type, relative to the study folder (the date partition is the day the trial ran)
+    "trials": f"trials/date=*/run={RUN}/{RUN}-0000.parquet",
+    "levels": f"levels/date=*/run={RUN}/{RUN}-0000.parquet",
+    "requests": f"requests/date=*/run={RUN}/{RUN}-0000.parquet",
     "study.json": "study.json",
     "optuna.journal": "optuna.journal",
     "_runs": f"_runs/{RUN}.json",
@@ -93,14 +93,21 @@ def dataset(tmp_path_factory) -> Path:
         workload_hash="0", fingerprint=study.fingerprint(), capacity_metric="capacity_rps", best_capacity=32.0,
         best_trial=f"{RUN}-0001", threshold=0.03, regression=False, reasons=[], changes=[], remeasured=0,
         trials={"completed": 2}))
-    for name, rel in FILES.items():
-        assert (root / rel).is_file(), name
+    for kind in FILES:
+        assert _located(root, kind).is_file(), kind
     return root
+
+
+def _located(study_dir: Path, kind: str) -> Path:
+    """The one file of ``kind`` in ``study_dir``."""
+    found = sorted(study_dir.glob(FILES[kind]))
+    assert len(found) == 1, (kind, found)
+    return found[0]
 
 
 def _damage(study_dir: Path, kind: str, how: str) -> Path:
     """Damage the file of ``kind``; returns the path a message should name."""
-    path = study_dir / FILES[kind]
+    path = _located(study_dir, kind)
     data = path.read_bytes()
     if how == "truncated":
         path.write_bytes(data[: len(data) // 2])

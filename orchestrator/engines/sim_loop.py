@@ -19,6 +19,7 @@ from orchestrator.engines.sim_metrics import SimRequestMetrics
 from orchestrator.sim.core import SimEngineCore, SimRequest
 
 FINISHED = "finished"  # a mailbox's last item; before it: token counts, or the exception that killed the engine
+CATCH_UP_S = 0.1  # lateness of the engine loop made up by later steps; beyond it the timeline shifts
 
 
 class Mailbox:
@@ -80,10 +81,11 @@ class SimRuntime:
                     await self._wake.wait()
                     next_free = loop.time()
                     continue
-                start = max(loop.time(), next_free)
+                # Step boundaries stay on a wall-clock timeline: a wake-up late by up to
+                # CATCH_UP_S (a busy host) is made up by the next steps instead of shifting every
+                # later token, so the simulated GPU does not slow down with the host's CPU.
+                start = max(next_free, loop.time() - CATCH_UP_S)
                 result = self.core.step()
-                # Step boundaries stay on a wall-clock timeline: a late wake-up shortens
-                # the next sleep instead of shifting every later token.
                 next_free = start + result.duration_s
                 delay = next_free - loop.time()
                 if delay > 0:
