@@ -155,8 +155,10 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     for params in (ok_a, ok_b):
         r = row(params)
         assert r["status"] == "completed", (r["failure_kind"], r["failure_message"])
-        # The engine's own gauges (Ray-exported vLLM metrics) reached the row ...
-        assert r["num_requests_running_peak"] is not None and r["kv_cache_usage_peak"] > 0
+        # The engine's own gauges reached the row ... (sampled every 0.5 s: a request here takes
+        # ~40 ms and levels are seconds apart, so only ~15% of a trial's scrapes find the engine
+        # working, and a peak of 0 is a possible reading; the counters below prove the values move)
+        assert pd.notna(r["num_requests_running_peak"]) and pd.notna(r["kv_cache_usage_peak"])
         # ... and show the setting took effect.
         assert r["num_requests_running_peak"] <= params["max_num_seqs"]
         cfg = json.loads(r["engine_args_json"])
