@@ -43,7 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     from orchestrator.results.definition import StudyDefinitionError
     from orchestrator.results.query import ResultsPathError
-    from orchestrator.resume import DamagedState
+    from orchestrator.search.resume import DamagedState
 
     try:
         return args.func(args)

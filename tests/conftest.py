@@ -67,7 +67,7 @@ def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[
     ``env``: set in this process and in Ray's workers while it runs. Yields the proxy's port."""
     import ray
 
-    from orchestrator.cluster import start_serve
+    from orchestrator.cluster.connect import start_serve
 
     env = dict(env or {})
     saved = {k: os.environ.get(k) for k in env}

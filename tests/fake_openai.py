@@ -23,7 +23,8 @@ import pytest
 from aiohttp import web
 
 from orchestrator.loadgen import Endpoint
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 API_KEY = "sk-test-SECRET-1234"

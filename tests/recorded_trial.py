@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.search.tune import measure_trial
-from orchestrator.trial_result import TrialResult
+from orchestrator.trial.result import TrialResult
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import cluster, feasibility, recommend
-from orchestrator.accelerator import is_cpu_study, with_study_defaults
-from orchestrator.engine_args import EngineArgs
+from orchestrator.apps import recommend
+from orchestrator.cluster import connect as cluster
 from orchestrator.engines import create_engine
 from orchestrator.engines.vllm_serve import resolve_platform
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
+from orchestrator.trial import feasibility
 
 
 def study(engine: dict, gpu: str):
@@ -30,7 +31,7 @@ def study(engine: dict, gpu: str):
 ])
 def test_every_caller_gives_the_same_answer(engine, gpu, cpu):
     s = study(engine, gpu)
-    assert is_cpu_study(s) is cpu
+    assert s.on_cpu is cpu
     if s.engine.kind == "vllm":
         assert (resolve_platform(s) == "cpu") is cpu
     assert (cluster.engine_resource(s) == "CPU") is (cpu and s.engine.kind == "vllm")
@@ -43,9 +44,9 @@ def test_every_caller_gives_the_same_answer(engine, gpu, cpu):
 def test_pre_flight_engine_and_simulator_resolve_alike(engine, gpu):
     s = study(engine, gpu)
     args = EngineArgs(tensor_parallel_size=1, dtype="float32")
-    expected = with_study_defaults(s, args)
-    assert expected.max_num_seqs is not None and expected.block_size == (128 if is_cpu_study(s) else 16)
+    expected = s.with_device_defaults(args)
+    assert expected.max_num_seqs is not None and expected.block_size == (128 if s.on_cpu else 16)
     assert feasibility.resolve_args(s, args) == expected
     assert create_engine(s).resolve(args) == expected
-    if not is_cpu_study(s):  # the simulator core fills unresolved arguments the same way
+    if not s.on_cpu:  # the simulator core fills unresolved arguments the same way
         assert SimEngineCore(ModelShape.load("tiny-llama"), get_gpu(gpu), args).args == expected

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.capacity import LevelPoint, capacity_index, judge_level, level_workload, next_rate
-from orchestrator.saturation import SaturationDetector, detect_saturation
-from orchestrator.metrics import summarise
-from orchestrator.records import RequestRecord
-from orchestrator.study import CapacitySpec, Constraint, SaturationSettings, StudyFileError, parse_study
+from orchestrator.measure.metrics import summarise
+from orchestrator.measure.records import RequestRecord
+from orchestrator.measure.saturation import SaturationDetector, detect_saturation
+from orchestrator.study.spec import CapacitySpec, Constraint, SaturationSettings, StudyFileError, parse_study
+from orchestrator.trial.capacity import LevelPoint, capacity_index, judge_level, level_workload, next_rate
 
 
 # ---------------------------------------------------------------- saturation
@@ -98,7 +98,7 @@ def test_a_level_and_a_trial_read_the_error_rate_by_one_rule(limit, allowed):
 
 
 def test_a_level_is_decided_only_when_every_interval_is_on_one_side_of_its_limit():
-    from orchestrator.confidence import Interval
+    from orchestrator.measure.confidence import Interval
 
     slo = [Constraint.model_validate("ttft_p99_ms <= 200"), Constraint.model_validate("output_throughput >= 1")]
     m = metrics(150)  # ttft p99 150 ms, met by its value
@@ -119,7 +119,7 @@ def test_a_level_is_decided_only_when_every_interval_is_on_one_side_of_its_limit
 
 
 def test_the_line_through_the_levels_narrows_the_bracket_around_its_crossing():
-    from orchestrator.capacity import capacity_bracket, knee_fit
+    from orchestrator.trial.capacity import capacity_bracket, knee_fit
 
     # Margins log(value / limit) linear in the rate, crossing at 20 req/s, each known to +-0.05.
     pts = [LevelPoint(r, r <= 20, r / 20 - 1, decided=abs(r - 20) > 2, margin=0.08 * (r - 20), margin_sd=0.05)
@@ -197,10 +197,10 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
 
     (The sweep starts at 8 req/s to keep the test short; from 6 req/s, 38 levels, it finds the
     same boundary.)"""
-    from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines import create_engine
-    from orchestrator.load_phase import study_requests, summarise_records as _summarise
-    from orchestrator.trial import TrialContext
+    from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.trial.load_phase import study_requests, summarise_records as _summarise
+    from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
     study = capacity_study()
@@ -225,7 +225,7 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
 
 
 def test_capacity_trial_row_levels_and_records():
-    from orchestrator.trial import TrialContext
+    from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
     out = run_trial(capacity_study(), {"max_num_seqs": 64}, trial_id="t", trial_number=0,
@@ -266,7 +266,7 @@ def test_capacity_trial_row_levels_and_records():
 
 
 def test_capacity_over_a_trace_scales_its_time():
-    from orchestrator.trial import TrialContext
+    from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
     doc = capacity_study().model_dump(mode="json", exclude={"source_path"})
@@ -283,7 +283,7 @@ def test_levels_are_written_and_replaced_with_their_trial(tmp_path):
     from orchestrator.results import ResultsStore
     from orchestrator.results.levels import levels_to_table, load_levels
     from orchestrator.results.schema import requests_to_table
-    from orchestrator.trial import TrialContext
+    from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
     study = capacity_study()

@@ -18,8 +18,8 @@ import pytest
 from conftest import local_serve
 from orchestrator.results import load_requests
 from orchestrator.results.levels import load_levels
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow

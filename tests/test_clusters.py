@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from conftest import REPO
 from orchestrator.cli import build_parser
-from orchestrator.study import load_study
+from orchestrator.study.load import load_study
 
 CLUSTERS = REPO / "clusters"
 IMAGE_HOME = "/app/"  # where clusters/Dockerfile puts the repository

@@ -1,15 +1,15 @@
-"""How sure one window's measurement is (orchestrator.confidence), on windows the simulator measured."""
+"""How sure one window's measurement is (orchestrator.measure.confidence), on windows the simulator measured."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.confidence import INTERVAL_METRICS, metric_intervals, t_of, z_of
-from orchestrator.engine_args import engine_args_from_params
 from orchestrator.engines import create_engine
-from orchestrator.load_phase import study_requests
-from orchestrator.metrics import summarise
-from orchestrator.study import parse_study
+from orchestrator.hardware.engine_args import engine_args_from_params
+from orchestrator.measure.confidence import INTERVAL_METRICS, metric_intervals, t_of, z_of
+from orchestrator.measure.metrics import summarise
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.load_phase import study_requests
 
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2el_p99_ms", "itl_p50_ms", "output_throughput",
            "request_throughput", "goodput")

@@ -29,17 +29,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from orchestrator.apps.nightly import NightlySummary, write_summary
 from orchestrator.cli import main
-from orchestrator.nightly import NightlySummary, write_summary
-from orchestrator.results.definition import write_study_definition
 from orchestrator.results import query
+from orchestrator.results.definition import write_study_definition
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.schema import requests_to_table
 from orchestrator.results.store import ResultsStore
-from orchestrator.resume import RunState
 from orchestrator.search import optuna_storage
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.search.resume import RunState
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 RUN = "r20261204-000000-abcd"

@@ -13,11 +13,11 @@ import copy
 import pandas as pd
 import pytest
 
-from orchestrator.recommend import RecommendError, select_trial
+from orchestrator.apps.recommend import RecommendError, select_trial
 from orchestrator.results.pareto import pareto_front
 from orchestrator.search.optuna_search import SamplerReport
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, judge_result
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext, judge_result
 from recorded_trial import run_trial
 
 
@@ -68,7 +68,7 @@ def test_a_run_recorded_before_the_limit_existed_still_resumes(repo):
     """The H200 study's run was recorded before ``max_error_rate``: its fingerprint must not move."""
     import json
 
-    from orchestrator.study import load_study
+    from orchestrator.study.load import load_study
 
     recorded = json.loads((repo / "results/examples/llama3-8b-h200/study.json").read_text())
     assert recorded["fingerprint"] == "41424c4ac475bc33"  # as its run state said when it ran
@@ -99,7 +99,7 @@ def test_a_measured_window_without_a_request_fails_the_trial(study_doc):
 def test_the_virtual_simulator_keeps_the_request_timeout(study_doc, timeout_s):
     """A request not ended ``timeout_s`` after it was sent fails as ``timeout``, as the HTTP load
     generator records it (tokens that came in time kept, the engine told to drop it)."""
-    from orchestrator.records import RequestErrorKind
+    from orchestrator.measure.records import RequestErrorKind
 
     out = run_trial(_virtual(study_doc, timeout_s=timeout_s), {"max_num_seqs": 16}, trial_id="r-0000",
                     trial_number=0, ctx=TrialContext("r"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from orchestrator.engine_args import EngineArgs, engine_args_from_params, validate_engine_arg
-from orchestrator.space import SearchSpace
+from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params, validate_engine_arg
+from orchestrator.study.space import SearchSpace
 
 
 def test_server_defaults_follow_vllm_by_gpu_size():
@@ -92,7 +92,7 @@ def test_vllm_refusal_is_what_vllms_own_scheduler_config_refuses():
 
     from vllm.config import SchedulerConfig
 
-    from orchestrator.engine_args import EngineArgs, vllm_refusal
+    from orchestrator.hardware.engine_args import EngineArgs, vllm_refusal
 
     for mnbt, seqs, max_len, chunked, threshold in itertools.product(
             (256, 2048, 8192), (16, 512), (1024, 4096), (True, False), (0, 2048)):
@@ -112,13 +112,13 @@ def test_vllm_refusal_is_what_vllms_own_scheduler_config_refuses():
 
 
 def test_preflight_and_simulator_refuse_a_budget_vllm_refuses(study_doc):
-    from orchestrator.engine_args import EngineArgs
     from orchestrator.failures import EngineStartError, FailureKind
-    from orchestrator.feasibility import check
+    from orchestrator.hardware.engine_args import EngineArgs
+    from orchestrator.hardware.gpus import get_gpu
+    from orchestrator.models.shapes import ModelShape
     from orchestrator.sim.core import SimEngineCore
-    from orchestrator.sim.hardware import get_gpu
-    from orchestrator.sim.models import ModelShape
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
+    from orchestrator.trial.feasibility import check
 
     study = parse_study(study_doc)
     gpu = get_gpu(study.hardware.gpu)

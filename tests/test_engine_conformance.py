@@ -33,12 +33,11 @@ import psutil
 import pytest
 from vllm_processes import vllm_processes
 
-from orchestrator.accelerator import with_study_defaults
-from orchestrator.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.engines import ENGINES, Engine, EngineContext, create_engine, engine_class, engine_kinds
 from orchestrator.engines import serve_app
 from orchestrator.failures import EngineStartError, FailureKind
-from orchestrator.study import EngineSpec, parse_study
+from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
+from orchestrator.study.spec import EngineSpec, parse_study
 
 SERVE_PORT = 8233
 NUM_GPUS = 4  # logical: the simulator holds them as vLLM would hold real ones
@@ -94,7 +93,7 @@ def make_study(engine: dict, tmp_path: Path, *, model: str = "tiny-llama", gpu: 
 def cluster(tmp_path_factory):
     import ray
 
-    from orchestrator.cluster import start_serve
+    from orchestrator.cluster.connect import start_serve
 
     cache = tmp_path_factory.mktemp("cache")
     # vLLM's caches under the test's folder: its processes are found by them (vllm_processes).
@@ -113,7 +112,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from orchestrator.modelgen import make_model_dir
+    from orchestrator.models.modelgen import make_model_dir
 
     return make_model_dir("tiny-llama", tmp_path_factory.mktemp("model") / "tiny-llama", weights="random")
 
@@ -253,7 +252,7 @@ def test_resolve_fills_the_device_defaults_and_keeps_the_trials_values(subject):
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "enable_chunked_prefill",
                  "enable_prefix_caching"):
         assert getattr(resolved, name) is not None, name
-    assert with_study_defaults(subject.study, resolved, cpu=subject.name == "vllm-cpu") == resolved
+    assert subject.study.with_device_defaults(resolved, cpu=subject.name == "vllm-cpu") == resolved
 
 
 @pytest.mark.parametrize("subject", ALL, indirect=True)
@@ -271,7 +270,7 @@ def test_resources_are_tp_x_pp_of_the_engines_resource(subject):
 @pytest.mark.parametrize("subject", SERVED, indirect=True)
 def test_deploy_serves_completions_and_teardown_leaves_nothing(subject):
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.trial import study_requests
+    from orchestrator.trial.run import study_requests
 
     s, trial_id = subject, "conf1"
     app = serve_app.app_name_for(trial_id)
@@ -308,7 +307,7 @@ def test_deploy_serves_completions_and_teardown_leaves_nothing(subject):
 
 @pytest.mark.parametrize("subject", REFUSING, indirect=True)
 def test_a_refused_configuration_raises_and_leaves_nothing(subject):
-    from orchestrator.trial import study_requests
+    from orchestrator.trial.run import study_requests
 
     s, trial_id = subject, "conf2"
     args = s.engine.resolve(s.args({**s.params, **REFUSED}))

@@ -18,11 +18,11 @@ import pytest
 
 from orchestrator.engines.sim_metrics import HISTOGRAMS as SIM_HISTOGRAMS
 from orchestrator.engines.sim_metrics import SimRequestMetrics
-from orchestrator.harness import CLIENT_LAG_MS, TTFT_FLOOR_MS, harness_bound_mask, harness_verdict
-from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, known_metric_names
+from orchestrator.measure.engine_window import EngineSnapshot, Histogram, engine_snapshot, engine_window_metrics
+from orchestrator.measure.harness import CLIENT_LAG_MS, TTFT_FLOOR_MS, harness_bound_mask, harness_verdict
+from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES, known_metric_names
+from orchestrator.measure.prometheus_text import iter_samples, parse_prometheus
 from orchestrator.sim.core import TokenOutput
-from orchestrator.engine_window import EngineSnapshot, Histogram, engine_snapshot, engine_window_metrics
-from orchestrator.prometheus_text import iter_samples, parse_prometheus
 
 LABELS = 'model_name="m",engine="{e}"'
 
@@ -249,8 +249,8 @@ def test_columns_in_the_schemas_and_old_files_read_as_null(tmp_path):
 def test_progress_line_shows_the_flag(study_doc):
     import io
 
-    from orchestrator.progress import ProgressPrinter
-    from orchestrator.study import parse_study
+    from orchestrator.search.progress import ProgressPrinter
+    from orchestrator.study.spec import parse_study
 
     out = io.StringIO()
     p = ProgressPrinter(parse_study(study_doc), total=2, stream=out)
@@ -263,7 +263,7 @@ def test_progress_line_shows_the_flag(study_doc):
 
 
 def test_a_level_measured_again_adds_its_windows_and_a_failed_scrape_gives_none():
-    from orchestrator.engine_window import Histogram, engine_segments_metrics
+    from orchestrator.measure.engine_window import Histogram, engine_segments_metrics
 
     def snap(t, ttft_counts, tokens):
         h = Histogram(((0.05, ttft_counts[0]), (0.1, ttft_counts[1]), (float("inf"), ttft_counts[1])),

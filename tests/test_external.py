@@ -11,8 +11,8 @@ import pytest
 from orchestrator.results import ResultsStore
 from orchestrator.results.definition import write_study_definition
 from orchestrator.results.schema import requests_to_table
-from orchestrator.study import StudyFileError, parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import StudyFileError, parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 from fake_openai import API_KEY, fake, server  # noqa: F401 - the fake OpenAI server fixtures
 

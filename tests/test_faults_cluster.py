@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.results import load_requests, load_trials
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
 
 pytestmark = pytest.mark.slow
 

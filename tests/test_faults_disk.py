@@ -106,7 +106,7 @@ def test_full_disk_stops_the_study_cleanly_and_it_resumes(tmp_path, small_disk, 
 
 WRITER = textwrap.dedent("""
     import sys, datetime
-    from orchestrator.records import RequestRecord
+    from orchestrator.measure.records import RequestRecord
     from orchestrator.results.schema import requests_to_table
     from orchestrator.results.store import ResultsStore
     store = ResultsStore(sys.argv[1], "killme")

@@ -9,10 +9,10 @@ import sys
 import pytest
 import yaml
 
-from orchestrator import feasibility
-from orchestrator.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.search import StudyStopped, run_study
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
+from orchestrator.trial import feasibility
 
 
 def infeasible_doc(study_doc, tmp_path):
@@ -81,7 +81,7 @@ def test_cpu_engines_are_checked_against_their_kv_space(study_doc):
     study = parse_study(doc)
     args = feasibility.resolve_args(study, EngineArgs(max_model_len=8192, dtype="float32"))
     # Llama-3.1-8B in float32: 32 layers x 8 KV heads x 128 x 2 x 4 B = 256 KiB per token -> 4096 tokens in 1 GiB.
-    from orchestrator.sim.models import ModelShape
+    from orchestrator.models.shapes import ModelShape
 
     assert feasibility.cpu_kv_tokens(ModelShape.load("llama-3.1-8b"), args, 1) == 4096
     verdict = feasibility.check(study, args)

@@ -190,8 +190,8 @@ def runnable_candidates(draw):
                                                                    HealthCheck.too_slow])
 @given(text=runnable_candidates())
 def test_every_accepted_file_runs_a_trial_without_an_internal_error(tmp_path, capsys, text):
-    from orchestrator.study import load_study
-    from orchestrator.trial import TrialContext, execute_trial
+    from orchestrator.study.load import load_study
+    from orchestrator.trial.run import TrialContext, execute_trial
 
     path = tmp_path / "study.yaml"
     path.write_text(text)

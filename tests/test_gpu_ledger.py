@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from orchestrator.gpu_ledger import Ledger, NodeCapacity, max_concurrent_use
+from orchestrator.cluster.gpu_ledger import Ledger, NodeCapacity, max_concurrent_use
 
 
 def ledger(**nodes) -> Ledger:

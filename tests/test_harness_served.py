@@ -22,10 +22,10 @@ import sys
 import pytest
 
 from conftest import REPO, local_serve
-from orchestrator.harness import CLIENT_LAG_MS, harness_verdict
-from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.measure.harness import CLIENT_LAG_MS, harness_verdict
+from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.apps.interchange import from_bench_result, records_from_bench, to_bench_result
 from orchestrator.cli import main
-from orchestrator.interchange import from_bench_result, records_from_bench, to_bench_result
 from orchestrator.results import ResultsStore, load_requests, load_trials
 from orchestrator.results.definition import write_study_definition
 from orchestrator.results.schema import requests_to_table
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 DATA = Path(__file__).parent / "data"

@@ -3,7 +3,7 @@
 A real virtual-time trial is measured once; its TTFT p99 is then put on each side of, and
 exactly at, a limit of every comparison. The row (``feasible``), what Optuna is told, the
 Pareto front, ``recommend``, a capacity level's verdict and the progress line must agree
-with :func:`orchestrator.judge.met` on every case; at exactly the limit ``<=``/``>=`` are met
+with :func:`orchestrator.measure.limits.met` on every case; at exactly the limit ``<=``/``>=`` are met
 and ``<``/``>`` are not.
 """
 
@@ -18,17 +18,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import judge
-from orchestrator.capacity import judge_level
-from orchestrator.metrics import summarise
-from orchestrator.records import RequestRecord
-from orchestrator.recommend import RecommendError, select_trial
+from orchestrator.apps.recommend import RecommendError, select_trial
+from orchestrator.measure import limits
+from orchestrator.measure.metrics import summarise
+from orchestrator.measure.records import RequestRecord
 from orchestrator.results.pareto import feasible_mask, pareto_front
-from orchestrator.results.rows import trial_row
 from orchestrator.search.optuna_search import SamplerReport
 from orchestrator.search.tune import tune_result
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext, execute_trial, judge_result
+from orchestrator.study import judge
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.capacity import judge_level
+from orchestrator.trial.row import trial_row
+from orchestrator.trial.run import TrialContext, execute_trial, judge_result
 
 OPS = ("<=", "<", ">=", ">")
 
@@ -98,15 +99,15 @@ def test_every_reader_agrees_with_the_judge(trial, op, offset, scale):
     value = result.metrics.ttft_p99_ms * scale
     limit = value + offset * max(1.0, abs(value))
     answers = _every_reader(base_doc, result, op, limit, value)
-    expected = judge.met(op, limit, value)
+    expected = limits.met(op, limit, value)
     assert answers == {k: expected for k in answers}, (op, limit, value, answers)
 
 
 @pytest.mark.parametrize("value", [None, math.nan, math.inf])
 def test_a_missing_or_non_finite_value_never_meets(value):
     for op in OPS:
-        assert not judge.met(op, 100.0, value)
-        assert judge.violation(op, 100.0, value) == 1.0
+        assert not limits.met(op, 100.0, value)
+        assert limits.violation(op, 100.0, value) == 1.0
 
 
 @pytest.mark.parametrize("op", ["<", "<="])

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from orchestrator.loadgen import Endpoint, SSEParser, run_load_sync, send_request, wait_ready
-from orchestrator.metrics import summarise
-from orchestrator.records import RequestErrorKind
-from orchestrator.warmup import WarmupOutcome
+from orchestrator.measure.metrics import summarise
+from orchestrator.measure.records import RequestErrorKind
+from orchestrator.measure.warmup import WarmupOutcome
 from orchestrator.workload.generate import build_requests, token_ids_to_text
 from orchestrator.workload.spec import WorkloadSpec
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.saturation import SaturationDetector
 from orchestrator.loadgen import run_load_sync
-from orchestrator.metrics import summarise
-from orchestrator.records import RequestErrorKind
-from orchestrator.study import SaturationSettings
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.measure.metrics import summarise
+from orchestrator.measure.records import RequestErrorKind
+from orchestrator.measure.saturation import SaturationDetector
+from orchestrator.study.spec import SaturationSettings
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 from fake_openai import API_KEY, endpoint, fake, make_set, server  # noqa: F401 - fixtures
 
 
@@ -115,7 +116,7 @@ def test_warmup_length_reaches_the_start_of_the_measured_window(fake):
     import time as _time
 
     from orchestrator.loadgen import run_load_sync
-    from orchestrator.warmup import WarmupOutcome
+    from orchestrator.measure.warmup import WarmupOutcome
 
     report = WarmupOutcome()
     recs = run_load_sync(endpoint(fake), make_set(4, warmup=2), timeout_s=5,

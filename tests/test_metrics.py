@@ -1,4 +1,4 @@
-"""orchestrator.metrics.summarise against records written by hand, with the arithmetic spelled out.
+"""orchestrator.measure.metrics.summarise against records written by hand, with the arithmetic spelled out.
 
 Percentiles are numpy's linear interpolation: for sorted values v[0..n-1], pN sits at
 position (n - 1) * N / 100, between v[floor] and v[ceil].
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.metrics import RequestSLO, peak_concurrency, summarise
-from orchestrator.records import RequestErrorKind as K
-from orchestrator.records import RequestRecord
+from orchestrator.measure.metrics import RequestSLO, peak_concurrency, summarise
+from orchestrator.measure.records import RequestErrorKind as K
+from orchestrator.measure.records import RequestRecord
 
 
 def ok(index, sent, tokens, *, completion=None, prompt=None, expected_prompt=0, lag=0.0, warmup=False):

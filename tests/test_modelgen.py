@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from orchestrator.modelgen import make_model_dir
-from orchestrator.sim.models import ModelShape
+from orchestrator.models.modelgen import make_model_dir
+from orchestrator.models.shapes import ModelShape
 
 
 @pytest.mark.parametrize("shape", ["tiny-llama", "llama-3.1-8b", "qwen2.5-7b"])

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from conftest import REPO
-from orchestrator.nightly import (NightlyPolicy, NightlySummary, compare_nights, front_points, load_summaries,
+from orchestrator.apps.nightly import (NightlyPolicy, NightlySummary, compare_nights, front_points, load_summaries,
                                   previous_run, summarise_night)
 from orchestrator.results.schema import trial_row_to_table, trials_schema
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 
@@ -132,7 +132,7 @@ def test_nightly_command_flags_a_slower_engine_only(ray_session, tmp_path_factor
     args = ["--output", str(output), "--trials", "3", "--remeasure", "2", "--quiet"]
     baseline_trials = load_trials(output / "quickstart")
     first_run = baseline_trials["run_id"].iloc[0]
-    from orchestrator.study import load_study
+    from orchestrator.study.load import load_study
 
     expected = front_points(baseline_trials, load_study(same), limit=2)  # what night 1 must re-measure first
     assert expected

@@ -7,7 +7,7 @@ import pandas as pd
 
 from orchestrator.commands.common import explain_empty_front
 from orchestrator.results.outcomes import failure_breakdown, failure_lines, outcome_summary
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
 
 TRIALS = pd.DataFrame([
     {"status": "infeasible", "failure_kind": "kv_cache_too_small", "failure_message": "max seq len 4096\nmore"},

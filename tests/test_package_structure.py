@@ -1,12 +1,15 @@
-"""The package's shape: no import cycle (function-level imports included), no oversized module.
+"""The package's shape: packages by layer, no import cycle, a short top level, no oversized module.
 
 Function-level imports hide dependencies from a reader and from import-time checks; a cycle
-through them still ties two concepts together. The graph here is every ``import`` /
+through them still ties two concepts together, and so does one through imports made for
+annotations only (``if TYPE_CHECKING:``). The graph here is every ``import`` /
 ``from ... import`` statement anywhere in a module, between modules of ``orchestrator``.
-Imports under ``if TYPE_CHECKING:`` are annotations only and are left out. Two edges Python
-adds without an ``import`` line of the module's own are counted too: importing a submodule
-runs its package's ``__init__`` first, and a ``"orchestrator.x:Name"`` string (the engine
-registry's lazy targets) is an import when it is used.
+Two edges Python adds without an ``import`` line of the module's own are counted too:
+importing a submodule runs its package's ``__init__`` first, and a ``"orchestrator.x:Name"``
+string (the engine registry's lazy targets) is an import when it is used.
+
+The packages form layers (:data:`LAYERS`, docs/architecture.md): a module imports only from
+its own package and from the layers below it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,24 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
 MAX_LINES = 420  # "about 400": one concept per module
+MAX_TOP_LEVEL_MODULES = 10
+# Bottom first. A module may import from its own package and from any lower layer; the
+# top-level modules are the vocabulary every layer shares.
+LAYERS = (
+    ("failures", "numbers", "redaction", "strict_model"),
+    ("workload",),
+    ("measure", "models"),
+    ("hardware",),
+    ("study",),
+    ("results", "sim", "cluster", "loadgen"),
+    ("engines",),
+    ("trial",),
+    ("search",),
+    ("apps",),
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+)
 
 
 def _module_name(path: Path) -> str:
@@ -29,15 +50,6 @@ def _module_name(path: Path) -> str:
 
 def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.body:
-                skip.update(id(n) for n in ast.walk(inner))
-    return skip
 
 
 _TARGET = re.compile(r"^(orchestrator(?:\.\w+)+):\w+$")
@@ -57,11 +69,8 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        skip = _type_checking_nodes(tree)
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
             targets: list[str] = []
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _TARGET.match(node.value):
                 targets = [_TARGET.match(node.value).group(1)]
@@ -182,3 +191,41 @@ def test_every_from_import_names_something_the_module_defines():
                     if alias.name != "*" and alias.name not in defined[node.module] and sub not in modules:
                         missing.append(f"{mod}: {node.module} has no {alias.name}")
     assert not missing, "\n".join(sorted(set(missing)))
+
+
+def _layer_of(module: str) -> int:
+    top = module.split(".")[1] if module != "orchestrator" else ""
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module}: its package {top!r} is in no layer of LAYERS (add it, and to docs/architecture.md)")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that reach up (or across, between packages of one layer)."""
+    bad = []
+    for mod, deps in graph.items():
+        if mod == "orchestrator":
+            continue
+        for dep in deps:
+            if dep == "orchestrator" or dep.split(".")[1] == mod.split(".")[1]:
+                continue
+            if _layer_of(dep) >= _layer_of(mod):
+                bad.append(f"{mod} -> {dep}")
+    return sorted(bad)
+
+
+def test_packages_import_only_from_lower_layers():
+    bad = layer_violations(import_graph())
+    assert not bad, "imports against the layers (LAYERS, docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"orchestrator.measure.metrics": {"orchestrator.study.judge"}, "orchestrator.study.judge": set()}
+    assert layer_violations(graph) == ["orchestrator.measure.metrics -> orchestrator.study.judge"]
+    assert layer_violations({"orchestrator.study.judge": {"orchestrator.measure.metrics"}}) == []
+
+
+def test_a_short_top_level():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from kuberay_schema import validate_manifest
+from orchestrator.apps.plan import Candidate, PlanError, check_rate, plan_fleet, replicas_for, target_ongoing_requests
 from orchestrator.cli import main
-from orchestrator.plan import Candidate, PlanError, check_rate, plan_fleet, replicas_for, target_ongoing_requests
-from orchestrator.pricing import unit_metrics
+from orchestrator.hardware.pricing import unit_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 H200 = REPO / "results" / "examples" / "llama3-8b-h200"

@@ -19,8 +19,8 @@ import yaml
 
 from orchestrator.results import load_trials
 from orchestrator.search import run_study
-from orchestrator.state_dir import local_state_dir
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
+from orchestrator.study.state_dir import local_state_dir
 
 pytestmark = pytest.mark.slow
 START_FAILURES = {"weights_oom", "no_kv_memory", "kv_cache_too_small", "invalid_args"}

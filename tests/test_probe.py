@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from orchestrator.engine_args import EngineArgs
-from orchestrator.judge import judge
-from orchestrator.probe import ProbeAnswer, compare, is_baseline, probe_fingerprint, probe_prompts
-from orchestrator.probe_spec import ProbeSpec
+from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.results.probe_store import ProbeStore
-from orchestrator.study import StudyFileError, parse_study
+from orchestrator.study.judge import judge
+from orchestrator.study.probe import ProbeSpec
+from orchestrator.study.spec import StudyFileError, parse_study
+from orchestrator.trial.probe import ProbeAnswer, compare, is_baseline, probe_fingerprint, probe_prompts
 
 
 def _a(tokens, logprobs=None):
@@ -127,8 +127,8 @@ def test_a_probe_is_part_of_what_the_trials_measure(study_doc):
     ("H200", {"quantization": "fp8", "dtype": "float32"}, "torch.float32 is not supported for quantization method fp8"),
 ])
 def test_quantization_the_device_cannot_run_is_pruned_with_vllms_reason(study_doc, gpu, params, message):
-    from orchestrator import feasibility
-    from orchestrator.engine_args import engine_args_from_params
+    from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.trial import feasibility
 
     study = parse_study({**_vllm_doc(study_doc), "hardware": {"gpu": gpu},
                          "space": {"quantization": [None, "fp8", "awq", "experts_int8"], "dtype": ["auto", "float32"]}})
@@ -139,12 +139,12 @@ def test_quantization_the_device_cannot_run_is_pruned_with_vllms_reason(study_do
 
 
 def test_fp8_weights_and_kv_shrink_the_memory_plan():
-    from orchestrator.sim.hardware import get_gpu
-    from orchestrator.sim.memory import plan_memory
-    from orchestrator.sim.models import ModelShape
+    from orchestrator.hardware.gpus import get_gpu
+    from orchestrator.hardware.memory import plan_memory
+    from orchestrator.models.shapes import ModelShape
 
     model, gpu = ModelShape.load("llama-3.1-8b"), get_gpu("H200")
-    from orchestrator.accelerator import with_device_defaults
+    from orchestrator.hardware.accelerator import with_device_defaults
 
     base, fp8w, fp8kv = (plan_memory(model, gpu, with_device_defaults(EngineArgs(max_model_len=8192, **kw), gpu,
                                                                       model_max_len=131072))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import re
 
-from orchestrator.progress import ProgressPrinter
-from orchestrator.study import parse_study
+from orchestrator.search.progress import ProgressPrinter
+from orchestrator.study.spec import parse_study
 
 
 def _printer(study_doc, monkeypatch, interval="30"):
@@ -79,10 +79,10 @@ def test_a_lost_or_unrecorded_trial_is_shown_with_the_classifiers_status_and_kin
     import dataclasses
     from types import SimpleNamespace
 
-    from orchestrator import judge
     from orchestrator.failures import FailureKind, TrialStatus
     from orchestrator.search.optuna_search import SamplerReport
     from orchestrator.search.tune import tune_result
+    from orchestrator.study import judge
 
     p, out = _printer(study_doc, monkeypatch)
     p.tune_callback().on_trial_error(0, [], SimpleNamespace(trial_id="r-0000", config={"max_num_seqs": 8}))

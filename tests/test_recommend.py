@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from conftest import REPO
-from orchestrator.engine_args import SPECULATIVE_ARGS, EngineArgs
-from orchestrator.recommend import RecommendError, engine_args_of, recommend, select_trial
-from orchestrator.study import parse_study
+from orchestrator.apps.recommend import RecommendError, engine_args_of, recommend, select_trial
+from orchestrator.hardware.engine_args import SPECULATIVE_ARGS, EngineArgs
+from orchestrator.study.spec import parse_study
 
 
 # vLLM's own `vllm serve` parser (the CPU build is enough): argv in, the parsed engine arguments out as JSON.

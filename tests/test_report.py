@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from orchestrator.results.report import level_curves, load_curves
+from orchestrator.apps.report import level_curves, load_curves
 from orchestrator.results.report_tables import _in_flight_at_send
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -231,9 +231,9 @@ def test_quickstart_report_renders_in_chromium(browser, tmp_path_factory, tmp_pa
 
     from test_query_docs import quickstart_results
 
+    from orchestrator.apps.report import front_of
     from orchestrator.results import load_trials
     from orchestrator.results.definition import read_study_definition
-    from orchestrator.results.report import front_of
 
     study_dir = quickstart_results(tmp_path_factory.getbasetemp() / "quickstart-virtual")
     out = tmp_path / "report"

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from orchestrator.results import load_requests, load_trials
-from orchestrator.study import load_study
+from orchestrator.study.load import load_study
 
 pytestmark = pytest.mark.slow
 

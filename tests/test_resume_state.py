@@ -11,11 +11,11 @@ import pandas as pd
 import psutil
 import pytest
 
-from orchestrator.search.reconcile import reconcile
-from orchestrator.resume import (INTERRUPTED_ATTR, DamagedState, RunInProgress, RunLock, RunState, check_state,
-                                 repair_journal, stop_orphans)
 from orchestrator.search import optuna_storage
-from orchestrator.study import parse_study
+from orchestrator.search.reconcile import reconcile
+from orchestrator.search.resume import (INTERRUPTED_ATTR, DamagedState, RunInProgress, RunLock, RunState, check_state,
+                                 repair_journal, stop_orphans)
+from orchestrator.study.spec import parse_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -36,7 +36,7 @@ def test_torn_last_record_is_cut_and_the_journal_reads_again(tmp_path):
 
 
 def _holder(tmp_path: Path) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from orchestrator.resume import RunLock; "
+    code = ("import sys, time; from pathlib import Path; from orchestrator.search.resume import RunLock; "
             "RunLock(Path(sys.argv[1]), 'r1').acquire(); print('held', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"

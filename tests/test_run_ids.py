@@ -24,8 +24,8 @@ import yaml
 from conftest import REPO
 from orchestrator.results import load_requests, load_trials, requests_to_table
 from orchestrator.search import ResultsSinkActor, new_run_id
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 from test_query_docs import _RUNNER, python_blocks
 

@@ -18,7 +18,7 @@ import time
 import pandas as pd
 import pytest
 
-from orchestrator.study import StudyFileError, parse_study
+from orchestrator.study.spec import StudyFileError, parse_study
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ HIDDEN = {"step_overhead": 1.6, "compute_efficiency": 1.0, "bandwidth_efficiency
 @pytest.fixture(scope="module")
 def endpoint():
     from orchestrator.engines.sim_http import build_sim_frontend, start_direct_server
-    from orchestrator.sim.models import find_model_config
+    from orchestrator.models.shapes import find_model_config
 
     with open(find_model_config("llama-3.1-8b")) as f:
         config = json.load(f)
@@ -148,8 +148,8 @@ def test_the_space_is_scored_over_the_cluster_as_in_one_process(tmp_path):
     the scores are the ones this process computes (the virtual simulator is deterministic)."""
     import ray
 
-    from orchestrator.feasibility import space_points
     from orchestrator.search.fidelity import SimScorer, score_in_simulator
+    from orchestrator.trial.feasibility import space_points
 
     doc = _doc(tmp_path, "http://127.0.0.1:9")
     doc["workload"] = {**doc["workload"], "num_requests": 8, "warmup_requests": 0}
@@ -181,7 +181,7 @@ def test_measurements_far_from_any_calibration_keep_the_fit_within_its_bounds(tm
     search goes on and its calibration is one the simulator accepts."""
     from orchestrator.search import fidelity_model as fm
     from orchestrator.search.fidelity import FidelitySearch, fidelity_metrics
-    from orchestrator.study_engine import SimCalibration
+    from orchestrator.study.engine import SimCalibration
 
     doc = _doc(tmp_path, "http://127.0.0.1:9")
     doc["workload"] = {**doc["workload"], "num_requests": 8, "warmup_requests": 0}
@@ -211,7 +211,7 @@ def test_a_trial_run_as_the_trial_actor_runs_it_keeps_the_prediction_it_was_pick
     what the simulator predicted and how far the measurement was from it."""
     from recorded_trial import run_trial
 
-    from orchestrator.trial import TrialContext
+    from orchestrator.trial.run import TrialContext
 
     study = parse_study(_doc(tmp_path, endpoint))
     predicted = {"output_throughput": 1000.0, "tpot_p50_ms": 20.0}

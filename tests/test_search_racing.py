@@ -8,10 +8,10 @@ import json
 
 import pandas as pd
 
-from orchestrator.recommend import recommend
+from orchestrator.apps.recommend import recommend
 from orchestrator.results.ties import combine_repeats
 from orchestrator.search.racing import Racer
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
 from test_search_screening import _run
 
 

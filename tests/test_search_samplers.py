@@ -14,11 +14,11 @@ import optuna
 import pytest
 
 from orchestrator.search.optuna_search import ask_distinct, tell
-from orchestrator.search.samplers import make_sampler, sampler_seed
-from orchestrator.study import parse_study
-from orchestrator.results.rows import trial_row
 from orchestrator.search.optuna_search import SamplerReport, tell_report
-from orchestrator.trial import TrialContext, execute_trial, judge_result
+from orchestrator.search.samplers import make_sampler, sampler_seed
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.row import trial_row
+from orchestrator.trial.run import TrialContext, execute_trial, judge_result
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SAMPLERS = ["tpe", "nsga2", "gp", "random", "grid"]  # gp: torch's import + first fit take ~15 s (slow)

@@ -21,8 +21,8 @@ import pytest
 
 from orchestrator.results import load_trials
 from orchestrator.search import optuna_storage, optuna_study_name, run_study
-from orchestrator.state_dir import local_state_dir
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
+from orchestrator.study.state_dir import local_state_dir
 
 pytestmark = pytest.mark.slow
 

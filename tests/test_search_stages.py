@@ -10,7 +10,7 @@ import pytest
 from orchestrator.search.optuna_search import ask_distinct, tell
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.stages import StagedSearch, baseline_values, plan_stages
-from orchestrator.study import StudyFileError, parse_study
+from orchestrator.study.spec import StudyFileError, parse_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

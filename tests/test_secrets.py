@@ -24,7 +24,7 @@ PLANTED = (TOKEN, PROXY_PW, FRAGMENT)
 
 
 def vllm_study(tmp_path):
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     return parse_study({
         "name": "secrets", "model": {"name": "tiny-llama"}, "hardware": {"gpu": "CPU"},
@@ -40,9 +40,9 @@ def vllm_study(tmp_path):
 def test_the_vllm_server_log_line_and_its_failure_messages_hold_no_token(tmp_path, monkeypatch):
     """The command the replica writes at the top of its log (in Ray's session folder), and the
     failure messages Serve copies into its own logs, built as ``VllmServer`` builds them."""
-    from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines.vllm_process import command_secrets, failure_text, log_command, server_command
     from orchestrator.engines.vllm_serve import VllmServeEngine
+    from orchestrator.hardware.engine_args import engine_args_from_params
 
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", TOKEN)
     study = vllm_study(tmp_path)
@@ -69,12 +69,12 @@ def test_credentials_under_unknown_names_are_never_written(tmp_path, monkeypatch
     """study.json, the trials Parquet (a failure message quoting them too), what Tune pickles and
     ``recommend``'s output hold neither the proxy password nor the fragment's token."""
     from orchestrator.cli import main
-    from orchestrator.engine_args import EngineArgs
     from orchestrator.failures import Failure, FailureKind, TrialStatus
+    from orchestrator.hardware.engine_args import EngineArgs
     from orchestrator.results import ResultsStore
     from orchestrator.results.definition import write_study_definition
-    from orchestrator.results.rows import trial_row
-    from orchestrator.trial_result import TrialResult
+    from orchestrator.trial.result import TrialResult
+    from orchestrator.trial.row import trial_row
 
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", TOKEN)
     study = vllm_study(tmp_path)

@@ -12,17 +12,17 @@ import pytest
 from pydantic import ValidationError
 
 from fake_openai import endpoint, fake, server  # noqa: F401 - fixtures
-from orchestrator.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
 from orchestrator.loadgen import APIS, Endpoint, run_load_sync
-from orchestrator.metrics import RequestSLO
-from orchestrator.records import RequestRecord
-from orchestrator.session_metrics import session_columns, turn_table
+from orchestrator.measure.metrics import RequestSLO
+from orchestrator.measure.records import RequestRecord
+from orchestrator.measure.session_metrics import session_columns, turn_table
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape
 from orchestrator.sim.virtual import simulate
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from orchestrator.workload.generate import build_requests
 from orchestrator.workload.session_files import read_session_trace, read_sharegpt_sessions
 from orchestrator.workload.sessions import expected_prefix_hit_rate

@@ -15,8 +15,8 @@ import pytest
 
 from orchestrator.results import ResultsStore, load_requests
 from orchestrator.results.schema import requests_to_table
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ SERVE_PORT = 8231
 def ray_serve():
     import ray
 
-    from orchestrator.cluster import start_serve
+    from orchestrator.cluster.connect import start_serve
 
     ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000})

@@ -135,8 +135,8 @@ def test_serve_sim_usage_errors_say_what_is_wrong(args, message):
 
 
 def test_an_external_study_measures_serve_sim(base_url, tmp_path):
-    from orchestrator.study import parse_study
-    from orchestrator.trial import TrialContext
+    from orchestrator.study.spec import parse_study
+    from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
     study = parse_study({

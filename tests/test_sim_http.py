@@ -34,12 +34,12 @@ MODEL = "sim-api"
 def doors(tmp_path_factory):
     import ray
 
-    from orchestrator.cluster import start_serve
-    from orchestrator.engine_args import engine_args_from_params
+    from orchestrator.cluster.connect import start_serve
     from orchestrator.engines import serve_app
     from orchestrator.engines import EngineContext
     from orchestrator.engines.sim_served import ServedSimEngine
-    from orchestrator.study import parse_study
+    from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.study.spec import parse_study
 
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, namespace="orchestrator")
     try:

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from orchestrator.engine_args import EngineArgs, engine_args_from_params, validate_engine_arg, vllm_refusal
-from orchestrator.engine_window import engine_snapshot, engine_window_metrics
-from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, default_direction
-from orchestrator.prometheus_text import iter_samples
-from orchestrator.study import parse_study
+from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params, validate_engine_arg, vllm_refusal
+from orchestrator.measure.engine_window import engine_snapshot, engine_window_metrics
+from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES, default_direction
+from orchestrator.measure.prometheus_text import iter_samples
+from orchestrator.study.spec import parse_study
 
 
 def test_three_knobs_become_one_speculative_config():

@@ -9,8 +9,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from orchestrator.space import SearchSpace
-from orchestrator.study import StudyFileError, load_study, parse_study
+from orchestrator.study.load import load_study
+from orchestrator.study.space import SearchSpace
+from orchestrator.study.spec import StudyFileError, parse_study
 
 
 def problems_of(doc) -> list[str]:

@@ -12,7 +12,8 @@ import pytest
 
 from orchestrator.results import load_requests, load_trials, pareto_front
 from orchestrator.results.ties import front_with_ties
-from orchestrator.study import load_study, parse_study
+from orchestrator.study.load import load_study
+from orchestrator.study.spec import parse_study
 
 pytestmark = pytest.mark.slow
 

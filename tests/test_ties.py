@@ -16,12 +16,12 @@ import pandas as pd
 import pytest
 
 from conftest import local_serve
-from orchestrator.recommend import recommend
+from orchestrator.apps.recommend import recommend
 from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.schema import trial_row_to_table, trials_schema
 from orchestrator.results.ties import combine_repeats, front_with_ties, noise_front, tie_mask
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 SERVE_PORT = 8241

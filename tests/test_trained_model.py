@@ -12,13 +12,13 @@ import sys
 import numpy as np
 import pytest
 
-from orchestrator.corpus import Grammar, corpus_hash, heldout_sequences, training_sequences
-from orchestrator.metrics import PROBE_METRIC_NAMES
-from orchestrator.modelgen import make_model_dir, model_config, special_token_count, trained_model_dir
-from orchestrator.probe_perplexity import Scored, perplexity, perplexity_columns, perplexity_texts, score
-from orchestrator.probe_spec import ProbeSpec
-from orchestrator.sim.models import ModelShape
-from orchestrator.training import RECIPES, Recipe, recipe_hash
+from orchestrator.measure.metrics import PROBE_METRIC_NAMES
+from orchestrator.models.corpus import Grammar, corpus_hash, heldout_sequences, training_sequences
+from orchestrator.models.modelgen import make_model_dir, model_config, special_token_count, trained_model_dir
+from orchestrator.models.shapes import ModelShape
+from orchestrator.models.training import RECIPES, Recipe, recipe_hash
+from orchestrator.study.probe import ProbeSpec
+from orchestrator.trial.probe_perplexity import Scored, perplexity, perplexity_columns, perplexity_texts, score
 from orchestrator.workload.tokens import MIN_TOKEN_ID
 
 # Small enough to train twice in a test: what is checked is that the bytes repeat, not quality.

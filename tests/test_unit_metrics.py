@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from conftest import REPO
-from orchestrator.judge import violation
-from orchestrator.pricing import DEFAULT_PRICE_PER_GPU_HOUR, gpu_hour_price, unit_metrics
+from orchestrator.hardware.gpus import GPUS
+from orchestrator.hardware.pricing import DEFAULT_PRICE_PER_GPU_HOUR, gpu_hour_price, unit_metrics
+from orchestrator.measure.limits import violation
 from orchestrator.results.pareto import pareto_front
-from orchestrator.sim.hardware import GPUS
-from orchestrator.study import Constraint, StudyFileError, parse_study
+from orchestrator.study.spec import Constraint, StudyFileError, parse_study
 
 PRICE = 3.6  # $/GPU-hour: one GPU for one second costs a thousandth of a dollar
 
@@ -217,7 +217,7 @@ def test_imported_vllm_bench_results_get_them_from_their_gpu():
     """``import-bench --gpus N --gpu TYPE``: the same definitions, the table's price for TYPE."""
     import json
 
-    from orchestrator.interchange import from_bench_result
+    from orchestrator.apps.interchange import from_bench_result
 
     sample = REPO / "tests" / "data" / "vllm_bench_rate64_S256.json"
     data = json.loads(sample.read_text())

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 from vllm_processes import own_caches, vllm_processes
 
-from orchestrator.harness import harness_verdict
+from orchestrator.measure.harness import harness_verdict
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -66,7 +66,7 @@ class EngineKiller(threading.Thread):
     def _finished_requests(self) -> float:
         """Requests the running trial's engine has finished: vLLM's own counter, read from the
         server the trial started (ingress ``engine``: its port is on the server's command line)."""
-        from orchestrator.prometheus_text import fetch_metrics_text, parse_prometheus
+        from orchestrator.measure.prometheus_text import fetch_metrics_text, parse_prometheus
 
         for p in vllm_processes(self.cache_root, kinds=("vllm.entrypoints.openai.api_server",)):
             argv = p.cmdline()
@@ -84,11 +84,11 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     import ray
     from ray import serve
 
-    from orchestrator.modelgen import make_model_dir
+    from orchestrator.models.modelgen import make_model_dir
     from orchestrator.results import load_requests, load_trials
     from orchestrator.results.levels import load_levels
     from orchestrator.search import run_study
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     caches = own_caches(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", PLANTED_REFERENCED)

@@ -24,10 +24,10 @@ def test_probe_agreement_on_cpu_vllm(tmp_path, monkeypatch):
     import optuna
     import ray
 
-    from orchestrator.modelgen import make_model_dir
+    from orchestrator.models.modelgen import make_model_dir
     from orchestrator.results import load_trials
     from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     caches = own_caches(monkeypatch, tmp_path / "cache")
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")

@@ -25,11 +25,11 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
     import ray
     from ray import serve
 
-    from orchestrator.modelgen import make_model_dir
-    from orchestrator.recommend import recommend
+    from orchestrator.apps.recommend import recommend
+    from orchestrator.models.modelgen import make_model_dir
     from orchestrator.results import load_trials
     from orchestrator.search import run_study
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     caches = own_caches(monkeypatch, tmp_path / "cache")
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")

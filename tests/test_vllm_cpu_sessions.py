@@ -16,7 +16,7 @@ import pytest
 from vllm_processes import own_caches
 
 from orchestrator.results.schema import requests_to_table
-from orchestrator.trial import TrialContext
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -28,9 +28,9 @@ KV_BYTES = 64 * 2**20
 def test_sessions_on_cpu_vllm(tmp_path, monkeypatch):
     import ray
 
-    from orchestrator.cluster import start_serve
-    from orchestrator.modelgen import make_model_dir
-    from orchestrator.study import parse_study
+    from orchestrator.cluster.connect import start_serve
+    from orchestrator.models.modelgen import make_model_dir
+    from orchestrator.study.spec import parse_study
 
     caches = own_caches(monkeypatch, tmp_path / "cache")
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=4096)

@@ -28,10 +28,10 @@ KV_BYTES = 8 * 2**20
 def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
     import ray
 
+    from orchestrator.models.modelgen import trained_model_dir
     from orchestrator.results import load_trials
     from orchestrator.search import run_study
-    from orchestrator.study import parse_study
-    from orchestrator.modelgen import trained_model_dir
+    from orchestrator.study.spec import parse_study
 
     caches = own_caches(monkeypatch, tmp_path / "cache")
     # Trained once per checkout (pytest's cache folder), then found by its recipe hash.

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from orchestrator.records import RequestErrorKind, RequestRecord
-from orchestrator.warmup import SteadyJudge
+from orchestrator.measure.records import RequestErrorKind, RequestRecord
+from orchestrator.measure.warmup import SteadyJudge
 from orchestrator.workload.spec import WarmupSpec
 
 
@@ -104,7 +104,7 @@ def test_the_check_interval_and_the_window_follow_the_settings():
 
 # ---------------------------------------------------------------- a trial in virtual time
 def virtual_study(study_doc, **workload):
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     study_doc.update(engine={"kind": "sim", "mode": "virtual"}, space={"max_num_seqs": 32})
     study_doc["workload"] = {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 60, "warmup_requests": 2,
@@ -114,7 +114,7 @@ def virtual_study(study_doc, **workload):
 
 
 def run(study):
-    from orchestrator.trial import TrialContext
+    from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
     out = run_trial(study, {"max_num_seqs": 32}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
@@ -123,7 +123,7 @@ def run(study):
 
 
 def test_virtual_trial_warms_up_until_steady_and_measures_after(study_doc):
-    from orchestrator.metrics import summarise
+    from orchestrator.measure.metrics import summarise
 
     study = virtual_study(study_doc)
     out = run(study)
@@ -160,10 +160,10 @@ def test_a_virtual_warmup_whose_gaps_collapse_to_zero_still_ends(study_doc):
     number, and the trial is measured."""
     import dataclasses
 
-    from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines import create_engine
-    from orchestrator.load_phase import study_requests
+    from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.sim.virtual import STEADY_FLOOR
+    from orchestrator.trial.load_phase import study_requests
     from orchestrator.workload.spec import GammaArrival
 
     study = virtual_study(study_doc)

@@ -20,8 +20,8 @@ from conftest import local_serve
 from orchestrator.results import ResultsStore, load_requests, load_trials
 from orchestrator.results.levels import levels_to_table, load_levels
 from orchestrator.results.schema import requests_to_table
-from orchestrator.study import parse_study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import parse_study
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow

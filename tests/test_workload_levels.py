@@ -108,8 +108,8 @@ def test_a_level_shares_only_the_shared_prefixes_with_level_zero_and_the_warmup(
 
 def test_capacity_levels_get_their_own_prompts_at_every_rate():
     """The level builder of the capacity search: a level's rate sets the span, its index the draw and the prompts."""
-    from orchestrator.capacity import level_workload
-    from orchestrator.study import CapacitySpec
+    from orchestrator.study.spec import CapacitySpec
+    from orchestrator.trial.capacity import level_workload
 
     spec, cap = synthetic(), CapacitySpec(requests_per_level=40)
     lv0 = build_requests(level_workload(spec, 5.0, cap, 5.0), 11, VOCAB, level=0)
@@ -211,7 +211,7 @@ def test_no_steady_warmup_for_a_burst_or_when_disabled():
     ({"tolerance": 0}, "greater than 0"),
 ])
 def test_warmup_settings_are_checked(study_doc, warmup, message):
-    from orchestrator.study import StudyFileError, parse_study
+    from orchestrator.study.spec import StudyFileError, parse_study
 
     study_doc["workload"]["warmup"] = warmup
     with pytest.raises(StudyFileError) as e:

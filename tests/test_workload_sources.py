@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator.metrics import measurement_window, summarise
-from orchestrator.records import RequestRecord
+from orchestrator.measure.metrics import measurement_window, summarise
+from orchestrator.measure.records import RequestRecord
 from orchestrator.workload.arrivals import diurnal_rate, nominal_rate, sample_arrivals, with_rate
 from orchestrator.workload.datasets import read_sharegpt, read_vllm_custom, write_vllm_custom
 from orchestrator.workload.generate import build_requests
@@ -171,8 +171,8 @@ def test_a_level_measured_again_is_cut_and_timed_window_by_window():
     ({"kind": "concurrency", "concurrency": 4}, None),
 ])
 def test_trial_reports_requested_and_achieved_rate_for_every_arrival_kind(study_doc, kw, requested):
-    from orchestrator.study import parse_study
-    from orchestrator.trial import TrialContext
+    from orchestrator.study.spec import parse_study
+    from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
     study_doc.update(engine={"kind": "sim", "mode": "virtual"}, space={"max_num_seqs": 64})

@@ -19,7 +19,7 @@ from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err,
 
 
 def cmd_export_bench(args) -> int:
-    from orchestrator.interchange import to_bench_result
+    from orchestrator.apps.interchange import to_bench_result
     from orchestrator.results import load_requests, load_trials
     from orchestrator.results.definition import read_study_definition
 
@@ -51,12 +51,12 @@ def cmd_export_bench(args) -> int:
 
 
 def cmd_import_bench(args) -> int:
-    from orchestrator.interchange import from_bench_result
-    from orchestrator.metrics import RequestSLO
+    from orchestrator.apps.interchange import from_bench_result
+    from orchestrator.measure.metrics import RequestSLO
     from orchestrator.results import ResultsStore
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.schema import requests_to_table
-    from orchestrator.judge import judge_row
+    from orchestrator.study.judge import judge_row
 
     target = Path(args.into)
     study = read_study_definition(str(target))
@@ -95,7 +95,7 @@ def cmd_import_bench(args) -> int:
 
 
 def cmd_export_workload(args) -> int:
-    from orchestrator.load_phase import study_requests
+    from orchestrator.trial.load_phase import study_requests
     from orchestrator.workload.datasets import write_vllm_custom
     from orchestrator.workload.tokens import token_ids_to_text
     from orchestrator.workload.trace import TraceError

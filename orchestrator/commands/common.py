@@ -42,7 +42,8 @@ def add_run_arguments(parser) -> None:
 
 def load_study_or_report(path: str):
     """The study, or None after printing one line per problem to stderr."""
-    from orchestrator.study import StudyFileError, load_study
+    from orchestrator.study.load import load_study
+    from orchestrator.study.spec import StudyFileError
 
     try:
         return load_study(path)
@@ -60,7 +61,7 @@ def load_study_with_overrides(args):
         return None
     updates = {}
     if args.output is not None:
-        from orchestrator.state_dir import output_problem
+        from orchestrator.study.state_dir import output_problem
 
         why = output_problem(args.output, study.name)
         if why:
@@ -75,7 +76,7 @@ def load_study_with_overrides(args):
 def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     import pandas as pd
 
-    from orchestrator.pricing import unit_columns
+    from orchestrator.hardware.pricing import unit_columns
     from orchestrator.results import load_trials
     from orchestrator.results.outcomes import status_counts
     from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note

@@ -17,8 +17,8 @@ def cmd_pareto(args) -> int:
 
 def cmd_show(args) -> int:
 
-    from orchestrator.harness import harness_bound_mask
-    from orchestrator.pricing import study_price
+    from orchestrator.hardware.pricing import study_price
+    from orchestrator.measure.harness import harness_bound_mask
     from orchestrator.results import load_trials
 
     study = study_from_dataset(args.path)
@@ -83,9 +83,9 @@ def _print_best(frame, metrics: list[tuple[str, str]], bound=None) -> None:
 def _print_unit_best(completed, study) -> None:
     """The best trial meeting every SLO by each per-GPU and per-dollar metric that is not an objective
     (docs/metrics.md)."""
-    from orchestrator.judge import feasible_mask
-    from orchestrator.metrics import default_direction
-    from orchestrator.pricing import unit_columns
+    from orchestrator.hardware.pricing import unit_columns
+    from orchestrator.measure.metrics import default_direction
+    from orchestrator.study.judge import feasible_mask
 
     ok = completed[feasible_mask(completed, study.constraints)]
     names = [m for m in unit_columns(ok) if m not in {o.metric for o in study.objectives}]

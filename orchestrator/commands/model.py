@@ -6,7 +6,7 @@ from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err
 
 
 def cmd_make_model(args) -> int:
-    from orchestrator.modelgen import make_model_dir
+    from orchestrator.models.modelgen import make_model_dir
 
     try:
         path = make_model_dir(args.shape, args.out, weights=args.weights, max_position_embeddings=args.max_len,
@@ -20,7 +20,7 @@ def cmd_make_model(args) -> int:
 
 
 def register(sub) -> None:
-    from orchestrator.training import RECIPES
+    from orchestrator.models.training import RECIPES
 
     m = sub.add_parser("make-model", help="write a model directory (config, tokenizer, optional random or "
                                           "trained weights)")

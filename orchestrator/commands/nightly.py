@@ -11,8 +11,8 @@ EXIT_REGRESSION = 3
 
 
 def cmd_nightly(args) -> int:
-    from orchestrator.nightly import NightlyPolicy
-    from orchestrator.nightly_run import run_nightly
+    from orchestrator.apps.nightly import NightlyPolicy
+    from orchestrator.apps.nightly_run import run_nightly
 
     study = load_study_with_overrides(args)
     if study is None:
@@ -41,7 +41,7 @@ def cmd_nightly(args) -> int:
         print("no regression")
     print(f"summary: {night.summary_path}")
     if args.report:
-        from orchestrator.results.report import write_report
+        from orchestrator.apps.report import write_report
 
         files = write_report(night.study_dir)
         print(f"report:  {files.html}")

@@ -1,7 +1,7 @@
 """``orchestrator plan``: the fleet that serves a target rate under the SLOs, from measured capacity per replica.
 
 Reads a study's results (trials with ``capacity_rps``, the ``levels`` table for the latency at
-capacity), makes a :func:`orchestrator.plan.plan_fleet`, prints the cheapest deployment and the
+capacity), makes a :func:`orchestrator.apps.plan.plan_fleet`, prints the cheapest deployment and the
 next ones, and writes the Ray Serve config and the KubeRay ``RayService`` of the cheapest one.
 """
 
@@ -22,7 +22,7 @@ NO_CAPACITY = ("{path}: no capacity search in this study (no capacity_rps in its
 
 
 def _rate(text: str) -> float:
-    from orchestrator.plan import PlanError, check_rate
+    from orchestrator.apps.plan import PlanError, check_rate
 
     try:
         return check_rate(text)
@@ -59,9 +59,9 @@ def capacity_level(levels, capacity_rps: float):
 
 
 def candidate_of(row, levels):
-    """A :class:`~orchestrator.plan.Candidate` from a trials row and its levels."""
-    from orchestrator.plan import Candidate
-    from orchestrator.recommend import engine_args_of
+    """A :class:`~orchestrator.apps.plan.Candidate` from a trials row and its levels."""
+    from orchestrator.apps.plan import Candidate
+    from orchestrator.apps.recommend import engine_args_of
 
     args = engine_args_of(row)
     capacity = _float(row, "capacity_rps") or 0.0
@@ -101,10 +101,10 @@ def _table(plans, gpu: str):
 
 
 def cmd_plan(args) -> int:
-    from orchestrator.plan import PlanError, plan_fleet
-    from orchestrator.plan_deploy import fleet_serve_config_yaml, resource_name, rayservice_yaml
-    from orchestrator.pricing import gpu_hour_price, study_price
-    from orchestrator.recommend import RecommendError, recommend
+    from orchestrator.apps.plan import PlanError, plan_fleet
+    from orchestrator.apps.plan_deploy import fleet_serve_config_yaml, resource_name, rayservice_yaml
+    from orchestrator.apps.recommend import RecommendError, recommend
+    from orchestrator.hardware.pricing import gpu_hour_price, study_price
     from orchestrator.results import load_trials
     from orchestrator.results.levels import load_levels
     from orchestrator.results.ties import combine_repeats
@@ -193,7 +193,7 @@ def _print_plan(args, study, plans, chosen, rec, price, unreadable) -> None:
 
 
 def register(sub) -> None:
-    from orchestrator.plan import DEFAULT_HEADROOM
+    from orchestrator.apps.plan import DEFAULT_HEADROOM
 
     p = sub.add_parser("plan", help="the fleet (replicas, GPUs, cost, autoscaling) that serves a target rate",
                        description="From a capacity study's measured capacity per replica: the cheapest deployment "

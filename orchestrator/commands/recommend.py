@@ -8,7 +8,7 @@ from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err,
 
 
 def cmd_recommend(args) -> int:
-    from orchestrator.recommend import RecommendError, recommend
+    from orchestrator.apps.recommend import RecommendError, recommend
     from orchestrator.results import load_trials
 
     study = study_from_dataset(args.path)

@@ -6,7 +6,7 @@ from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err
 
 
 def cmd_report(args) -> int:
-    from orchestrator.results.report import ReportOptions, write_report
+    from orchestrator.apps.report import ReportOptions, write_report
 
     try:
         files = write_report(args.path, args.output, options=ReportOptions(run=args.run, max_curves=args.max_curves))

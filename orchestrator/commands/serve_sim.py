@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, load_study_or_report
-from orchestrator.engine_args import ENGINE_ARG_RULES, SERVING_ARGS, SPECULATIVE_ARGS, validate_engine_arg
+from orchestrator.hardware.engine_args import ENGINE_ARG_RULES, SERVING_ARGS, SPECULATIVE_ARGS, validate_engine_arg
 
 _ENGINE_FLAGS = tuple(name for name in ENGINE_ARG_RULES if name not in SERVING_ARGS + SPECULATIVE_ARGS)
 
@@ -63,7 +63,7 @@ def register(sub) -> None:
 
 def _fixed_args(study) -> dict[str, Any]:
     """The study space's fixed engine arguments (those without a condition)."""
-    from orchestrator.space import FixedParam
+    from orchestrator.study.space import FixedParam
 
     return {name: p.value for name, p in study.space.params.items()
             if isinstance(p, FixedParam) and not p.when and name in ENGINE_ARG_RULES}
@@ -93,10 +93,10 @@ def cmd_serve_sim(args) -> int:
 
 
 def _spec_from_study(args, given: dict) -> Optional[dict]:
-    from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines.sim_served import sim_resolve
-    from orchestrator.sim.models import find_model_config
-    from orchestrator.study_engine import SimCalibration
+    from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.models.shapes import find_model_config
+    from orchestrator.study.engine import SimCalibration
 
     study = load_study_or_report(args.study)
     if study is None:
@@ -109,11 +109,11 @@ def _spec_from_study(args, given: dict) -> Optional[dict]:
 
 
 def _spec_from_flags(args, given: dict) -> dict:
-    from orchestrator.accelerator import with_device_defaults
-    from orchestrator.engine_args import engine_args_from_params
-    from orchestrator.sim.hardware import get_gpu
-    from orchestrator.sim.models import ModelShape, find_model_config
-    from orchestrator.study_engine import SimCalibration
+    from orchestrator.hardware.accelerator import with_device_defaults
+    from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.hardware.gpus import get_gpu
+    from orchestrator.models.shapes import ModelShape, find_model_config
+    from orchestrator.study.engine import SimCalibration
 
     gpu = get_gpu(args.gpu)
     path = find_model_config(args.model, Path.cwd())

@@ -1,17 +1,17 @@
 """What every engine offers a trial, and in which order a trial calls it.
 
-An engine turns one :class:`~orchestrator.engine_args.EngineArgs` into something
+An engine turns one :class:`~orchestrator.hardware.engine_args.EngineArgs` into something
 that serves the OpenAI streaming API (``sim`` and ``vllm`` as Ray Serve
 applications, ``external`` as an endpoint that already runs), or, for the virtual
 simulator, measures a request set directly without HTTP.
 :mod:`orchestrator.engines.registry` says which class runs which ``engine.kind``.
 
-Call order (``orchestrator.trial.execute_trial``), one engine object per trial:
+Call order (``orchestrator.trial.run.execute_trial``), one engine object per trial:
 
 1. ``create_engine(study)``: reads the study; starts nothing.
 2. :meth:`Engine.resolve`: the trial's arguments with the defaults the engine would
    choose on the study's hardware filled in. These are the arguments recorded in the
-   row and checked by the pre-flight (:mod:`orchestrator.feasibility`).
+   row and checked by the pre-flight (:mod:`orchestrator.trial.feasibility`).
 3. Engines with ``serves_http``:
 
    a. :meth:`Engine.resources`: what one replica holds (``resource`` x ``amount`` on
@@ -43,12 +43,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from orchestrator.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs
 
 if TYPE_CHECKING:
-    from orchestrator.records import RequestRecord
-    from orchestrator.study import Study
-    from orchestrator.workload.requests import RequestSet
+    from orchestrator.measure.records import RequestRecord
+    from orchestrator.study.spec import Study
+    from orchestrator.workload.request_set import RequestSet
 
 
 @dataclass(frozen=True)

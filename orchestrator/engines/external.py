@@ -23,9 +23,9 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from orchestrator.engine_args import EngineArgs
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
 from orchestrator.failures import EngineStartError, FailureKind
+from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.redaction import join_url
 
 __all__ = ["ExternalEngine"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from orchestrator.engines.base import Engine, EngineContext
-    from orchestrator.study import Study
+    from orchestrator.study.spec import Study
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,15 @@ from typing import Any, AsyncIterator, Optional
 
 from aiohttp import web
 
-from orchestrator.engine_args import EngineArgs
 from orchestrator.engines.sim_logprobs import (GENERATED_TEXT, LogprobSource, chat_logprobs, completion_logprobs,
                                                prompt_logprobs_field, prompt_tokens)
 from orchestrator.engines.sim_loop import FINISHED, Mailbox, SimRuntime
 from orchestrator.engines.sim_metrics import metrics_text
 from orchestrator.engines.sim_requests import ApiRequest, BadRequest, EngineRefusal, Prompt, error_body, parse_request
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape
 from orchestrator.workload.generate import text_token_ids
 
 __all__ = ["BadRequest", "OpenAIFrontend", "build_sim_frontend", "error_body",
@@ -384,7 +384,7 @@ async def serve_direct(front: OpenAIFrontend, host: str, port: int) -> tuple[web
 def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_args: dict, calibration: dict,
                        served_model_name: str, dtype: str = "auto") -> OpenAIFrontend:
     """Build core + runtime (raises EngineStartError exactly as vLLM would fail to start)."""
-    from orchestrator.study import SimCalibration
+    from orchestrator.study.spec import SimCalibration
 
     model = ModelShape.from_config(model_config, name=model_name)
     args = EngineArgs(**{k: v for k, v in engine_args.items() if k != "extra"})

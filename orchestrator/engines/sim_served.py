@@ -17,19 +17,18 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from orchestrator.accelerator import with_study_defaults
-from orchestrator.engine_args import EngineArgs
+from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
 from orchestrator.engines.sim_faults import faults_for_trial
 from orchestrator.failures import EngineStartError, FailureKind
-from orchestrator.gpu_ledger import leased_node
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape, find_model_config
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape, find_model_config
 
 
 def sim_resolve(study, args: EngineArgs) -> EngineArgs:
-    return with_study_defaults(study, args, cpu=False)  # the simulator models GPUs only
+    return study.with_device_defaults(args, cpu=False)  # the simulator models GPUs only
 
 
 class _SimDeployment(serve_app.AppDeployment):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.engine_args import EngineArgs
 from orchestrator.engines.base import Engine, ResourceRequest
 from orchestrator.engines.sim_served import sim_resolve
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape, find_model_config
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape, find_model_config
 
 
 class VirtualSimEngine(Engine):
@@ -34,9 +34,9 @@ class VirtualSimEngine(Engine):
         return ResourceRequest("GPU", 0)  # nothing is deployed
 
     def measure(self, args: EngineArgs, requests) -> tuple[list, dict[str, Any]]:
+        from orchestrator.measure.warmup import WarmupOutcome
         from orchestrator.sim.core import SimEngineCore
         from orchestrator.sim.virtual import simulate
-        from orchestrator.warmup import WarmupOutcome
 
         core = SimEngineCore(self.model, self.gpu, args, self.study.engine.calibration, dtype=self.study.model.dtype)
         warmup = WarmupOutcome()

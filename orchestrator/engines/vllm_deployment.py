@@ -56,7 +56,7 @@ class ReleaseCheck:
 
 def _gpu_memory_used_gib() -> Optional[float]:
     try:
-        from orchestrator.nvml import load_pynvml
+        from orchestrator.measure.nvml import load_pynvml
 
         nv = load_pynvml()
         return sum(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used

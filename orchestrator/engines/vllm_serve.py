@@ -21,13 +21,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.accelerator import is_cpu_study, with_study_defaults
-from orchestrator.engine_args import EngineArgs
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
 from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
 from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
+from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.redaction import (MissingSecret, env_references, is_reference, redact, redact_argv,
                                     resolve_env_references, scrub, secret_values)
 
@@ -37,15 +36,15 @@ RAY_METRIC_PREFIX = "ray_vllm_"  # vLLM's "vllm:x" metrics as Ray exports them
 
 
 def _has_cuda() -> bool:
-    from orchestrator.cluster import _local_gpu_count
+    from orchestrator.cluster.connect import _local_gpu_count
 
     return _local_gpu_count() > 0
 
 
 def resolve_platform(study) -> str:
-    """``cpu`` for a CPU study (:func:`~orchestrator.accelerator.is_cpu_study`); else ``cuda`` when
+    """``cpu`` for a CPU study (:attr:`~orchestrator.study.spec.Study.on_cpu`); else ``cuda`` when
     ``engine.platform`` says so, or (``auto``) when this node has a GPU or the cluster is remote."""
-    if is_cpu_study(study):
+    if study.on_cpu:
         return "cpu"
     if study.engine.platform == "cuda":
         return "cuda"
@@ -64,8 +63,8 @@ def model_directory(study) -> str:
     if study.engine.load_format != "dummy":
         raise EngineStartError(FailureKind.INVALID_ARGS,
                                "engine.model_source is required unless engine.load_format is 'dummy'")
-    from orchestrator.modelgen import make_model_dir
-    from orchestrator.state_dir import local_state_dir
+    from orchestrator.models.modelgen import make_model_dir
+    from orchestrator.study.state_dir import local_state_dir
 
     target = local_state_dir(study) / "models" / Path(study.model.name).stem
     if not (target / "tokenizer.json").is_file():
@@ -100,7 +99,7 @@ class VllmServeEngine(Engine):
         elif args.dtype == "auto" and cpu:
             # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
             args = dataclasses.replace(args, dtype="float32")
-        return with_study_defaults(self.study, args, cpu=cpu)
+        return self.study.with_device_defaults(args, cpu=cpu)
 
     def resources(self, args: EngineArgs) -> ResourceRequest:
         if self.platform == "cpu":
@@ -124,7 +123,7 @@ class VllmServeEngine(Engine):
     def server_argv(self, trial_id: str, args: EngineArgs, model_dir: str) -> list[str]:
         """``vllm serve``'s arguments for one trial (ingress ``engine``): the same engine arguments
         as the ``engine_kwargs`` of ingress ``serve_llm``, written as flags."""
-        from orchestrator.modelgen import tokenizer_dir
+        from orchestrator.models.modelgen import tokenizer_dir
 
         args = with_secrets_resolved(args)
         argv = ["--model", model_dir, "--served-model-name", self.served_name(trial_id)]
@@ -143,7 +142,7 @@ class VllmServeEngine(Engine):
         engine_kwargs.setdefault("load_format", spec.load_format)
         env = self.engine_env(args)
         loading: dict[str, Any] = {"model_id": served, "model_source": model_dir}
-        from orchestrator.modelgen import tokenizer_dir
+        from orchestrator.models.modelgen import tokenizer_dir
 
         if tokenizer_dir(model_dir) is not None:  # a generated model: its word-level tokenizer
             loading["tokenizer_source"] = str(tokenizer_dir(model_dir))
@@ -178,7 +177,7 @@ class VllmServeEngine(Engine):
         """The study's GPU as a Ray accelerator label, if the cluster advertises it."""
         import ray
 
-        from orchestrator.sim.hardware import get_gpu
+        from orchestrator.hardware.gpus import get_gpu
 
         label = get_gpu(self.study.hardware.gpu).ray_accelerator_type
         return label if f"accelerator_type:{label}" in ray.cluster_resources() else None
@@ -193,8 +192,8 @@ class VllmServeEngine(Engine):
         """Ingress ``engine``: a Serve replica runs ``vllm serve``; the load goes to it directly."""
         from ray import serve
 
+        from orchestrator.cluster.gpu_ledger import leased_node
         from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
-        from orchestrator.gpu_ledger import leased_node
 
         spec = self.study.engine
         name = serve_app.app_name_for(trial_id)

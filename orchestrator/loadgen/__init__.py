@@ -2,7 +2,7 @@
 
 :mod:`.api` (the two streaming APIs and the :class:`Endpoint`), :mod:`.sse` (the event
 stream parser), :mod:`.request` (one streaming request, the readiness probe) and
-:mod:`.load_window` (a whole :class:`~orchestrator.workload.requests.RequestSet` over one
+:mod:`.load_window` (a whole :class:`~orchestrator.workload.request_set.RequestSet` over one
 load window: warm-up, open or closed loop, a monitor that may stop it).
 """
 

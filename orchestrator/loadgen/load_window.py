@@ -2,7 +2,7 @@
 
 :func:`run_load` plays a :class:`RequestSet`: warm-up first (the burst all at once,
 awaited; then the steady warm-up at the trial's own load until the engine is steady,
-see :mod:`orchestrator.warmup`), then the measured requests, open loop at their
+see :mod:`orchestrator.measure.warmup`), then the measured requests, open loop at their
 precomputed arrival times (or closed loop with N workers when the set says so), over
 one shared session. Each request is :func:`~orchestrator.loadgen.request.send_request`.
 
@@ -28,9 +28,10 @@ import aiohttp
 
 from orchestrator.loadgen.api import MAX_ERROR_CHARS, Endpoint
 from orchestrator.loadgen.request import AbortFlag, Clock, send_request
-from orchestrator.records import RequestErrorKind, RequestRecord
-from orchestrator.warmup import SteadyJudge, WarmupOutcome
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.measure.records import RequestErrorKind, RequestRecord
+from orchestrator.measure.warmup import SteadyJudge, WarmupOutcome
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 
 __all__ = ["LoadMonitor", "ProgressFn", "run_load", "run_load_sync"]
 
@@ -56,7 +57,7 @@ def _raise_fd_limit(wanted: int) -> None:
 
 
 class LoadMonitor(Protocol):
-    """Watches a load window and may stop it (e.g. :class:`orchestrator.capacity.SaturationDetector`).
+    """Watches a load window and may stop it (e.g. :class:`orchestrator.trial.capacity.SaturationDetector`).
 
     ``on_send`` is called when a measured request is dispatched, ``on_finish`` when its
     record is complete; ``should_stop`` every ``check_interval_s``. Times are seconds on
@@ -95,8 +96,8 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
 
     The warm-up burst (``requests.warmup``) is sent all at once and awaited; then, if the
     set has a ``warmup_stream``, the steady warm-up plays it at its own arrival times (or
-    closed loop) until :class:`~orchestrator.warmup.SteadyJudge` ends it; once converged its
-    requests in flight are awaited, otherwise aborted (:mod:`orchestrator.warmup`).
+    closed loop) until :class:`~orchestrator.measure.warmup.SteadyJudge` ends it; once converged its
+    requests in flight are awaited, otherwise aborted (:mod:`orchestrator.measure.warmup`).
     Warm-up records are flagged ``warmup``; their times are negative on the measured clock.
     ``warmup_report`` (optional) receives how long the warm-up took, how many requests it
     sent and whether it converged. Then a fresh t0 starts the load window:

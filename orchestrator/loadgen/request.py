@@ -4,7 +4,7 @@ One request is one call of :func:`send_request`, whatever the API (the differenc
 :data:`~orchestrator.loadgen.api.APIS`); the SSE parsing is
 :class:`~orchestrator.loadgen.sse.SSEParser`, written once.
 
-Records (see :mod:`orchestrator.records`) are raw observations on the caller's clock.
+Records (see :mod:`orchestrator.measure.records`) are raw observations on the caller's clock.
 Every request gets exactly one record and no exception escapes for a failed request.
 Error kinds:
 
@@ -43,7 +43,7 @@ import aiohttp
 
 from orchestrator.loadgen.api import APIS, ApiFormat, Endpoint
 from orchestrator.loadgen.sse import SSEParser
-from orchestrator.records import RequestErrorKind, RequestRecord
+from orchestrator.measure.records import RequestErrorKind, RequestRecord
 from orchestrator.workload.requests import Request
 
 __all__ = ["AbortFlag", "Clock", "send_request", "wait_ready", "with_timeout"]

@@ -126,7 +126,7 @@ def param_importance(df: pd.DataFrame, objective: str, direction: Optional[str] 
     ``target_quantile`` of trials, a quantile chosen so that about five trials are in it
     (between 10% and 50%). ``evaluator=optuna.importance.FanovaImportanceEvaluator()``
     works too where scikit-learn is installed. Parameter distributions come from
-    ``space`` (a :class:`~orchestrator.space.SearchSpace`, e.g. ``study.space``) or,
+    ``space`` (a :class:`~orchestrator.study.space.SearchSpace`, e.g. ``study.space``) or,
     without it, from the values seen. Fixed parameters and parameters with one value
     are left out. Raises ``ValueError`` with fewer than two usable trials.
     """

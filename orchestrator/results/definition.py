@@ -78,7 +78,7 @@ def read_study_definition(path: str, *, parent: bool = True):
 
     import pyarrow.fs as pafs
 
-    from orchestrator.study import Study
+    from orchestrator.study.spec import Study
 
     fs, base = _fs_and_path(path)
     base = base.rstrip("/")

@@ -16,10 +16,10 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from orchestrator.failures import TrialStatus
-from orchestrator.metrics import default_direction
+from orchestrator.measure.metrics import default_direction
 from orchestrator.results.pareto import pareto_front
 from orchestrator.results.report_tables import LEVEL_X_COLUMNS, axes_metrics
-from orchestrator.study import Study
+from orchestrator.study.spec import Study
 
 # How each kind of point is drawn: (label, marker, face colour, edge colour).
 STYLES: dict[str, tuple[str, str, str, str]] = {

@@ -17,15 +17,15 @@ columns), so every file of every study concatenates:
   pool them), ``slo_violation`` (largest relative SLO excess, <= 0 when met),
   ``slo_failures`` (what failed, as text); null in files written before they existed;
 * ``<metric>_low`` / ``<metric>_high`` of the level's SLO metrics
-  (:mod:`orchestrator.confidence`), null for the others;
-* every load metric of :class:`orchestrator.metrics.LoadMetrics` as float64;
+  (:mod:`orchestrator.measure.confidence`), null for the others;
+* every load metric of :class:`orchestrator.measure.metrics.LoadMetrics` as float64;
 * the engine's own numbers over the level (``engine_*``,
-  :data:`orchestrator.metrics.ENGINE_WINDOW_METRIC_NAMES`, float64, null where the
+  :data:`orchestrator.measure.metrics.ENGINE_WINDOW_METRIC_NAMES`, float64, null where the
   engine exports none) and the level's ``harness_bound`` / ``harness_bound_reason``
-  (:mod:`orchestrator.harness`). Files written before these columns existed read
+  (:mod:`orchestrator.measure.harness`). Files written before these columns existed read
   them as null;
 * the warm-up before the level (``warmup_s_used``, ``warmup_requests_used``,
-  ``warmup_converged``, float64, :mod:`orchestrator.warmup`): level 0's, the only one
+  ``warmup_converged``, float64, :mod:`orchestrator.measure.warmup`): level 0's, the only one
   warmed up (the engine stays warm); 0, 0 and null on later levels; null in files
   written before these columns existed.
 
@@ -37,12 +37,13 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from orchestrator.confidence import INTERVAL_METRICS, interval_columns
-from orchestrator.metrics import ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES, WARMUP_METRIC_NAMES
+from orchestrator.measure.confidence import INTERVAL_METRICS, interval_columns
+from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES, WARMUP_METRIC_NAMES
 from orchestrator.results.schema import META_SCHEMA_VERSION, META_TABLE, SCHEMA_VERSION
 
 __all__ = ["LEVELS_SCHEMA", "levels_to_table", "load_levels"]
@@ -135,3 +136,28 @@ def load_levels(path: Union[str, os.PathLike], trial_ids: Optional[Iterable[str]
     if table is None:
         return empty_frame(LEVELS_SCHEMA)
     return table.to_pandas().sort_values(["trial_id", "level"], kind="stable").reset_index(drop=True)
+
+
+# Marks of a level that is not the engine's own speed (a queue, aborts, the client), shared by the
+# simulator's fit and the measured replay.
+QUEUED_TTFT_RATIO = 3.0  # TTFT p50 above this many times the configuration's lowest: queue-dominated
+
+
+def is_set(value) -> bool:
+    """A boolean column's value; missing (None / NaN) is False."""
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and bool(value)
+
+
+def level_mark(lv, low_ttft_ms: float) -> tuple[Optional[str], str]:
+    """The point's mark from the real level's own columns (module docstring); ``low_ttft_ms``:
+    the lowest TTFT p50 among the configuration's levels that ran to the end."""
+    if is_set(lv.get("stopped_early")):
+        return "aborted", f"stopped early, {int(lv.get('failed_aborted') or 0)} requests aborted"
+    if is_set(lv.get("saturated")):
+        return "overloaded", "saturation detector fired"
+    ratio = float(lv["ttft_p50_ms"]) / low_ttft_ms
+    if ratio > QUEUED_TTFT_RATIO:
+        return "overloaded", f"TTFT p50 {ratio:.1f}x the configuration's lowest ({low_ttft_ms:.0f} ms): queued"
+    if is_set(lv.get("harness_bound")):
+        return "harness-bound", str(lv.get("harness_bound_reason") or "harness_bound")
+    return None, ""

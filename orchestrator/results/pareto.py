@@ -11,7 +11,7 @@ comparisons in a few dozen numpy calls even when nearly every point is on the fr
 fate: all on the front or none.
 
 A row is a candidate when its ``status`` is ``"completed"`` (when the frame has a
-status column), every constraint is met (:mod:`orchestrator.judge`: a missing value
+status column), every constraint is met (:mod:`orchestrator.study.judge`: a missing value
 never meets one) and every objective value is present.
 """
 
@@ -22,9 +22,9 @@ from typing import Sequence, Union
 import numpy as np
 import pandas as pd
 
-from orchestrator import judge
-from orchestrator.metrics import DIRECTIONS, default_direction
-from orchestrator.study import Constraint, Objective, parse_objective
+from orchestrator.measure.metrics import DIRECTIONS, default_direction
+from orchestrator.study import judge
+from orchestrator.study.spec import Constraint, Objective, parse_objective
 
 ObjectiveLike = Union[Objective, tuple[str, str], str]
 ConstraintLike = Union[Constraint, str]
@@ -34,8 +34,8 @@ def normalize_objectives(objectives: Sequence[ObjectiveLike]) -> list[tuple[str,
     """``(column, direction)`` pairs from Objectives, ``(column, direction)`` tuples or strings.
 
     A string is ``"maximize col"``/``"minimize col"`` or a bare column, read as a
-    study's objective is (:func:`orchestrator.study.parse_objective`); a bare column's
-    direction comes from :func:`orchestrator.metrics.default_direction`. Columns of
+    study's objective is (:func:`orchestrator.study.spec.parse_objective`); a bare column's
+    direction comes from :func:`orchestrator.measure.metrics.default_direction`. Columns of
     tuples and strings need not be known metrics (any numeric column works).
     """
     if isinstance(objectives, (str, Objective)) or (
@@ -75,7 +75,7 @@ def _numeric(df: pd.DataFrame, column: str) -> np.ndarray:
 
 
 def constraints_mask(df: pd.DataFrame, constraints: Sequence[ConstraintLike]) -> np.ndarray:
-    """Rows meeting every constraint, by the one judge (:func:`orchestrator.judge.constraints_mask`)."""
+    """Rows meeting every constraint, by the one judge (:func:`orchestrator.study.judge.constraints_mask`)."""
     return judge.constraints_mask(df, normalize_constraints(constraints))
 
 

@@ -5,7 +5,7 @@ Layout, beside the tables (``<output>/<study>/``)::
     probe/<probe set>/<trial_id>.json   every trial's answers (params, engine arguments, tokens, logprobs)
     probe/<probe set>/baseline.json     the reference: the first baseline trial whose probe fully answered
 
-``<probe set>`` is :func:`orchestrator.probe.probe_fingerprint`: answers to another probe set
+``<probe set>`` is :func:`orchestrator.trial.probe.probe_fingerprint`: answers to another probe set
 (other prompts, lengths or seed) are never compared. Files are written whole or not at all
 (:meth:`ResultsStore.put_file`). The baseline is claimed once and then only read, so a
 resumed run and every later trial compare against the same reference. The run's results
@@ -13,7 +13,7 @@ writer owns the store (one process writes), which makes "claim if absent" race-f
 
 A trial probed while no baseline exists yet (the baseline configuration has not run, or
 its probe failed) gets null agreement columns; its answers are kept, so they can be
-compared once a baseline exists (:func:`orchestrator.probe.compare` over the two files).
+compared once a baseline exists (:func:`orchestrator.trial.probe.compare` over the two files).
 """
 
 from __future__ import annotations

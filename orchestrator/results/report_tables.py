@@ -3,7 +3,7 @@
 Which category each trial is drawn in, the axes of the front figures, latency against
 load per configuration, failures by kind, parameter importance and the front table.
 Nothing here draws or writes; :mod:`orchestrator.results.figures` draws these tables
-and :mod:`orchestrator.results.report` puts them on the page.
+and :mod:`orchestrator.apps.report` puts them on the page.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.failures import TrialStatus
-from orchestrator.pricing import unit_columns
-from orchestrator.metrics import PROBE_METRIC_NAMES
+from orchestrator.hardware.pricing import unit_columns
+from orchestrator.measure.metrics import PROBE_METRIC_NAMES
+from orchestrator.results.analysis import param_importance
 from orchestrator.results.pareto import pareto_front
 from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
-from orchestrator.results.analysis import param_importance
-from orchestrator.study import Study
+from orchestrator.study.spec import Study
 
 
 def point_categories(trials: pd.DataFrame, study: Study) -> pd.Series:
@@ -169,7 +169,7 @@ def front_of(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
 
 def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
     """The rows of :func:`front_of` with the columns people compare: parameters, objectives, SLO metrics,
-    and the per-GPU and cost metrics (:func:`orchestrator.pricing.unit_columns`)."""
+    and the per-GPU and cost metrics (:func:`orchestrator.hardware.pricing.unit_columns`)."""
     front, under_slos = front_of(trials, study)
     y, _ = axes_metrics(study)
     cols = ["trial_id"] + [n for n in study.space.sampled_names() if n in trials.columns]

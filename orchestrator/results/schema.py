@@ -9,19 +9,19 @@ DuckDB and Polars read it with no project code:
   failure, times;
 * where it ran: engine, engine mode, model, GPU type and count;
 * feasibility: ``feasible`` (completed and every constraint met) and the largest
-  constraint violation (:meth:`orchestrator.study.Constraint.violation`);
+  constraint violation (:meth:`orchestrator.study.spec.Constraint.violation`);
 * one column per search-space parameter, named as the parameter (null when the
   parameter was inactive in that trial), then the same parameters and the resolved
   engine arguments as JSON;
-* every metric of :func:`orchestrator.metrics.known_metric_names` as float64
+* every metric of :func:`orchestrator.measure.metrics.known_metric_names` as float64
   (``gpus`` is the exception: it is the int64 column of the "where it ran" group);
 * ``<metric>_low`` / ``<metric>_high`` for every metric with an interval
-  (:data:`orchestrator.confidence.INTERVAL_METRICS`: latencies, throughputs, the capacity
+  (:data:`orchestrator.measure.confidence.INTERVAL_METRICS`: latencies, throughputs, the capacity
   bracket and what is derived from them per GPU and per dollar) and ``confidence``, the
   level those intervals hold at; null where a metric has none, and in files written
   before they existed;
 * ``harness_bound`` (bool) and ``harness_bound_reason``: whether the serving path or
-  the client, not the engine, limited the measurement (:mod:`orchestrator.harness`);
+  the client, not the engine, limited the measurement (:mod:`orchestrator.measure.harness`);
 * ``extra_json`` for anything else.
 
 Rows are built through :func:`trial_row_to_table`, which rejects unknown keys and
@@ -42,11 +42,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from orchestrator.confidence import interval_columns
 from orchestrator.failures import TrialStatus
-from orchestrator.judge import judge_against
-from orchestrator.metrics import known_metric_names
-from orchestrator.records import RequestRecord
+from orchestrator.measure.confidence import interval_columns
+from orchestrator.measure.metrics import known_metric_names
+from orchestrator.measure.records import RequestRecord
+from orchestrator.study.judge import judge_against
 
 SCHEMA_VERSION = 1
 
@@ -103,7 +103,7 @@ _JUDGEMENTS: tuple[tuple[str, pa.DataType], ...] = (
     ("harness_bound", pa.bool_()),
     ("harness_bound_reason", pa.string()),
 )
-# The reference-agreement probe (orchestrator.probe): what its reference is (dummy weights, real
+# The reference-agreement probe (orchestrator.trial.probe): what its reference is (dummy weights, real
 # weights, an endpoint) and which trial's answers it was compared with (null: no baseline yet).
 _PROBE: tuple[tuple[str, pa.DataType], ...] = (
     ("probe_reference", pa.string()),
@@ -120,7 +120,7 @@ def metric_columns() -> list[str]:
     return [m for m in known_metric_names() if m not in fixed]
 
 
-# Where each metric's true value lies (orchestrator.confidence), after the metric columns.
+# Where each metric's true value lies (orchestrator.measure.confidence), after the metric columns.
 INTERVAL_COLUMNS: tuple[str, ...] = tuple(interval_columns()) + ("confidence",)
 
 
@@ -276,7 +276,7 @@ def trial_row_to_table(row: Mapping[str, Any], schema: pa.Schema) -> pa.Table:
 
 def constraint_summary(status: Any, metrics: Mapping[str, Any],
                        constraints: Sequence[Any]) -> tuple[Optional[bool], Optional[float]]:
-    """``(feasible, constraint_violation)`` for a trials row, as :mod:`orchestrator.judge` decides.
+    """``(feasible, constraint_violation)`` for a trials row, as :mod:`orchestrator.study.judge` decides.
 
     ``feasible``: the trial completed and every constraint is met. The violation is the
     largest constraint margin (<= 0 when all are met, 0 without constraints); None when

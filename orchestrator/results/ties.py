@@ -1,7 +1,7 @@
 """Noise-aware ranking: which trials are better than others beyond their measurement noise.
 
 Each metric with an interval has ``<metric>_low`` / ``<metric>_high`` columns
-(:mod:`orchestrator.confidence`; the capacity search's bracket for ``capacity_rps``). One trial
+(:mod:`orchestrator.measure.confidence`; the capacity search's bracket for ``capacity_rps``). One trial
 is **better beyond the noise** than another on a metric when their intervals do not overlap
 and it is on the better side; otherwise the two are **tied** on that metric. A metric without
 an interval (an old row, a telemetry metric) counts as its value alone (an interval of zero
@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.results.pareto import (ConstraintLike, ObjectiveLike, _candidates, _order_best_first,
                                          normalize_objectives, pareto_mask, to_losses)
 

@@ -3,7 +3,7 @@
 Before anything starts, the pre-flight model surveys the whole space: a study none of
 whose configurations can start stops with a report of why (:class:`StudyStopped`).
 Optuna's study lives in a ``JournalStorage`` file next to the results, so a study
-killed mid-run continues where it stopped (see :mod:`orchestrator.resume`: rows are
+killed mid-run continues where it stopped (see :mod:`orchestrator.search.resume`: rows are
 the record, the journal is brought in line with them, interrupted trials run again,
 left-over Ray processes and Serve apps are removed). Constraint values reach the
 sampler through ``Trial.set_constraint`` before the trial is told
@@ -25,31 +25,30 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator import feasibility
-from orchestrator.accelerator import is_cpu_study
-from orchestrator.cluster import NAMESPACE, cluster_info, ensure_ray, local_ray, start_serve
-from orchestrator.engine_args import engine_args_from_params
+from orchestrator.cluster.connect import NAMESPACE, cluster_info, ensure_ray, local_ray, start_serve
+from orchestrator.cluster.gpu_ledger import GpuLedgerActor
 from orchestrator.engines import create_engine
 from orchestrator.engines.serve_app import delete_app
 from orchestrator.failures import TrialStatus, root_message, storage_problem
-from orchestrator.gpu_ledger import GpuLedgerActor
-from orchestrator.progress import ProgressPrinter
+from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
-from orchestrator.resume import (RunInProgress, RunLock, RunState, check_state, drop_orphan_requests, process_identity,
-                                 stop_orphans)
 from orchestrator.search.fidelity import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
+from orchestrator.search.progress import ProgressPrinter
 from orchestrator.search.racing import Racer
 from orchestrator.search.reconcile import reconcile
+from orchestrator.search.resume import (RunInProgress, RunLock, RunState, check_state, drop_orphan_requests, process_identity,
+                                 stop_orphans)
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch
 from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
 from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
-from orchestrator.study import Study
-from orchestrator.trial import TrialContext
+from orchestrator.study.spec import Study
+from orchestrator.trial import feasibility
+from orchestrator.trial.run import TrialContext
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
     survey_text = None
     drop: dict = {}
     if feasibility.survey_applies(study):
-        cpu = is_cpu_study(study)
+        cpu = study.on_cpu
         found = feasibility.survey(study, cluster_units=None if cpu else study.hardware.total_gpus,
                                    units_per_node=None if cpu else study.hardware.gpus_per_node)
         if found.all_infeasible:

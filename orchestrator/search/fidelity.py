@@ -13,7 +13,7 @@ and re-ranked. The search stops when no configuration is predicted to gain more 
 Every real trial carries the prediction it was picked on (the calibrated simulator's
 numbers, :func:`prediction_columns`); the scores of all candidates are written apart from
 the trials (``predictions/<run>.parquet``), so nothing predicted enters the Pareto front
-or ``recommend``. The judge (:func:`orchestrator.judge.judge`) decides what a prediction
+or ``recommend``. The judge (:func:`orchestrator.study.judge.judge`) decides what a prediction
 is worth exactly as it decides what a measurement is worth.
 """
 
@@ -27,14 +27,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.failures import TrialStatus
-from orchestrator.judge import judge
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
 from orchestrator.search import fidelity_model as fm
 from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels,
                                                   noise_columns,
                                                   score_in_simulator, study_metrics)
+from orchestrator.study.judge import judge
 
 __all__ = ["PREDICTION_KEY", "MEASURED_KEY", "PICK_ATTR", "FidelitySearch", "Pick", "prediction_columns",
            "point_key", "fidelity_metrics", "fit_levels", "noise_columns", "score_in_simulator", "SimScorer"]
@@ -115,7 +115,7 @@ class FidelitySearch:
 
     def prepare(self) -> None:
         """Score the candidates (the whole space, or a seeded sample of it)."""
-        from orchestrator.feasibility import space_points
+        from orchestrator.trial.feasibility import space_points
 
         t0 = time.monotonic()
         points, size = space_points(self.study.space, self.study.seed,

@@ -2,7 +2,7 @@
 
 Pure (numpy only). The simulator's error is modelled in log space, as a ratio:
 
-* a **calibration** (a few :class:`~orchestrator.study.SimCalibration` multipliers) fitted
+* a **calibration** (a few :class:`~orchestrator.study.spec.SimCalibration` multipliers) fitted
   to every real trial so far by damped Gauss-Newton on the log errors of the measured
   metrics, with a ridge towards 1.0 (few trials identify few multipliers);
 * a **residual model**: what the calibrated simulator still gets wrong, a Gaussian process
@@ -50,7 +50,7 @@ PRIOR_LOG_SD_OTHER = 0.2
 PRIOR_WEIGHT = 1.0
 # The run-to-run spread of one real measurement (log sd) when its row carries no interval: one
 # configuration's capacity measured again on an H200 spread 47.5-57.5 req/s (log sd ~0.065,
-# docs/benchmarks.md, "Repeatability"). A row with an interval (orchestrator.confidence) gives
+# docs/benchmarks.md, "Repeatability"). A row with an interval (orchestrator.measure.confidence) gives
 # its own: noise_log_sd.
 NOISE_LOG_SD = 0.065
 MIN_LOG_SD = 0.005  # a configuration's value is never known more closely than this

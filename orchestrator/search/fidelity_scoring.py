@@ -13,6 +13,7 @@ import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orchestrator.numbers import finite_float
+from orchestrator.results.levels import is_set, level_mark
 from orchestrator.search import fidelity_model as fm
 
 # A capacity trial's load levels the calibration is fitted to: those nearest its capacity (the knee
@@ -54,9 +55,7 @@ def fit_levels(study, level_rows: Sequence[Mapping[str, Any]]) -> list[dict[str,
     level's own rate. At most :data:`FIT_LEVELS`, nearest the capacity. A level stopped early
     is left out (its requests in flight were aborted); so are the TTFT and E2E of an
     overloaded or harness-bound level (a queue or the client, not the engine:
-    :func:`orchestrator.sim.measured_replay.level_mark`). Each: ``rate`` and the metrics scored."""
-    from orchestrator.sim.measured_replay import is_set, level_mark
-
+    :func:`orchestrator.results.levels.level_mark`). Each: ``rate`` and the metrics scored."""
     rows = [dict(r) for r in level_rows if finite_float(r.get("rate"))]
     ran = [r for r in rows if not is_set(r.get("stopped_early"))]
     ttfts = [v for r in ran if (v := finite_float(r.get("ttft_p50_ms")))]
@@ -80,10 +79,10 @@ def score_in_simulator(study, points: Sequence[Mapping[str, Any]], calibration: 
                        rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
     """Each configuration's status and metrics from the virtual-time simulator under ``calibration``;
     with ``rates``, point i as one load window at ``rates[i]`` (a capacity study's level there)."""
-    from orchestrator.capacity import level_workload
-    from orchestrator.load_phase import study_requests
-    from orchestrator.study_engine import SimCalibration, SimEngineSpec
-    from orchestrator.trial import TrialContext, execute_trial
+    from orchestrator.study.engine import SimCalibration, SimEngineSpec
+    from orchestrator.trial.capacity import level_workload
+    from orchestrator.trial.load_phase import study_requests
+    from orchestrator.trial.run import TrialContext, execute_trial
 
     engine = SimEngineSpec(kind="sim", mode="virtual", calibration=SimCalibration(**calibration))
     sim = study.model_copy(update={"engine": engine})

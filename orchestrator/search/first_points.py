@@ -6,8 +6,8 @@ Each is enqueued on the searcher's Optuna study, which hands them out first, in 
 
 from __future__ import annotations
 
-from orchestrator.study import Study
-from orchestrator.warm_start import load_frames, warm_start_points
+from orchestrator.search.warm_start import load_frames, warm_start_points
+from orchestrator.study.spec import Study
 
 
 def enqueue_probe_baseline(study: Study, searcher, *, resumed: bool) -> None:

@@ -6,7 +6,7 @@ discrete spaces (TPE especially); measuring it again would spend a trial on a kn
 answer (docs/benchmarks.md), so a repeat is answered from the earlier trial and a new
 proposal asked for. :func:`tell_report` is the only way a measured trial reaches Optuna,
 live or on resume: its :class:`SamplerReport` is made from the judge's verdict
-(:func:`orchestrator.judge.judge`), constraint values first (so constrained samplers learn
+(:func:`orchestrator.study.judge.judge`), constraint values first (so constrained samplers learn
 where configurations cannot start or miss an SLO), then the values or a FAIL.
 
 Tune carries a trial's report from the trial actor to the searcher as one JSON string

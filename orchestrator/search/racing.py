@@ -22,10 +22,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from orchestrator.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.failures import TrialStatus
-from orchestrator.results.ties import pool
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
+from orchestrator.results.ties import pool
 
 __all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "remeasure_trials"]
 

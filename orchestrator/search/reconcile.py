@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.judge import judge_row
-from orchestrator.resume import INTERRUPTED_ATTR
 from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.search.resume import INTERRUPTED_ATTR
+from orchestrator.study.judge import judge_row
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def make_sampler(study, *, concurrent: Optional[bool] = None):
     if s.sampler == "grid":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            from orchestrator.grid_sampler import GridSampler
+            from orchestrator.search.grid_sampler import GridSampler
 
             return GridSampler(seed=seed)
     raise ValueError(f"unknown sampler {s.sampler!r}; allowed: tpe, nsga2, gp, random, grid")

@@ -12,14 +12,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Optional
 
-from orchestrator import feasibility
-from orchestrator.engine_args import engine_args_from_params
 from orchestrator.failures import Failure, FailureKind, TrialStatus
-from orchestrator.results.rows import trial_row
+from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.search.optuna_search import SamplerReport, tell_report
-from orchestrator.study import Study
-from orchestrator.trial import judge_result
-from orchestrator.trial_result import TrialResult
+from orchestrator.study.spec import Study
+from orchestrator.trial import feasibility
+from orchestrator.trial.result import TrialResult
+from orchestrator.trial.row import trial_row
+from orchestrator.trial.run import judge_result
 
 
 class PreflightScreen:

@@ -40,9 +40,9 @@ def baseline_values(study) -> dict[str, Any]:
     yet" means "as vLLM would run it"; where the default is outside the space, its
     nearest value.)
     """
-    from orchestrator.engine_args import EngineArgs
-    from orchestrator.feasibility import resolve_args
-    from orchestrator.warm_start import _DROP, snap_value
+    from orchestrator.hardware.engine_args import EngineArgs
+    from orchestrator.search.warm_start import _DROP, snap_value
+    from orchestrator.trial.feasibility import resolve_args
 
     defaults = resolve_args(study, EngineArgs())
     out = {}

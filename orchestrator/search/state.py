@@ -1,6 +1,6 @@
 """Where a study's state lives: run ids, the local state folder, the Optuna journal.
 
-The state folder itself is :func:`orchestrator.state_dir.local_state_dir` (engines use it too).
+The state folder itself is :func:`orchestrator.study.state_dir.local_state_dir` (engines use it too).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.state_dir import local_state_dir  # noqa: F401 - part of the state API
-from orchestrator.study import Study
+from orchestrator.study.spec import Study
+from orchestrator.study.state_dir import local_state_dir  # noqa: F401 - part of the state API
 
 # Consonants only: a random suffix never spells a word, and never reads as a number.
 _RUN_ID_LETTERS = "bcdfghjklmnpqrstvwxz"
@@ -34,7 +34,7 @@ def optuna_storage(state_dir: Path):
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from orchestrator.resume import JournalFlock, repair_journal
+    from orchestrator.search.resume import JournalFlock, repair_journal
 
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "optuna.journal"

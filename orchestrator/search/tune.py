@@ -19,18 +19,18 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from orchestrator.failures import TrialStatus, not_recorded, root_message, status_of, trial_lost
-from orchestrator.judge import Judgement
 from orchestrator.results.levels import levels_to_table
-from orchestrator.results.rows import trial_row
 from orchestrator.results.schema import requests_to_table
-from orchestrator.search.racing import REMEASURE_KEY
+from orchestrator.results.store import ResultsStore
 from orchestrator.search.fidelity import (MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns,
                                           prediction_columns)
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
-from orchestrator.study import Study
-from orchestrator.trial import TrialContext, execute_trial, judge_result
-from orchestrator.trial_result import TrialResult
-from orchestrator.results.store import ResultsStore
+from orchestrator.search.racing import REMEASURE_KEY
+from orchestrator.study.judge import Judgement
+from orchestrator.study.spec import Study
+from orchestrator.trial.result import TrialResult
+from orchestrator.trial.row import trial_row
+from orchestrator.trial.run import TrialContext, execute_trial, judge_result
 
 log = logging.getLogger(__name__)
 

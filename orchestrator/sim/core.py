@@ -12,14 +12,14 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from orchestrator.accelerator import with_device_defaults
-from orchestrator.engine_args import EngineArgs, ceil_div
+from orchestrator.hardware.accelerator import with_device_defaults
+from orchestrator.hardware.engine_args import EngineArgs, ceil_div
+from orchestrator.hardware.gpus import GpuSpec
+from orchestrator.hardware.memory import MemoryPlan
+from orchestrator.hardware.start import start_plan
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.cost import StepCostModel
-from orchestrator.sim.hardware import GpuSpec
-from orchestrator.sim.memory import MemoryPlan
-from orchestrator.sim.models import ModelShape
 from orchestrator.sim.scheduler import SchedRequest, Scheduler
-from orchestrator.sim.start import start_plan
 
 
 @dataclass(frozen=True)

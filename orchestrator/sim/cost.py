@@ -23,7 +23,7 @@ A roofline per operator group, summed (the kernels run one after another):
   Decode-only batches replay a full graph padded to the next capture size.
 
 Constants were fitted on Llama-3.1-8B / H200 / vLLM 0.26 (docs/simulator.md);
-:class:`orchestrator.study.SimCalibration` multiplies them (1.0 = as fitted).
+:class:`orchestrator.study.spec.SimCalibration` multiplies them (1.0 = as fitted).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import bisect
 from dataclasses import dataclass
 from typing import Optional
 
-from orchestrator.engine_args import EngineArgs
-from orchestrator.sim.hardware import GpuSpec
-from orchestrator.sim.memory import (cudagraph_capture_sizes, dtype_bytes, kv_bytes_per_token, layers_per_rank,
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import GpuSpec
+from orchestrator.hardware.memory import (cudagraph_capture_sizes, dtype_bytes, kv_bytes_per_token, layers_per_rank,
                                      model_dtype)
-from orchestrator.sim.models import QUANT_WEIGHT_BITS, ModelShape
+from orchestrator.models.shapes import QUANT_WEIGHT_BITS, ModelShape
 from orchestrator.sim.scheduler import BatchShape
 
 # ---- constants fitted on one H200 (Llama-3.1-8B shape, vLLM 0.26, torch.compile + CUDA graphs),

@@ -31,7 +31,7 @@ import heapq
 import itertools
 from collections import deque
 
-from orchestrator.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.sim.batch import BatchShape, SchedulerOutput
 from orchestrator.sim.kv_cache import KVCacheManager
 from orchestrator.sim.sched_request import SchedRequest

@@ -7,7 +7,7 @@ request reaches the engine ``frontend_latency_s`` after it is sent (HTTP,
 tokenization, IPC) and a token arrives when the step producing it ends. Times are
 seconds from the start of the load window; warm-up requests run before it
 (negative times): the burst one at a time, then the steady warm-up in virtual time,
-judged by the same :class:`~orchestrator.warmup.SteadyJudge` as a served trial's.
+judged by the same :class:`~orchestrator.measure.warmup.SteadyJudge` as a served trial's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import heapq
 import itertools
 from typing import Optional
 
-from orchestrator.records import RequestErrorKind, RequestRecord
+from orchestrator.measure.records import RequestErrorKind, RequestRecord
 from orchestrator.sim.core import SimEngineCore, SimRequest
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 
 
 # The steady warm-up sends at most this many requests, or a few times what its rate and max_s call
@@ -167,7 +168,7 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
     completion (virtual time costs nothing; no request is cut), so ``warmup_s_used``
     includes that drain.
     """
-    from orchestrator.warmup import SteadyJudge
+    from orchestrator.measure.warmup import SteadyJudge
 
     start = drv.t
     judge = SteadyJudge(stream.settings, start)
@@ -238,7 +239,7 @@ def simulate(core: SimEngineCore, requests: RequestSet, warmup_report=None,
     The burst's warm-ups are sent one after another, each when the previous ended; then
     the steady warm-up (``requests.warmup_stream``) runs until its judge ends it and its
     requests have finished (:func:`_warm_until_steady`); every warm-up record is shifted
-    so the warm-up ends at t=0. ``warmup_report`` (an :class:`orchestrator.warmup.WarmupOutcome`)
+    so the warm-up ends at t=0. ``warmup_report`` (an :class:`orchestrator.measure.warmup.WarmupOutcome`)
     receives its length, requests and verdict. Open loop: each measured request is sent at its
     ``arrival_s``. Closed loop (``closed_loop_concurrency`` = C): C requests at t=0,
     then the next one whenever one ends. A request the engine rejects (too long

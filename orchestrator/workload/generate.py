@@ -79,7 +79,8 @@ import numpy as np
 
 from orchestrator.workload.arrivals import nominal_rate, sample_arrivals
 from orchestrator.workload.datasets import read_dataset
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 from orchestrator.workload.sessions import build_session_requests
 from orchestrator.workload.spec import ConcurrencyArrival, WorkloadSpec
 from orchestrator.workload.synthesis import (

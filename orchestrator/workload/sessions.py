@@ -40,7 +40,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from orchestrator.workload.arrivals import nominal_rate, sample_arrivals
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 from orchestrator.workload.session_files import SessionShape, SessionTurn, read_session_file
 from orchestrator.workload.spec import WorkloadSpec
 from orchestrator.workload.synthesis import (draw_prefixes, level_streams, make_rng, replicate_streams,

@@ -270,7 +270,7 @@ class WarmupSpec(StrictModel):
     level's; its length distributions; prompts of its own) runs for at least ``min_s``
     seconds and until two successive windows of ``window_s`` agree (TTFT p50 and output
     throughput within ``tolerance``, or within their sampling noise, and a backlog that
-    does not grow), at most ``max_s`` seconds. See :mod:`orchestrator.warmup`.
+    does not grow), at most ``max_s`` seconds. See :mod:`orchestrator.measure.warmup`.
     """
 
     enabled: bool = Field(default=True, description="false: only the warmup_requests burst (a fixed warm-up)")

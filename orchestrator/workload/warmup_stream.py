@@ -1,7 +1,7 @@
 """The steady warm-up's requests (:class:`WarmupStream`), made on demand at the trial's own load.
 
 After the warm-up burst, unless ``workload.warmup.enabled`` is false, the steady warm-up
-sends as many requests as the engine needs to become steady (:mod:`orchestrator.warmup`),
+sends as many requests as the engine needs to become steady (:mod:`orchestrator.measure.warmup`),
 at the trial's own load: its arrival process at its rate (a ramp's start rate, a diurnal
 cycle's rate at t = 0; a closed loop keeps its concurrency; a trace cycles its own gaps),
 its length distributions (a trace or dataset cycles its entries' shapes) and its shared

@@ -22,7 +22,7 @@ from orchestrator.results import (
     pareto_mask,
 )
 from orchestrator.results.pareto import _front_nd, to_losses
-from orchestrator.study import Constraint, Objective
+from orchestrator.study.spec import Constraint, Objective
 
 
 def brute_force_mask(values: np.ndarray, directions: list[str]) -> np.ndarray:

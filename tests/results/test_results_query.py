@@ -7,9 +7,9 @@ from datetime import date, datetime, timedelta, timezone
 import pandas as pd
 import pytest
 
-from orchestrator.records import RequestRecord
+from orchestrator.measure.records import RequestRecord
 from orchestrator.results import ResultsStore, best_under_slos, load_requests, load_trials, requests_to_table
-from orchestrator.study import Constraint
+from orchestrator.study.spec import Constraint
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
 

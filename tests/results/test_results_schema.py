@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from orchestrator.failures import FailureKind, TrialStatus
-from orchestrator.metrics import known_metric_names
-from orchestrator.records import RequestErrorKind, RequestRecord
+from orchestrator.measure.metrics import known_metric_names
+from orchestrator.measure.records import RequestErrorKind, RequestRecord
 from orchestrator.results import (
     REQUESTS_SCHEMA,
     SCHEMA_VERSION,
@@ -23,8 +23,8 @@ from orchestrator.results import (
     trial_row_to_table,
     trials_schema,
 )
-from orchestrator.space import SearchSpace
-from orchestrator.study import Constraint
+from orchestrator.study.space import SearchSpace
+from orchestrator.study.spec import Constraint
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 PARAM_TYPES = {"max_num_seqs": "int", "gpu_memory_utilization": "float", "enable_chunked_prefill": "bool",

@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.records import RequestRecord
+from orchestrator.measure.records import RequestRecord
 from orchestrator.results import (
     REQUESTS_SCHEMA,
     ResultsStore,

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape
 from orchestrator.sim.virtual import simulate
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 
 # Cold runs: a fresh `vllm serve` per configuration, measured without a warm-up.
 # (rate req/s, max_num_seqs, N) -> (TTFT p50 ms, TPOT p50 ms, output tok/s)

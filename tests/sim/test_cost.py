@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine_args import EngineArgs
 from orchestrator.failures import EngineStartError, FailureKind
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.hardware.memory import plan_memory
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim import cost
 from orchestrator.sim.cost import StepCostModel
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.memory import plan_memory
-from orchestrator.sim.models import ModelShape
 from orchestrator.sim.scheduler import BatchShape
-from orchestrator.study import SimCalibration
+from orchestrator.study.spec import SimCalibration
 
 
 def cost_model(model="llama-3.1-8b", gpu="H200", calibration=None, **kw) -> StepCostModel:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine_args import EngineArgs
 from orchestrator.failures import EngineStartError, FailureKind, classify_start_error
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.memory import GiB, cudagraph_capture_sizes, plan_memory
-from orchestrator.sim.models import ModelShape
-from orchestrator.sim.start import start_plan
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.hardware.memory import GiB, cudagraph_capture_sizes, plan_memory
+from orchestrator.hardware.start import start_plan
+from orchestrator.models.shapes import ModelShape
 
 
 def resolved(gpu, **kw) -> EngineArgs:

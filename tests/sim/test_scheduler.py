@@ -8,10 +8,10 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore, SimRequest
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape
 from orchestrator.sim.scheduler import SchedRequest, Scheduler
 
 _uid = iter(range(1, 1 << 30))

@@ -14,13 +14,13 @@ from collections import Counter
 
 import pytest
 
-from orchestrator import feasibility
-from orchestrator.engine_args import EngineArgs
 from orchestrator.failures import EngineStartError, FailureKind
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape
-from orchestrator.study import parse_study
+from orchestrator.study.spec import parse_study
+from orchestrator.trial import feasibility
 
 GRID = {
     "tensor_parallel_size": [1, 2, 4],

@@ -6,12 +6,13 @@ import math
 
 import pytest
 
-from orchestrator.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore, SimRequest
-from orchestrator.sim.hardware import get_gpu
-from orchestrator.sim.models import ModelShape
 from orchestrator.sim.virtual import simulate
-from orchestrator.workload.requests import Request, RequestSet
+from orchestrator.workload.request_set import RequestSet
+from orchestrator.workload.requests import Request
 
 from sim_reference import (OFFLINE, ONLINE, WARM_RUNS, engine, run_offline, run_online, run_warm, warm_point,
                            workload)
@@ -182,7 +183,7 @@ def test_capacity_study_levels(repo):
     # these levels: run-to-run noise near the knee alone is 15-25%).
     import numpy as np
 
-    from orchestrator.sim.measured_replay import load_points, run
+    from orchestrator.apps.measured_replay import load_points, run
 
     datasets = [("study", str(repo / "results/examples/llama3-8b-h200-reference")),
                 ("study", str(repo / "results/examples/llama3-8b-h200"))]

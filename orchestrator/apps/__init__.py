@@ -1,0 +1,1 @@
+"""What users do with results: recommend, plan a fleet, nightly runs, reports, exchange with vllm bench."""

@@ -1,0 +1,222 @@
+"""The docs' generated tables: each one registered with its dataset, checked against it.
+
+A generated table sits between two markers in ``README.md`` or ``docs/*.md``::
+
+    <!-- table: h200-capacity-study (results/examples/llama3-8b-h200) -->
+
+    | trial | ... |
+
+    <!-- /table -->
+
+The name is a key of :data:`TABLES`, the parenthesis the dataset(s) it is built from (the
+registry's, relative to the repository root: a marker that names another dataset is an
+error, so the marker never misleads a reader). ::
+
+    python -m orchestrator.apps.docs_tables --check    # exit 1 and a diff when a table differs
+    python -m orchestrator.apps.docs_tables --write    # rewrite every marked table in place
+    python -m orchestrator.apps.docs_tables --write h200-capacity-study   # only this one
+
+``tests/test_docs_tables.py`` runs the check, so a table that drifts from its data (or data
+that changes under its table) fails the test suite. Tables whose numbers are not in the
+repository (a benchmark that prints and stores nothing) carry no marker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from orchestrator.apps import h200_tables as h200
+from orchestrator.apps import kv_tables
+from orchestrator.results import repeatability
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMAND = "python -m orchestrator.apps.docs_tables"
+
+
+@dataclass(frozen=True)
+class DocTable:
+    """One generated table: its name, the datasets it reads (relative to the repository root)
+    and the function that builds its markdown from them (called with the resolved paths)."""
+
+    name: str
+    datasets: tuple[str, ...]
+    build: Callable[..., str]
+
+    def render(self, root: Path = ROOT) -> str:
+        return _render(self.name, str(Path(root).resolve()))
+
+
+_EX = "results/examples/"
+TABLES: dict[str, DocTable] = {t.name: t for t in (
+    # docs/benchmarks.md
+    DocTable("h200-ingress", (_EX + "h200-ingress",), h200.ingress_table),
+    DocTable("h200-reference-levels", (_EX + "llama3-8b-h200-reference",), h200.capacity_levels_table),
+    DocTable("h200-capacity-study", (_EX + "llama3-8b-h200",), h200.capacity_trials_table),
+    DocTable("h200-fidelity-trials", (_EX + "llama3-8b-h200-fidelity",), h200.fidelity_trials_table),
+    DocTable("h200-fidelity-vs-plain", (_EX + "llama3-8b-h200-fidelity", _EX + "llama3-8b-h200"),
+             h200.fidelity_vs_plain_table),
+    DocTable("h200-fidelity-levels-trials", (_EX + "llama3-8b-h200-fidelity-levels",), h200.fidelity_trials_table),
+    DocTable("h200-fidelity-calibration", (_EX + "llama3-8b-h200-fidelity-levels", _EX + "llama3-8b-h200-fidelity"),
+             h200.calibration_table),
+    DocTable("h200-kv-fp8", (_EX + "llama3-8b-h200-kv-fp8",), h200.kv_dtype_table),
+    DocTable("h200-interactive", (_EX + "llama3-8b-h200-interactive",), h200.interactive_table),
+    DocTable("repeatability-capacity", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm",
+                                        _EX + "repeatability-h200"), repeatability.repeatability_table),
+    DocTable("repeatability-fixed-rate", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm"),
+             repeatability.fixed_rate_table),
+    # docs/simulator.md: the datasets replayed by the simulator with its current constants
+    DocTable("sim-vs-h200-ingress", (_EX + "h200-ingress",), h200.sim_ingress_table),
+    DocTable("sim-vs-h200-capacity", (_EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"),
+             h200.sim_capacity_table),
+    DocTable("kv-predicted-vs-logged", kv_tables.KV_DATASETS, kv_tables.kv_prediction_table),
+)}
+
+
+@functools.lru_cache(maxsize=None)
+def _render(name: str, root: str) -> str:
+    table = TABLES[name]
+    return table.build(*(Path(root) / d for d in table.datasets)).strip("\n")
+
+
+# ---------------------------------------------------------------- markers
+_BLOCK = re.compile(r"^<!-- table: (?P<name>[\w.-]+) \((?P<datasets>[^)]*)\)[^\n]*?-->\n"
+                    r"(?P<body>.*?)"
+                    r"^<!-- /table -->$", re.MULTILINE | re.DOTALL)
+_START = re.compile(r"^<!-- table:", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A marked table in a markdown file: what the markers say and the text between them."""
+
+    name: str
+    datasets: tuple[str, ...]
+    body: str  # stripped
+    start: int  # span of the body in the file's text
+    end: int
+    line: int  # of the opening marker, from 1
+
+
+def marked_tables(text: str) -> list[Marked]:
+    """Every marked block of ``text``; an opening marker without its closing one raises ValueError."""
+    found = []
+    for m in _BLOCK.finditer(text):
+        datasets = tuple(d.strip() for d in m.group("datasets").split(",") if d.strip())
+        found.append(Marked(m.group("name"), datasets, m.group("body").strip("\n"), m.start("body"), m.end("body"),
+                            text.count("\n", 0, m.start()) + 1))
+    if len(found) != len(_START.findall(text)):
+        raise ValueError("an opening '<!-- table: NAME (DATASETS) -->' without its '<!-- /table -->' "
+                         f"(found {len(_START.findall(text))} openings, {len(found)} complete blocks)")
+    return found
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """The files that may hold marked tables: ``README.md`` and ``docs/*.md``."""
+    return [Path(root) / "README.md", *sorted((Path(root) / "docs").glob("*.md"))]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A marked table that is not what its dataset gives: ``diff`` (unified) or ``message``."""
+
+    path: str
+    name: str
+    line: int
+    message: str
+    diff: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: table {self.name}: {self.message}" + (f"\n{self.diff}" if self.diff else "")
+
+
+def table_diff(expected: str, actual: str, label: str) -> str:
+    """A unified diff from the text in the doc to the regenerated text."""
+    return "\n".join(difflib.unified_diff(actual.splitlines(), expected.splitlines(), f"{label} (in the doc)",
+                                          f"{label} (from its dataset)", lineterm=""))
+
+
+def check_text(text: str, path: str = "<text>", root: Path = ROOT,
+               names: Optional[Sequence[str]] = None) -> list[Problem]:
+    """The marked tables of one file's text that differ from their datasets (an empty list: all equal)."""
+    problems = []
+    for m in marked_tables(text):
+        if names and m.name not in names:
+            continue
+        table = TABLES.get(m.name)
+        if table is None:
+            problems.append(Problem(path, m.name, m.line, f"no such table (known: {', '.join(sorted(TABLES))})"))
+            continue
+        if m.datasets != table.datasets:
+            problems.append(Problem(path, m.name, m.line, f"the marker names {', '.join(m.datasets) or 'no dataset'}; "
+                                    f"the table is built from {', '.join(table.datasets)}"))
+            continue
+        expected = table.render(root)
+        if m.body != expected:
+            problems.append(Problem(path, m.name, m.line, f"differs from its dataset (`{COMMAND} --write` rewrites it)",
+                                    table_diff(expected, m.body, f"{path}:{m.line} {m.name}")))
+    return problems
+
+
+def rewrite_text(text: str, root: Path = ROOT, names: Optional[Sequence[str]] = None) -> str:
+    """``text`` with every marked table (or those of ``names``) replaced by what its dataset gives."""
+    out, last = [], 0
+    for m in marked_tables(text):
+        if m.name not in TABLES or (names and m.name not in names):
+            continue
+        out += [text[last:m.start], "\n", TABLES[m.name].render(root), "\n\n"]
+        last = m.end
+    return "".join(out) + text[last:]
+
+
+def _display(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="exit 1 and print a diff when a marked table differs")
+    mode.add_argument("--write", action="store_true", help="rewrite the marked tables in place")
+    mode.add_argument("--list", action="store_true", help="list the registered tables and where they are marked")
+    p.add_argument("names", nargs="*", help="only these tables (default: all)")
+    p.add_argument("--root", type=Path, default=ROOT, help="the repository (datasets are relative to it)")
+    p.add_argument("--doc", type=Path, action="append", dest="docs",
+                   help="this markdown file (repeatable; default: README.md and docs/*.md)")
+    a = p.parse_args(argv)
+    unknown = sorted(set(a.names) - set(TABLES))
+    if unknown:
+        p.error(f"no such table: {', '.join(unknown)} (known: {', '.join(sorted(TABLES))})")
+    files = a.docs or doc_files(a.root)
+    if a.list:
+        where = {m.name: f"{_display(f, a.root)}:{m.line}" for f in files for m in marked_tables(f.read_text())}
+        for t in TABLES.values():
+            print(f"{t.name}: {', '.join(t.datasets)} -> {where.get(t.name, 'not marked in any doc')}")
+        return 0
+    problems = []
+    for f in files:
+        text = f.read_text()
+        if a.write:
+            new = rewrite_text(text, a.root, a.names)
+            if new != text:
+                f.write_text(new)
+                print(f"rewrote {_display(f, a.root)}")
+        problems += check_text(f.read_text(), _display(f, a.root), a.root, a.names)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems and a.check:
+        print(f"every marked table equals its dataset ({sum(len(marked_tables(f.read_text())) for f in files)} tables)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""How sure one measurement is: confidence intervals of a load window's metrics, from its requests.
+
+The requests of one window are not independent draws. Requests sent close together share
+the engine's queue: one burst of arrivals lifts the TTFT of every request behind it, and a
+p99 over 600 requests is decided by the few bursts of that window. So the intervals come
+from a **block bootstrap** (Kunsch 1989): each window is cut into blocks of consecutive
+requests, ``block_s`` seconds of due times each; the blocks are drawn again with
+replacement (as many as there are), the metric is computed on the draw, and the interval
+is the central ``confidence`` share of :data:`BOOTSTRAP_SAMPLES` draws. Windows measured
+apart (a level measured again) are never joined inside a block. Alone, that interval is too narrow
+for tails: a window cannot see fluctuations slower than itself, and a redrawn p99 never
+exceeds the window's largest values (on the simulator, 90% bootstrap intervals of a 12 s
+window's p99 TTFT covered the truth 60-67% of the time). So each is widened by a factor
+per statistic (:data:`INFLATION`), the one that made the simulator's intervals cover as
+often as they say; ``benchmarks/ci_coverage.py`` measures that coverage, and the
+repeatability benchmark checks the capacity intervals on real engines.
+
+Which metrics: the per-request latencies (``ttft``, ``tpot``, ``e2el``: mean and
+percentiles; ``itl``: the same over every token gap, a request's gaps staying in its
+block) and the window's throughputs (``request``, ``input``, ``output``,
+``total_token``, ``goodput``, per GPU), each as :func:`orchestrator.measure.metrics.summarise`
+defines it: a throughput is drawn as the drawn requests' amount per request times the
+window's request rate (the load fixes how many requests arrive; how much they carry, and
+how many succeed, is what varies). Quantiles here are the
+inverted empirical CDF of the drawn requests (the point value stays ``summarise``'s
+linear interpolation). Every other metric has no interval (a single number).
+
+Pure: numpy only, seeded (the same records give the same interval).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.measure.metrics import LATENCY_FAMILIES, PERCENTILES, RequestSLO
+from orchestrator.measure.records import RequestRecord
+
+__all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "INTERVAL_METRICS", "Interval", "interval_columns",
+           "metric_intervals", "t_of", "z_of"]
+
+DEFAULT_CONFIDENCE = 0.90
+BOOTSTRAP_SAMPLES = 400
+BLOCK_S = 2.0  # seconds of due times per block (benchmarks/ci_coverage.py)
+MIN_BLOCKS = 6  # a shorter window gets shorter blocks: a bootstrap over two or three blocks is no spread
+# How much wider than the block bootstrap's an interval must be to cover the truth as often as it
+# says, by statistic, (below, above) the value: what the simulator needed over many seeds
+# (benchmarks/ci_coverage.py). A window cannot see fluctuations slower than itself (near capacity
+# the queue remembers a burst for longer than a level lasts), and a resampled tail quantile never
+# exceeds the window's largest values: a tail's interval needs widening above its value, hardly
+# below (a window with a burst has a high p99, and the draws without that burst's block reach
+# below the truth already). Applied in log space around the point value.
+INFLATION = {"mean": (1.25, 1.25), "p50": (1.25, 1.5), "p90": (1.0, 1.5), "p95": (1.0, 2.5),
+             "p99": (1.0, 4.0), "throughput": (1.5, 1.5)}
+# A request's TPOT and E2E latency (and a token gap's) average over its whole life, so their
+# tails move with the batch size over many seconds: slower than TTFT's, and they need more.
+SLOW_TAIL_INFLATION = {"p95": (1.5, 4.0), "p99": (2.0, 6.0)}  # tpot, e2el, itl
+# A tail quantile of few values is one or two requests: with fewer than this many above it (p99
+# of fewer than 500), both sides widen by sqrt(MIN_TAIL / those above), so that a p99 of 60
+# requests, their largest, is not taken for a measurement of the tail.
+MIN_TAIL = 5.0
+# Widening multiplies a band's log width: past a tenfold ratio it says nothing more than "unknown",
+# and the numbers only grow absurd. A band stops at a tenth and ten times the value.
+MAX_RATIO = 10.0
+_ITL_CAP = 200_000  # token gaps kept for the ITL interval (a seeded subsample beyond: memory, not accuracy)
+
+_STATS = ("mean",) + tuple(f"p{p}" for p in PERCENTILES)
+LATENCY_INTERVAL_METRICS = tuple(f"{fam}_{s}_ms" for fam in LATENCY_FAMILIES for s in _STATS)
+THROUGHPUT_INTERVAL_METRICS = ("request_throughput", "input_throughput", "output_throughput",
+                               "total_token_throughput", "output_throughput_per_gpu", "goodput")
+# Metrics with an interval (a trials row's and a level's ``<metric>_low`` / ``<metric>_high``),
+# plus the capacity search's own bracket (orchestrator.trial.capacity) and what pricing derives from them.
+INTERVAL_METRICS = LATENCY_INTERVAL_METRICS + THROUGHPUT_INTERVAL_METRICS + (
+    "capacity_rps", "capacity_goodput", "goodput_per_gpu", "capacity_rps_per_gpu", "cost_per_mtok")
+
+
+def interval_columns(metrics: Iterable[str] = INTERVAL_METRICS) -> list[str]:
+    return [c for m in metrics for c in (f"{m}_low", f"{m}_high")]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Where a metric's true value lies, at the stated confidence (None: unbounded on that side)."""
+
+    low: Optional[float]
+    high: Optional[float]
+
+    def columns(self, metric: str) -> dict[str, Optional[float]]:
+        return {f"{metric}_low": self.low, f"{metric}_high": self.high}
+
+
+def z_of(confidence: float) -> float:
+    """The two-sided normal quantile of ``confidence`` (0.90 -> 1.645)."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + confidence / 2.0)
+
+
+def t_of(confidence: float, dof: float) -> float:
+    """The two-sided Student-t quantile of ``confidence`` with ``dof`` degrees of freedom (exact for
+    one; a Cornish-Fisher expansion in 1/dof otherwise, within 1% from two on; the normal's beyond)."""
+    if dof >= 1e6:
+        return z_of(confidence)
+    if dof <= 1:
+        return math.tan(math.pi * confidence / 2.0)
+    z = z_of(confidence)
+    g1 = (z ** 3 + z) / 4.0
+    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96.0
+    g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384.0
+    g4 = (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160.0
+    return z + g1 / dof + g2 / dof ** 2 + g3 / dof ** 3 + g4 / dof ** 4
+
+
+# ------------------------------------------------------------------ blocks
+@dataclass(frozen=True)
+class _Blocks:
+    of_request: np.ndarray  # block index of each request (0..k-1)
+    seconds: np.ndarray  # (k,) the seconds each block stands for (their sum: the windows' durations)
+
+    @property
+    def count(self) -> int:
+        return len(self.seconds)
+
+
+def _blocks(records: Sequence[RequestRecord], block_s: float) -> _Blocks:
+    """Blocks of ``block_s`` seconds of due times (shorter in a window shorter than
+    :data:`MIN_BLOCKS` of them), window by window. A window's duration (first
+    send to last end, as :func:`orchestrator.measure.metrics.summarise`) is shared out over its blocks:
+    full blocks ``block_s`` each, its last block the rest."""
+    by_window: dict[int, list[int]] = {}
+    for i, r in enumerate(records):
+        by_window.setdefault(r.window, []).append(i)
+    of_request = np.zeros(len(records), dtype=np.int64)
+    seconds: list[float] = []
+    for _, idx in sorted(by_window.items()):
+        recs = [records[i] for i in idx]
+        due = np.array([r.scheduled_s for r in recs], dtype=float)
+        span = float(due.max() - due.min())
+        size = min(block_s, span / MIN_BLOCKS) if span > 0 else block_s
+        local = np.floor((due - due.min()) / size).astype(np.int64)
+        used, local = np.unique(local, return_inverse=True)  # blocks without a request are dropped
+        of_request[idx] = local + len(seconds)
+        sends = [r.sent_s for r in recs if r.sent_s is not None]
+        ends = [e for r in recs for e in ((r.end_s if r.success else (r.finished_s or r.end_s)),) if e is not None]
+        duration = (max(ends + sends) - min(sends)) if sends else 0.0
+        share = np.full(len(used), float(size))
+        share[-1] = max(duration - size * (len(used) - 1), 1e-9)
+        if duration <= 0:
+            share[:] = 1e-9
+        seconds.extend(share.tolist())
+    return _Blocks(of_request, np.asarray(seconds, dtype=float))
+
+
+def _weighted_quantiles(values: np.ndarray, groups: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
+    """Per draw (row of ``counts``, (B, k)): the ``q`` quantile of ``values`` each weighted by its
+    block's count (inverted CDF). NaN when a draw holds no value."""
+    order = np.argsort(values, kind="stable")
+    v, g = values[order], groups[order]
+    w = counts[:, g]  # (B, n)
+    cum = np.cumsum(w, axis=1)
+    total = cum[:, -1]
+    target = np.maximum(q * total, 1e-12)
+    idx = np.minimum((cum < target[:, None]).sum(axis=1), len(v) - 1)
+    out = v[idx].astype(float)
+    out[total <= 0] = np.nan
+    return out
+
+
+def _weighted_means(values: np.ndarray, groups: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    k = counts.shape[1]
+    sums = np.bincount(groups, weights=values, minlength=k)
+    ns = np.bincount(groups, minlength=k).astype(float)
+    num, den = counts @ sums, counts @ ns
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)
+
+
+def _band(draws: np.ndarray, confidence: float, point: float, inflation: tuple[float, float]) -> Optional[Interval]:
+    """The central ``confidence`` share of the draws, widened ``inflation`` (below, above) times in
+    log space around ``point`` (a band that does not hold the point is first stretched to it)."""
+    draws = draws[np.isfinite(draws)]
+    if len(draws) == 0 or not math.isfinite(point):
+        return None
+    a = (1.0 - confidence) / 2.0
+    lo, hi = (float(x) for x in np.quantile(draws, [a, 1.0 - a]))
+    lo, hi = min(lo, point), max(hi, point)
+    below, above = inflation
+    if point <= 0 or lo <= 0:
+        return Interval(point - below * (point - lo), point + above * (hi - point))
+    return Interval(max(point * (lo / point) ** below, point / MAX_RATIO),
+                    min(point * (hi / point) ** above, point * MAX_RATIO))
+
+
+# ------------------------------------------------------------------ the intervals
+def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *, confidence: float = DEFAULT_CONFIDENCE,
+                     gpus: int = 1, slo: RequestSLO = RequestSLO(), block_s: float = BLOCK_S,
+                     samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict[str, Interval]:
+    """Intervals of ``metrics`` (those of :data:`INTERVAL_METRICS` a window has; the rest are left
+    out) over the measured ``records`` of one or more windows (``RequestRecord.window``), already
+    restricted to the measurement window as :func:`orchestrator.measure.metrics.summarise` does."""
+    wanted = [m for m in dict.fromkeys(metrics) if m in LATENCY_INTERVAL_METRICS or m in THROUGHPUT_INTERVAL_METRICS]
+    measured = [r for r in records if not r.warmup and r.sent_s is not None]
+    if not wanted or not measured:
+        return {}
+    blocks = _blocks(measured, block_s)
+    rng = np.random.default_rng(seed)
+    k = blocks.count
+    counts = rng.multinomial(k, np.full(k, 1.0 / k), size=samples).astype(float)  # (B, k)
+    ok = np.array([r.success for r in measured])
+    g_all = blocks.of_request
+    out: dict[str, Interval] = {}
+
+    def latency(fam: str) -> tuple[np.ndarray, np.ndarray]:
+        if fam == "itl":
+            vals, grp = [], []
+            for r, g in zip(measured, g_all):
+                if r.success:
+                    gaps = r.itl_s
+                    vals.extend(gaps)
+                    grp.extend([g] * len(gaps))
+            v, gr = np.asarray(vals, dtype=float), np.asarray(grp, dtype=np.int64)
+            if len(v) > _ITL_CAP:
+                keep = np.sort(np.random.default_rng(seed + 1).choice(len(v), _ITL_CAP, replace=False))
+                v, gr = v[keep], gr[keep]
+            return v * 1000.0, gr
+        attr = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "latency_s"}[fam]
+        pairs = [(getattr(r, attr), g) for r, g, s in zip(measured, g_all, ok) if s and getattr(r, attr) is not None]
+        return (np.array([p[0] for p in pairs], dtype=float) * 1000.0, np.array([p[1] for p in pairs], dtype=np.int64))
+
+    for fam in LATENCY_FAMILIES:
+        names = [m for m in wanted if m.startswith(f"{fam}_")]
+        if not names:
+            continue
+        values, groups = latency(fam)
+        if len(values) == 0:
+            continue
+        for m in names:
+            stat = m[len(fam) + 1:-3]
+            if stat == "mean":
+                draws, point = _weighted_means(values, groups, counts), float(values.mean())
+            else:
+                q = int(stat[1:])
+                draws, point = _weighted_quantiles(values, groups, counts, q / 100.0), float(np.percentile(values, q))
+            widen = SLOW_TAIL_INFLATION.get(stat, INFLATION[stat]) if fam != "ttft" else INFLATION[stat]
+            if stat != "mean" and stat != "p50":
+                few = max(1.0, math.sqrt(MIN_TAIL / max(len(values) * (1.0 - int(stat[1:]) / 100.0), 1e-9)))
+                widen = (widen[0] * few, widen[1] * few)
+            band = _band(draws, confidence, point, widen)
+            if band is not None:
+                out[m] = band
+
+    through = [m for m in wanted if m in THROUGHPUT_INTERVAL_METRICS]
+    if through:
+        # The load sets the rate at which requests arrive (Poisson and gamma windows realise it
+        # exactly): what varies is what the requests carry and how many succeed. So a throughput is
+        # drawn as a ratio, (per-request amount over the drawn blocks) x (the window's requests per
+        # second); drawing the blocks' seconds too would add arrival noise the window does not have.
+        duration = float(blocks.seconds.sum())
+        rate = len(measured) / duration if duration > 0 else 0.0
+
+        def per_block(weights: Iterable[float]) -> np.ndarray:
+            return np.bincount(g_all, weights=np.fromiter(weights, dtype=float, count=len(measured)), minlength=k)
+
+        n_drawn = counts @ per_block(1.0 for _ in measured)
+        in_tokens = per_block((r.prompt_tokens if r.prompt_tokens is not None else r.expected_prompt_tokens) if s
+                              else 0 for r, s in zip(measured, ok))
+        out_tokens = per_block(r.output_tokens if s else 0 for r, s in zip(measured, ok))
+        sums = {"request_throughput": per_block(ok.astype(float)),
+                "input_throughput": in_tokens, "output_throughput": out_tokens,
+                "total_token_throughput": in_tokens + out_tokens,
+                "output_throughput_per_gpu": out_tokens / max(gpus, 1),
+                "goodput": per_block((1.0 if s and (slo.empty or slo.met_by(r)) else 0.0)
+                                     for r, s in zip(measured, ok))}
+        for m in through:
+            point = float(sums[m].sum()) / max(len(measured), 1) * rate
+            band = _band((counts @ sums[m]) / np.maximum(n_drawn, 1e-12) * rate, confidence, point,
+                         INFLATION["throughput"])
+            if band is not None:
+                out[m] = band
+    return out
+
+
+def scaled(interval: Optional[Interval], factor: Optional[float]) -> Optional[Interval]:
+    """``interval`` times a positive constant (per GPU, per dollar); None when either is missing."""
+    if interval is None or factor is None or not math.isfinite(factor) or factor <= 0:
+        return None
+    return Interval(None if interval.low is None else interval.low * factor,
+                    None if interval.high is None else interval.high * factor)
+
+
+def intervals_to_columns(intervals: Mapping[str, Interval]) -> dict[str, Optional[float]]:
+    out: dict[str, Optional[float]] = {}
+    for m, iv in intervals.items():
+        out.update(iv.columns(m))
+    return out

@@ -1,0 +1,1 @@
+"""Model shapes, and model directories made here (no hub download)."""

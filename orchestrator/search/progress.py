@@ -1,0 +1,213 @@
+"""Progress of a running study, one line per finished trial, in the terminal and job logs.
+
+Each line: trial count, the trial's status and parameters, its objectives, whether
+it met the SLOs (and "harness-bound" when the serving path, not the engine, limited
+the measurement: see orchestrator.measure.harness); then done / running / failed counts, the best feasible value of the
+first objective so far and an ETA from the mean trial time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from orchestrator.failures import TrialStatus, status_of, trial_lost
+from orchestrator.hardware.pricing import study_price
+from orchestrator.results.outcomes import outcome_summary
+from orchestrator.results.ties import bounds
+from orchestrator.study.judge import feasible_mask
+from orchestrator.study.spec import Study
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != v:  # NaN
+            return "-"
+        if abs(v) >= 100:
+            return f"{v:,.0f}"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _duration(s: float) -> str:
+    s = int(max(0, s))
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class ProgressPrinter:
+    def __init__(self, study: Study, *, total: int, already_done: int = 0, quiet: bool = False, stream=None):
+        self.study = study
+        self.total = total
+        self.done = already_done
+        self.failed = 0
+        self.feasible = 0
+        self.running = 0
+        self.best: Optional[float] = None
+        # (value, low, high) of the first objective, and the configuration (a racing trial measures one again)
+        self.feasible_values: list[tuple[float, float, float, str]] = []
+        self.quiet = quiet
+        self.stream = stream  # None: sys.stdout at print time (a stored stream may not pickle)
+        self.t0 = time.monotonic()
+        self.finished_here = 0
+        self.screened_count = 0  # proposals the pre-flight turned away (no trial)
+        self.concurrency = 1
+        # A status line after this long without output, so that long trials still show in job logs.
+        self.heartbeat_s = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL_S", 60))
+        self._last_print = self.t0
+
+    def recorded(self, trials) -> None:
+        """Count a resumed run's recorded trials (its ``trials`` rows): their failures and best value."""
+        if trials is None or len(trials) == 0:
+            return
+        import pandas as pd
+
+
+        ok = feasible_mask(trials, self.study.constraints)
+        self.failed += int((trials["status"] != TrialStatus.COMPLETED).sum())
+        self.feasible += int(ok.sum())
+        first = self.study.objectives[0]
+        if ok.any() and first.metric in trials.columns:
+            values = pd.to_numeric(trials.loc[ok, first.metric], errors="coerce").dropna()
+            if len(values):
+                self.best = float(values.max() if first.resolved_direction == "maximize" else values.min())
+                low, high = bounds(trials.loc[values.index], first.metric)
+                keys = trials.loc[values.index, "params_json"] if "params_json" in trials else values.index.astype(str)
+                self.feasible_values += [(float(v), float(lo), float(hi), str(k))
+                                         for v, lo, hi, k in zip(values, low, high, keys)]
+
+    def _print(self, text: str) -> None:
+        self._last_print = time.monotonic()
+        if not self.quiet:
+            print(text, file=self.stream or sys.stdout, flush=True)
+
+    def status_line(self, now: Optional[float] = None) -> str:
+        """Counts, best so far, elapsed time and ETA (from the mean time per finished trial)."""
+        elapsed = (time.monotonic() if now is None else now) - self.t0
+        eta = _duration(elapsed / self.finished_here * (self.total - self.done)) if self.finished_here else "-"
+        first = self.study.objectives[0]
+        best = _fmt(self.best) if self.best is not None else "-"
+        return (f"[{self.done}/{self.total}] done {self.done}, running {self.running}, not completed {self.failed} | "
+                f"best {first.metric} {best} | elapsed {_duration(elapsed)}, ETA {eta}")
+
+    def heartbeat(self, now: Optional[float] = None) -> None:
+        """Print :meth:`status_line` when nothing was printed for ``heartbeat_s`` seconds (0: never)."""
+        now = time.monotonic() if now is None else now
+        if self.heartbeat_s > 0 and now - self._last_print >= self.heartbeat_s:
+            self._print(self.status_line(now))
+
+    def header(self, run_id: str, *, resumed: bool, stale: int, state_dir: str, recovered: int = 0) -> None:
+        s = self.study
+        objs = ", ".join(f"{o.resolved_direction} {o.metric}" for o in s.objectives)
+        slos = ", ".join(str(c) for c in s.constraints) or "none"
+        sampler = s.search.sampler + (f", {len(s.search.stages)} stages" if s.search.stages else "")
+        self._print(f"study {s.name}: engine {s.engine.kind}, model {s.model.name}, {s.hardware.gpu} "
+                    f"x{s.hardware.total_gpus}, sampler {sampler}, {self.total} trials")
+        self._print(f"  objectives: {objs}; SLOs: {slos}")
+        self._print(f"  {study_price(s).describe()}")
+        if resumed:
+            self._print(f"  resuming run {run_id}: {self.done} trials already recorded"
+                        + (f", {stale} interrupted trial(s) will be retried" if stale else "")
+                        + (f", {recovered} finished trial(s) recovered from their rows" if recovered else ""))
+        else:
+            self._print(f"  run {run_id}; Optuna journal in {state_dir}"
+                        + (f"; {stale} interrupted trial(s) of an earlier run will be retried" if stale else ""))
+
+    def start(self, *, concurrency: int, cluster) -> None:
+        self.concurrency = max(1, concurrency)
+        self._print(f"  {cluster.total_units} {cluster.resource}(s) in the cluster; "
+                    f"up to {concurrency} trial(s) at once")
+
+    def trial_started(self) -> None:
+        self.running += 1
+
+    def note(self, text: str) -> None:
+        self._print(f"  {text}")
+
+    def screened(self, row: dict, params: dict) -> None:
+        """A proposal the pre-flight turned away: recorded as pruned, no trial, no budget."""
+        self.screened_count += 1
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not k.startswith("__"))
+        reason = (row.get("failure_message") or "")[:160]
+        self._print(f"  [pruned before start] {row.get('trial_id', '')} {shown}: {reason}")
+
+    def trial_finished(self, result: dict, params: dict) -> None:
+        self.running = max(0, self.running - 1)
+        self.done += 1
+        self.finished_here += 1
+        status = result.get("status", "?")
+        if status != TrialStatus.COMPLETED:
+            self.failed += 1
+        first = self.study.objectives[0]
+        value = result.get(first.metric)
+        if result.get("feasible"):
+            self.feasible += 1
+            if value is not None:
+                low, high = result.get(f"{first.metric}_low"), result.get(f"{first.metric}_high")
+                key = json.dumps({k: v for k, v in params.items() if not k.startswith("__")}, sort_keys=True,
+                                 default=str)
+                self.feasible_values.append((value, value if low is None else min(low, value),
+                                             (value if low is None else float("inf")) if high is None
+                                             else max(high, value), key))
+                better = (self.best is None or (value > self.best if first.resolved_direction == "maximize"
+                                                else value < self.best))
+                if better:
+                    self.best = value
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not k.startswith("__"))
+        objs = "  ".join(f"{o.metric}={_fmt(result.get(o.metric))}" for o in self.study.objectives) \
+            if status == TrialStatus.COMPLETED else (result.get("failure_kind") or "")
+        slo = "" if status != TrialStatus.COMPLETED else ("  SLO ok" if result.get("feasible") else "  SLO missed")
+        if status == TrialStatus.COMPLETED and result.get("harness_bound"):
+            slo += "  harness-bound"
+        elapsed = time.monotonic() - self.t0
+        left = self.total - self.done
+        eta = elapsed / self.finished_here * left / 1 if self.finished_here else 0
+        best = _fmt(self.best) if self.best is not None else "-"
+        tied = self.tied_with_best()
+        if tied:
+            best += f" (tied with {tied} other{'s' if tied != 1 else ''} within the noise)"
+        width = len(str(self.total))
+        self._print(f"[{self.done:>{width}}/{self.total}] {result.get('tid', '')} {status:<10} {shown}")
+        self._print(f"{'':>{2 * width + 4}}{objs}{slo} | done {self.done}, running {self.running}, "
+                    f"not completed {self.failed} | best {first.metric} {best} | "
+                    f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
+
+    def tied_with_best(self) -> int:
+        """Configurations other than the best's whose interval of the first objective overlaps the best's."""
+        if self.best is None:
+            return 0
+        _, lo, hi, key = next((v for v in self.feasible_values if v[0] == self.best), (None, self.best, self.best, ""))
+        return len({k for _, l2, h2, k in self.feasible_values if l2 <= hi and lo <= h2 and k != key})
+
+    def finish(self, trials) -> None:
+        """The run's outcome in one line per status; why, if nothing completed."""
+        self._print(outcome_summary(trials))
+
+    def tune_callback(self):
+        from ray.tune import Callback
+
+        printer = self
+
+        class _Progress(Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                printer.trial_started()
+
+            def on_step_end(self, iteration, trials, **info):
+                printer.heartbeat()
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                printer.trial_finished(trial.last_result or {}, trial.config or {})
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                lost = trial_lost(trial.trial_id)  # as the row it gets (search/tune.lost_trial_recorder)
+                printer.trial_finished({"status": status_of(lost.kind).value, "tid": trial.trial_id,
+                                        "failure_kind": lost.kind.value}, trial.config or {})
+
+        return _Progress()
+

@@ -1,0 +1,78 @@
+"""Reading a study file: YAML, with every key given once.
+
+YAML keeps the last of two equal keys in one mapping; in a study file that silently drops
+a setting, so :func:`read_study_document` reports it as a problem instead (with both lines).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.study.errors import Problem, StudyFileError
+
+
+class _DuplicateKeys(yaml.YAMLError):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(map(str, problems)))
+
+
+class _StudyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, except that a key given twice in one mapping is an error (YAML keeps the last)."""
+
+    def construct_document(self, node):
+        problems: list[Problem] = []
+        self._check_keys(node, [], problems, set())
+        if problems:
+            raise _DuplicateKeys(problems)
+        return super().construct_document(node)
+
+    def _check_keys(self, node, path: list[str], problems: list[Problem], seen: set[int]) -> None:
+        if id(node) in seen:  # an alias of a node already walked (or a recursive anchor)
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_keys(item, path + [str(i)], problems, seen)
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # merged entries may be overridden
+                    self._check_keys(value_node, path, problems, seen)
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                try:
+                    key = self.construct_object(key_node)
+                    hash(key)
+                except Exception:  # noqa: BLE001 - an unusual key: compare its text
+                    key = (key_node.tag, key_node.value)
+                line = key_node.start_mark.line + 1
+                key_path = ".".join(path + [str(key)])
+                if key in first:
+                    problems.append(Problem(key_path, f"duplicate key on line {line} (first on line {first[key]}); "
+                                                      "YAML would keep only the last, so give each key once"))
+                else:
+                    first[key] = line
+                self._check_keys(value_node, path + [str(key)], problems, seen)
+
+
+def read_study_document(path: str | Path) -> Any:
+    """The parsed YAML document at ``path``; :class:`StudyFileError` if it is missing or not valid YAML."""
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise StudyFileError(source, [Problem("", "file not found")])
+    try:
+        return yaml.load(path.read_text(), Loader=_StudyLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKeys as e:
+        raise StudyFileError(source, e.problems) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise StudyFileError(source, [Problem("", f"{where}not valid YAML: {getattr(e, 'problem', e)}")]) from None
+    except UnicodeDecodeError:
+        raise StudyFileError(source, [Problem("", "not a text file")]) from None

@@ -1,0 +1,207 @@
+"""The reference-agreement probe: how far a configuration's answers drift from the baseline's.
+
+Every trial of a study with a ``probe`` section sends the same seeded prompt set
+(:func:`probe_prompts`) through its engine before the warm-up, outside the measured load
+window: greedy decoding (temperature 0, EOS ignored, so every answer has the same length),
+the chosen token's logprob with each token (:func:`run_probe`). :func:`compare` then sets
+the answers against the baseline configuration's (a pure function); its numbers are the
+trial's probe columns, judged like any SLO.
+
+Which trial is the baseline, where the answers are kept and what happens before a baseline
+exists is :mod:`orchestrator.results.probe_store`'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.measure.metrics import PERPLEXITY_METRIC_NAMES, PROBE_METRIC_NAMES
+from orchestrator.redaction import redact
+from orchestrator.study.probe import ProbeSpec
+from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab
+
+# The columns compare() computes from the answers (perplexity and the duration are measured apart).
+AGREEMENT_COLUMNS = tuple(m for m in PROBE_METRIC_NAMES if m not in PERPLEXITY_METRIC_NAMES + ("probe_s",))
+# Mixes the probe's stream apart from the workload's, which uses the same study seed.
+_PROBE_STREAM = 0x9B0E
+
+
+@dataclass(frozen=True)
+class ProbePrompt:
+    token_ids: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """One prompt's greedy answer: its tokens as the server names them, and their logprobs."""
+
+    tokens: tuple[str, ...] = ()
+    logprobs: tuple[Optional[float], ...] = ()
+    error: Optional[str] = None
+
+
+def probe_prompts(spec: ProbeSpec, vocab_size: int, seed: int) -> list[ProbePrompt]:
+    """The probe set: ``spec.prompts`` prompts, lengths log-uniform in [min, max] input tokens."""
+    check_vocab(vocab_size)
+    rng = np.random.default_rng([int(spec.seed if spec.seed is not None else seed) & 0xFFFFFFFF, _PROBE_STREAM])
+    lo, hi = math.log(spec.min_input_tokens), math.log(spec.max_input_tokens + 1)
+    lengths = np.minimum(np.exp(rng.uniform(lo, hi, spec.prompts)).astype(int), spec.max_input_tokens)
+    return [ProbePrompt(tuple(int(t) for t in rng.integers(MIN_TOKEN_ID, vocab_size - MIN_TOKEN_ID, int(n))),
+                        spec.output_tokens) for n in np.maximum(lengths, spec.min_input_tokens)]
+
+
+def probe_fingerprint(prompts: Sequence[ProbePrompt], texts: Sequence[Sequence[int]] = ()) -> str:
+    """Names the probe set (its prompts, and its held-out texts if any): answers to two different
+    sets are never compared."""
+    named: list = [[p.token_ids, p.max_tokens] for p in prompts]
+    if texts:
+        named.append({"perplexity": [list(t) for t in texts]})
+    return hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------ HTTP
+def _body(model: str, prompt: ProbePrompt) -> dict[str, Any]:
+    return {"model": model, "prompt": list(prompt.token_ids), "max_tokens": prompt.max_tokens, "temperature": 0,
+            "logprobs": 1, "ignore_eos": True, "stream": False,
+            # vLLM: tokens as "token_id:N", so two tokens that print alike still differ
+            "return_tokens_as_token_ids": True}
+
+
+def _answer(payload: dict, body: Optional[dict] = None) -> ProbeAnswer:
+    choice = payload["choices"][0]
+    lp = choice.get("logprobs") or {}
+    tokens, logprobs = lp.get("tokens"), lp.get("token_logprobs")
+    if tokens is None or logprobs is None:
+        return ProbeAnswer(error="the response has no logprobs (does the endpoint support 'logprobs'?)")
+    return ProbeAnswer(tuple(str(t) for t in tokens), tuple(None if x is None else float(x) for x in logprobs))
+
+
+def run_probe(base_url: str, model: str, prompts: Sequence[ProbePrompt], spec: ProbeSpec,
+              api_key: Optional[str] = None) -> tuple[list[ProbeAnswer], float]:
+    """Send the probe set to an OpenAI-compatible completions endpoint: (answers in prompt order, seconds)."""
+    t0 = time.monotonic()
+    from orchestrator.trial.probe_http import post_all
+
+    answers = asyncio.run(post_all(base_url, model, [_body(model, p) for p in prompts], _answer,
+                                   lambda e: ProbeAnswer(error=e), concurrency=spec.concurrency,
+                                   timeout_s=spec.timeout_s, api_key=api_key))
+    return answers, time.monotonic() - t0
+
+
+def answers_to_json(answers: Sequence[ProbeAnswer]) -> list[dict]:
+    return [asdict(a) for a in answers]
+
+
+def answers_from_json(items: Sequence[dict]) -> list[ProbeAnswer]:
+    return [ProbeAnswer(tuple(a.get("tokens") or ()), tuple(a.get("logprobs") or ()), a.get("error")) for a in items]
+
+
+# ------------------------------------------------------------------ comparison (pure)
+def compare(reference: Sequence[ProbeAnswer], answers: Sequence[ProbeAnswer]) -> dict[str, Optional[float]]:
+    """The probe columns of ``answers`` against the baseline's ``reference`` (same prompts, same order).
+
+    Per prompt, with n = the longer answer's length and d = the first position where the tokens
+    differ (the shorter length if none differs; a failed request is an empty answer):
+
+    * ``token_agreement``: positions with the same token / n, pooled over prompts;
+    * ``prefix_agreement``: d / n, pooled (agreement up to the first divergence);
+    * ``logprob_diff_mean`` / ``_p95``: |logprob difference| of the chosen token at the
+      positions before d (after it the contexts differ), pooled; null if there are none;
+    * ``first_divergence_mean``: d averaged over prompts (an answer that never diverges counts
+      its full length).
+    """
+    if len(reference) != len(answers):
+        raise ValueError(f"{len(answers)} answers for {len(reference)} reference answers")
+    same = prefix = total = 0
+    firsts: list[int] = []
+    diffs: list[float] = []
+    for ref, got in zip(reference, answers):
+        n, m = max(len(ref.tokens), len(got.tokens)), min(len(ref.tokens), len(got.tokens))
+        if n == 0:
+            continue
+        eq = [ref.tokens[j] == got.tokens[j] for j in range(m)]
+        d = eq.index(False) if False in eq else m
+        same, prefix, total = same + sum(eq), prefix + d, total + n
+        firsts.append(d)
+        for j in range(d):
+            a, b = _lp(ref, j), _lp(got, j)
+            if a is not None and b is not None:
+                diffs.append(abs(a - b))
+    out: dict[str, Optional[float]] = dict.fromkeys(AGREEMENT_COLUMNS)
+    if total:
+        out.update(token_agreement=same / total, prefix_agreement=prefix / total,
+                   first_divergence_mean=float(np.mean(firsts)))
+    if diffs:
+        out.update(logprob_diff_mean=float(np.mean(diffs)), logprob_diff_p95=float(np.percentile(diffs, 95)))
+    return out
+
+
+def _lp(answer: ProbeAnswer, j: int) -> Optional[float]:
+    x = answer.logprobs[j] if j < len(answer.logprobs) else None
+    return x if x is not None and math.isfinite(x) else None
+
+
+def is_baseline(spec: ProbeSpec, args: Any) -> bool:
+    """Whether a trial's resolved engine arguments are the baseline configuration's."""
+    extra = getattr(args, "extra", None) or {}
+    return all((getattr(args, k) if hasattr(args, k) else extra.get(k)) == v for k, v in spec.reference().items())
+
+
+def reference_kind(study: Any) -> str:
+    """What the agreement is evidence of: ``dummy`` weights (the mechanism only), real ``weights``,
+    or an ``endpoint`` whose weights the study does not know."""
+    engine = study.engine
+    if engine.kind == "external":
+        return "endpoint"
+    return "dummy" if getattr(engine, "load_format", None) == "dummy" else "weights"
+
+
+def probe_trial(study: Any, *, base_url: str, model: str, api_key: Optional[str], trial_id: str,
+                params: dict, args: Any, keep) -> tuple[dict[str, Any], Optional[str]]:
+    """Probe a deployed engine and compare with the baseline: (the probe columns, a note on failed requests).
+
+    ``keep(probe_set, trial_id, record, eligible)`` stores the answers and returns the baseline's
+    record (:meth:`orchestrator.results.probe_store.ProbeStore.keep`), or None while there is none.
+    """
+    from orchestrator.models.shapes import ModelShape
+    from orchestrator.trial.probe_perplexity import (
+        perplexity_columns, perplexity_texts, run_perplexity, scored_from_json, scored_to_json,
+    )
+
+    spec: ProbeSpec = study.probe
+    vocab_size = study.model_shape.vocab_size
+    prompts = probe_prompts(spec, vocab_size, study.seed)
+    texts = perplexity_texts(spec, vocab_size)
+    answers, seconds = run_probe(base_url, model, prompts, spec, api_key)
+    t0 = time.monotonic()
+    scored = run_perplexity(base_url, model, texts, spec, api_key) if texts else []
+    seconds += time.monotonic() - t0
+    failed = [a.error for a in answers if a.error is not None]
+    failed_ppl = [s.error for s in scored if s.error is not None]
+    # Kept on disk beside the results: an engine argument that names a secret is "***" (orchestrator.redaction).
+    record = {"trial_id": trial_id, "params": dict(params),
+              "engine_args": redact(asdict(args)) if args is not None else None,
+              "answers": answers_to_json(answers), "perplexity": scored_to_json(scored)}
+    # An endpoint without prompt_logprobs still has a baseline for agreement (its perplexity stays null).
+    baseline = keep(probe_fingerprint(prompts, texts), trial_id, record, not failed and is_baseline(spec, args))
+    columns: dict[str, Any] = {"probe_s": seconds, "probe_reference": reference_kind(study), "probe_baseline": None}
+    if baseline is not None:
+        columns.update(compare(answers_from_json(baseline["answers"]), answers))
+        columns["probe_baseline"] = baseline["trial_id"]
+    else:
+        columns.update({k: None for k in AGREEMENT_COLUMNS})
+    reference = baseline.get("perplexity") if baseline is not None else None
+    columns.update(perplexity_columns(scored, scored_from_json(reference) if reference else None))
+    notes = [f"{len(failed)} of {len(answers)} probe requests failed; first: {failed[0]}" if failed else "",
+             f"{len(failed_ppl)} of {len(scored)} perplexity requests failed; first: {failed_ppl[0]}"
+             if failed_ppl else ""]
+    return columns, "; ".join(n for n in notes if n) or None

@@ -1,0 +1,255 @@
+"""One trial: pre-flight -> deploy -> warm up -> load + telemetry -> tear down -> a TrialResult.
+
+Every outcome is a :class:`~orchestrator.trial.result.TrialResult`. A configuration that
+cannot start is ``infeasible`` with the engine's own message; an engine that dies under
+load is ``failed`` (:mod:`orchestrator.failures` decides which); neither raises, because a
+trial that raises teaches the sampler nothing. What the result is worth is the judge's
+(:mod:`orchestrator.study.judge`); its row is :func:`orchestrator.trial.row.trial_row`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from orchestrator.engines import Engine, EngineContext, create_engine
+from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load, empty_window,
+                                   request_failures, start_failure, status_of, teardown_warning)
+from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
+from orchestrator.hardware.pricing import study_price, unit_metric_intervals, unit_metrics
+from orchestrator.measure.harness import harness_verdict
+from orchestrator.study.judge import Judgement, judge
+from orchestrator.study.spec import Study
+from orchestrator.trial import feasibility
+from orchestrator.trial.load_phase import LoadPhase, measure, phase_metrics, served_load, session_results, study_requests
+from orchestrator.trial.probe import probe_trial
+from orchestrator.trial.result import PhaseTimings, TrialResult
+from orchestrator.workload.synthesis import measurement_seed
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TrialContext", "execute_trial", "judge_result", "study_requests"]
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """Study-run facts every trial needs (picklable; sent to trial actors): what the engines
+    and the lease use, instead of environment variables or imports of the driver."""
+
+    run_id: str
+    namespace: str = "orchestrator"
+    ledger_name: Optional[str] = None
+    sink_name: Optional[str] = None
+    cluster_units: Optional[int] = None
+    units_per_node: Optional[int] = None
+    serve_port: int = 8000
+
+    def engine_context(self) -> EngineContext:
+        return EngineContext(serve_port=self.serve_port, ledger_name=self.ledger_name, namespace=self.namespace)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class _Builder:
+    """The fields of a TrialResult while its trial runs (the result itself is frozen)."""
+
+    run_id: str
+    trial_id: str
+    trial_number: int
+    params: dict[str, Any]
+    started_at: datetime
+    t0: float
+    measurement: int = 0
+    args: Optional[EngineArgs] = None
+    status: TrialStatus = TrialStatus.ERROR
+    failure: Optional[Failure] = None
+    phase: Optional[LoadPhase] = None
+    engine_facts: Optional[dict] = None
+    probe: Optional[dict] = None
+    queue_s: Optional[float] = None
+    startup_s: Optional[float] = None
+    load_window_s: Optional[float] = None
+    teardown_s: Optional[float] = None
+
+    def fail(self, failure: Failure) -> "_Builder":
+        self.status, self.failure = status_of(failure.kind), failure
+        return self
+
+    def build(self, study: Study) -> TrialResult:
+        timings = PhaseTimings(queue_s=self.queue_s, startup_s=self.startup_s, load_window_s=self.load_window_s,
+                               teardown_s=self.teardown_s, wall_time_s=time.monotonic() - self.t0)
+        metrics = capacity = None
+        telemetry: dict[str, Any] = {}
+        warmup: dict[str, Any] = {}
+        harness: dict[str, Any] = {}
+        records: tuple = ()
+        levels: tuple = ()
+        unit: dict[str, Any] = {}
+        sessions: dict[str, Any] = {}
+        turns: list = []
+        intervals: dict = {}
+        confidence = None
+        phase = self.phase
+        if phase is not None:
+            metrics, capacity, intervals, confidence = phase_metrics(study, phase, self.args.gpus if self.args else 1)
+            sessions, turns = session_results(study, phase, metrics)
+            if self.status is TrialStatus.COMPLETED:
+                first = next((r.error for r in phase.records if r.error and not r.warmup), None)
+                wl = study.workload
+                failure = empty_window(metrics, wl.warmup_s, wl.cooldown_s) \
+                    or request_failures(metrics, study.max_error_rate, first)
+                if failure is not None:
+                    self.fail(failure)
+            telemetry, warmup, records, levels = dict(phase.telemetry), dict(phase.warmup), tuple(phase.records), \
+                tuple(phase.level_rows())
+            harness = harness_verdict({**metrics.as_dict(), **telemetry}).columns()
+            gpus, price = self.args.gpus if self.args else None, study_price(study).value
+            unit = unit_metrics({**metrics.as_dict(), "capacity_rps": capacity.capacity_rps if capacity else None},
+                                gpus, price)
+            intervals = {**intervals, **unit_metric_intervals(intervals, gpus, price)}
+            if metrics.loadgen_overloaded:
+                log.warning("trial %s: the load generator lagged (p99 send lag %.1f ms > %.1f ms): latencies "
+                            "include client delay", self.trial_id, metrics.sched_lag_p99_ms,
+                            study.workload.max_sched_lag_ms)
+        return TrialResult(
+            run_id=self.run_id, trial_id=self.trial_id, trial_number=self.trial_number, params=dict(self.params),
+            args=self.args, started_at=self.started_at, finished_at=_utc_now(), status=self.status,
+            failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
+            engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
+            levels=levels, unit_metrics=unit, probe=dict(self.probe or {}), intervals=intervals,
+            confidence=confidence, measurement=self.measurement, sessions=sessions, turns=tuple(turns))
+
+
+def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,
+                  ctx: TrialContext, engine: Optional[Engine] = None, measurement: int = 0) -> TrialResult:
+    """Run one configuration end to end; never raises for configuration or engine problems.
+
+    ``measurement`` k > 0: the configuration measured again (racing), with a workload seed of its
+    own (:func:`orchestrator.workload.synthesis.measurement_seed`): other arrivals and prompts."""
+    b = _Builder(ctx.run_id, trial_id, trial_number, dict(params), _utc_now(), time.monotonic(),
+                 measurement=measurement)
+    try:
+        engine = engine or create_engine(study, ctx.engine_context())
+        fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
+        b.args = engine.resolve(engine_args_from_params(params, fixed=fixed))
+        _run(study, engine, b, ctx)
+    except Exception as e:  # noqa: BLE001 - an orchestrator bug must still leave a row
+        log.exception("trial %s: internal error", trial_id)
+        b.phase = None
+        b.fail(Failure(FailureKind.INTERNAL, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"))
+    return b.build(study)
+
+
+def judge_result(study: Study, result: TrialResult) -> Judgement:
+    """The one judge, applied to a trial's record."""
+    return judge(study, result.measured(), result.status)
+
+
+def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
+    args = b.args
+    # What the load sends: the study's workload, drawn with the measurement's own seed.
+    loaded = study if b.measurement == 0 else study.model_copy(
+        update={"seed": measurement_seed(study.seed, b.measurement)})
+    if feasibility.preflight_on(study):
+        verdict = feasibility.check(study, args, cluster_units=ctx.cluster_units, units_per_node=ctx.units_per_node)
+        if not verdict.ok:
+            b.fail(Failure(FailureKind.PREFLIGHT, f"[{verdict.kind.value}] {verdict.reason}"))
+            return
+
+    requests = study_requests(loaded)
+    if not engine.serves_http:
+        t_load = time.monotonic()
+        try:
+            b.phase = measure(loaded, requests, lambda rs, monitor, again: engine.measure(args, rs), served=False)
+        except EngineStartError as e:
+            b.fail(start_failure(e))
+            return
+        b.load_window_s = time.monotonic() - t_load
+        b.status = TrialStatus.COMPLETED
+        return
+
+    lease = _Lease(ctx, trial_id=b.trial_id, request=engine.resources(args))
+    t_queue = time.monotonic()
+    with lease:
+        b.queue_s = time.monotonic() - t_queue
+        if lease.error:
+            b.fail(Failure(FailureKind.PREFLIGHT, lease.error))
+            return
+        try:
+            deployment = engine.deploy(b.trial_id, args)
+        except EngineStartError as e:
+            b.fail(start_failure(e))
+            return
+        with deployment:
+            ep = deployment.endpoint
+            b.startup_s = ep.startup_s
+            b.engine_facts = {"endpoint": ep.base_url, **ep.facts}
+            if study.probe is not None:  # before the warm-up: outside the measured window
+                b.probe, note = probe_trial(study, base_url=ep.base_url, model=ep.model, api_key=ep.api_key,
+                                            trial_id=b.trial_id, params=b.params, args=args,
+                                            keep=_probe_keeper(study, ctx))
+                if note:
+                    b.engine_facts["probe_errors"] = note
+            t_load = time.monotonic()
+            b.phase = served_load(loaded, deployment, requests)
+            b.load_window_s = time.monotonic() - t_load
+            health = deployment.health()
+            t_down = time.monotonic()
+        b.teardown_s = time.monotonic() - t_down
+        problems = deployment.teardown_problems()
+
+    measured = [r for r in b.phase.records if not r.warmup]
+    failure = classify_load(health=health, errors=(r.error for r in measured),
+                            succeeded=sum(r.success for r in measured), measured=len(measured))
+    if failure is not None:
+        b.fail(failure)
+    else:
+        b.status, b.failure = TrialStatus.COMPLETED, teardown_warning(problems)
+
+
+def _probe_keeper(study: Study, ctx: TrialContext):
+    """Where the probe's answers go: the run's results writer (one writer claims the baseline), or,
+    with no run around this trial, the study's results directory directly."""
+    if ctx.sink_name is None:
+        from orchestrator.results.probe_store import ProbeStore
+
+        return ProbeStore(study.output, study.name).keep
+    import ray
+
+    sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
+    return lambda *a: ray.get(sink.keep_probe.remote(*a))
+
+
+class _Lease:
+    """Holds the trial's GPUs in the run's ledger (if any) from deploy to teardown."""
+
+    def __init__(self, ctx: TrialContext, *, trial_id: str, request):
+        self.ctx, self.trial_id, self.request = ctx, trial_id, request
+        self.error: Optional[str] = None
+        self.ledger = None
+
+    def __enter__(self) -> "_Lease":
+        if self.ctx.ledger_name is None:
+            return self
+        import ray
+
+        self.ledger = ray.get_actor(self.ctx.ledger_name, namespace=self.ctx.namespace)
+        self.error = ray.get(self.ledger.acquire.remote(self.trial_id, self.request.resource, self.request.amount))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.ledger is not None:
+            import ray
+
+            try:
+                ray.get(self.ledger.release.remote(self.trial_id))
+            except Exception:  # noqa: BLE001 - the run is ending; the ledger dies with it
+                pass
