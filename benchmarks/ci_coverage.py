@@ -4,7 +4,7 @@ The engine is the simulator in virtual time (no noise but the workload's draw: a
 lengths, prompts), so a configuration's true value at a rate is known to any precision by
 measuring it over many seeds. For each rate, ``--seeds`` windows of ``--duration`` seconds
 (fresh seeds, the H200 chat study's workload, vLLM's defaults on an H200) give each a point
-value and an interval (:func:`orchestrator.confidence.metric_intervals`, one per block
+value and an interval (:func:`orchestrator.measure.confidence.metric_intervals`, one per block
 length); the truth is the median point value over the seeds. Coverage is the share of
 windows whose interval holds the truth; an honest 90% interval covers about 90%.
 
@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.confidence import BLOCK_S, DEFAULT_CONFIDENCE, metric_intervals  # noqa: E402
-from orchestrator.metrics import summarise  # noqa: E402
+from orchestrator.measure.confidence import BLOCK_S, DEFAULT_CONFIDENCE, metric_intervals  # noqa: E402
+from orchestrator.measure.metrics import summarise  # noqa: E402
 
 METRICS = ("ttft_p99_ms", "ttft_p90_ms", "ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms", "e2el_p99_ms", "output_throughput")
 BLOCKS_S = (BLOCK_S,)  # --blocks 0.5,1,2,4 compares block lengths
@@ -36,7 +36,7 @@ def h200_study(rate: float, duration: float, seed: int):
     """The H200 chat study's workload at ``rate`` for ``duration`` seconds, on the virtual simulator."""
     import yaml
 
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     root = Path(__file__).resolve().parents[1]
     doc = yaml.safe_load((root / "search_spaces" / "llama3-8b-h200.yaml").read_text())
@@ -52,9 +52,9 @@ def h200_study(rate: float, duration: float, seed: int):
 
 
 def window(rate: float, duration: float, seed: int):
-    from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines import create_engine
-    from orchestrator.load_phase import study_requests
+    from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.trial.load_phase import study_requests
 
     study = h200_study(rate, duration, seed)
     engine = create_engine(study)

@@ -86,9 +86,9 @@ def start_vllm(model_dir: Path, tmp: Path) -> tuple[Server, str]:
 
 def serve_sim() -> None:
     """Child process: the sim engine's direct server on a free port (printed), until killed."""
-    from orchestrator.engine_args import EngineArgs
     from orchestrator.engines.sim_http import build_sim_frontend, start_direct_server
-    from orchestrator.sim.models import find_model_config
+    from orchestrator.hardware.engine_args import EngineArgs
+    from orchestrator.models.shapes import find_model_config
 
     cfg = json.loads(find_model_config("llama-3.1-8b").read_text())
     args = EngineArgs(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, block_size=16,

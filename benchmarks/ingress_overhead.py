@@ -76,7 +76,7 @@ def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 def _study(model: str, ingress: str, serving: dict):
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     return parse_study({
         "name": f"ingress-{ingress}",
@@ -112,9 +112,9 @@ def run(args) -> None:
         os.environ["PYTHONPATH"] = f"{REPO}:{os.environ.get('PYTHONPATH', '')}"  # replicas import the package
         import ray
 
-        from orchestrator.cluster import start_serve
-        from orchestrator.engine_args import engine_args_from_params
+        from orchestrator.cluster.connect import start_serve
         from orchestrator.engines import EngineContext, create_engine
+        from orchestrator.hardware.engine_args import engine_args_from_params
 
         ray.init(include_dashboard=False, namespace="orchestrator")
         context = EngineContext(serve_port=start_serve(8000))
@@ -151,8 +151,8 @@ def run(args) -> None:
 
 def table(args) -> None:
     """Markdown table of every ``ingress_*.json`` under the folder, ratios against ``bare`` (the table of
-    docs/benchmarks.md, kept equal to its dataset by ``python -m orchestrator.results.docs_tables``)."""
-    from orchestrator.results.h200_tables import ingress_table
+    docs/benchmarks.md, kept equal to its dataset by ``python -m orchestrator.apps.docs_tables``)."""
+    from orchestrator.apps.h200_tables import ingress_table
 
     print(ingress_table(args.folder))
 

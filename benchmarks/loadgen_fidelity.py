@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.loadgen import Endpoint, run_load_sync  # noqa: E402
-from orchestrator.metrics import summarise  # noqa: E402
+from orchestrator.measure.metrics import summarise  # noqa: E402
 from orchestrator.workload.datasets import write_vllm_custom  # noqa: E402
 from orchestrator.workload.generate import build_requests  # noqa: E402
 from orchestrator.workload.spec import WorkloadSpec  # noqa: E402

@@ -48,7 +48,7 @@ PERTURBATIONS = {
 
 def fidelity_study(name: str):
     """The landscape as a real-engine study with ``search.fidelity: sim`` (the engine is never called)."""
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     spec = copy.deepcopy(se.LANDSCAPES[name])
     doc = {"name": name, "seed": 0, "engine": {"kind": "external", "base_url": "http://127.0.0.1:9"},
@@ -116,10 +116,10 @@ def fidelity_run(args) -> dict[str, Any]:
     name, sim_grid, truth, goal = args
     import optuna
 
-    from orchestrator.judge import judge
     from orchestrator.search.fidelity import FidelitySearch, SimScorer, point_key
     from orchestrator.search.optuna_search import SamplerReport, ask_fidelity, tell_report
     from orchestrator.search.samplers import make_sampler
+    from orchestrator.study.judge import judge
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = fidelity_study(name)
@@ -167,7 +167,7 @@ def _baseline(args) -> tuple:
 
 
 def to_points(study, scored: list) -> dict:
-    from orchestrator.judge import judge
+    from orchestrator.study.judge import judge
 
     out = {}
     for p, s, m in scored:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.study import parse_study  # noqa: E402
+from orchestrator.study.spec import parse_study  # noqa: E402
 
 SERVE_PORT = 8150
 CONFIGS = [
@@ -61,11 +61,11 @@ def study_doc(out: str, trials: int, concurrency: int, requests: int) -> dict:
 
 def baseline(study, trials: int, serve_port: int) -> list[dict]:
     """Deploy, load and delete in one process: what a hand-written script would cost."""
-    from orchestrator.engine_args import engine_args_from_params
     from orchestrator.engines import create_engine
     from orchestrator.engines.base import EngineContext
+    from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.load_phase import study_requests
+    from orchestrator.trial.load_phase import study_requests
 
     engine = create_engine(study, EngineContext(serve_port=serve_port))
     requests = study_requests(study)
@@ -116,7 +116,7 @@ def main() -> None:
 
     import ray
 
-    from orchestrator.cluster import start_serve
+    from orchestrator.cluster.connect import start_serve
     from orchestrator.results import load_trials
     from orchestrator.search import run_study
 

@@ -35,7 +35,7 @@ GPUS_PER_NODE = 4
 
 
 def study_for(out: str, *, gpus: int, trials: int, tps: list[int], load_s: float, startup_s: float):
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     rate = 1.0
     n = max(2, int(load_s * rate))

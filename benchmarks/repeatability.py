@@ -14,7 +14,7 @@ The configuration is the study's space with each parameter fixed (``--params`` J
 values of parameters that are searched). Runs are written under ``--output`` as studies
 ``<name>-s<seed>`` (capacity) and ``<name>-r<R>-s<seed>`` (fixed rate); the table is built
 from those datasets alone (``table``), so it can be regenerated, and docs/benchmarks.md's
-repeatability table is (``orchestrator.results.docs_tables``).
+repeatability table is (``orchestrator.apps.docs_tables``).
 
     python benchmarks/repeatability.py run STUDY.yaml --seeds 0-4 --output DIR [--params '{...}'] [--label L]
     python benchmarks/repeatability.py run STUDY.yaml --seeds 0-4 --output DIR --rate 40 --duration 12
@@ -46,7 +46,7 @@ def seeds_of(text: str) -> list[int]:
 def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate, duration,
               virtual: bool = False) -> dict:
     """The study file's document, made into one configuration measured once with ``seed``."""
-    from orchestrator.study_file import read_study_document
+    from orchestrator.study.file import read_study_document
 
     doc = read_study_document(path)
     if virtual:
@@ -77,7 +77,7 @@ def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate,
 def run(args) -> int:
     from orchestrator.results.definition import write_study_definition
     from orchestrator.search import run_study
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     params = json.loads(args.params) if args.params else {}
     for seed in seeds_of(args.seeds):

@@ -91,7 +91,7 @@ LANDSCAPES: dict[str, dict[str, Any]] = {
 
 
 def landscape_study(name: str, *, sampler: str = DEFAULT_SAMPLER, seed: int = 0):
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     spec = copy.deepcopy(LANDSCAPES[name])
     doc = {"name": name, "seed": 0, "engine": {"kind": "sim", "mode": "virtual"},
@@ -119,7 +119,7 @@ class Point:
 
 
 def measure(name: str, params: dict[str, Any]) -> Point:
-    from orchestrator.trial import TrialContext, execute_trial, judge_result
+    from orchestrator.trial.run import TrialContext, execute_trial, judge_result
 
     study = landscape_study(name)
     result = execute_trial(study, params, trial_id="bench", trial_number=0, ctx=TrialContext(run_id="bench"))

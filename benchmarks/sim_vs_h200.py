@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.sim.measured_replay import (  # noqa: E402,F401
+from orchestrator.apps.measured_replay import (  # noqa: E402,F401
     METRICS, TABLE_HEADER as HEADER, Point, error_summary, load_points, run, summary_lines, table_row as row)
 
 DATASETS = (("ingress", "results/examples/h200-ingress"),

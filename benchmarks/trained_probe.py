@@ -43,10 +43,10 @@ def main(argv=None) -> int:
 
     import ray
 
-    from orchestrator.modelgen import trained_model_dir
+    from orchestrator.models.modelgen import trained_model_dir
     from orchestrator.results import load_trials
     from orchestrator.search import run_study
-    from orchestrator.study import parse_study
+    from orchestrator.study.spec import parse_study
 
     model_dir = trained_model_dir("tiny-llama", "tiny")
     study = parse_study({
