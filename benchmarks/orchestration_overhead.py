@@ -65,10 +65,10 @@ def baseline(study, trials: int, serve_port: int) -> list[dict]:
     from orchestrator.engines.base import EngineContext
     from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.trial.load_phase import study_requests
+    from orchestrator.search.trial_plan import load_plan
 
     engine = create_engine(study, EngineContext(serve_port=serve_port))
-    requests = study_requests(study)
+    requests = load_plan(study).requests()
     phases = []
     for params in CONFIGS[:trials]:
         t0 = time.monotonic()

@@ -119,10 +119,11 @@ class Point:
 
 
 def measure(name: str, params: dict[str, Any]) -> Point:
-    from orchestrator.trial.run import TrialContext, execute_trial, judge_result
+    from orchestrator.search.trial_plan import judge_result, run_trial
+    from orchestrator.trial.run import TrialContext
 
     study = landscape_study(name)
-    result = execute_trial(study, params, trial_id="bench", trial_number=0, ctx=TrialContext(run_id="bench"))
+    result = run_trial(study, params, trial_id="bench", trial_number=0, ctx=TrialContext(run_id="bench"))
     verdict = judge_result(study, result)
     goodput = result.metrics.goodput if result.metrics is not None else 0.0
     return Point(tuple(verdict.optuna_values()), verdict.optuna_constraints(), result.status.value,

@@ -11,9 +11,9 @@ from orchestrator.engines.vllm_serve import resolve_platform
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape
+from orchestrator.search import feasibility
 from orchestrator.sim.core import SimEngineCore
 from orchestrator.study.spec import parse_study
-from orchestrator.trial import feasibility
 
 
 def study(engine: dict, gpu: str):

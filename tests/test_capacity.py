@@ -199,7 +199,8 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
     same boundary.)"""
     from orchestrator.engines import create_engine
     from orchestrator.hardware.engine_args import engine_args_from_params
-    from orchestrator.trial.load_phase import study_requests, summarise_records as _summarise
+    from orchestrator.search.trial_plan import load_plan
+    from orchestrator.trial.load_phase import summarise_records as _summarise
     from orchestrator.trial.run import TrialContext
     from recorded_trial import run_trial
 
@@ -211,9 +212,10 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
     args = engine.resolve(engine_args_from_params({"max_num_seqs": 8}))
     sweep = []
     for rate in 8 * 1.025 ** np.arange(23):  # 8 .. 13.8 req/s
-        rs = study_requests(study, level_workload(study.workload, rate, study.capacity, 8.0))
-        recs, _ = engine.measure(args, rs)
-        m = _summarise(study, recs, rate)
+        plan = load_plan(study)
+        rs = plan.requests(level_workload(study.workload, rate, study.capacity, 8.0))
+        recs = engine.measure(args, rs).records
+        m = _summarise(plan, recs, rate)
         sat = detect_saturation(recs, study.capacity.saturation) is not None
         sweep.append(LevelPoint(rate, judge_level(m, study.capacity_slo(), saturated=sat).ok, 0.0))
     dense = sweep[capacity_index(sweep)].rate

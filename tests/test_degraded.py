@@ -16,8 +16,9 @@ import pytest
 from orchestrator.apps.recommend import RecommendError, select_trial
 from orchestrator.results.pareto import pareto_front
 from orchestrator.search.optuna_search import SamplerReport
+from orchestrator.search.trial_plan import judge_result
 from orchestrator.study.spec import parse_study
-from orchestrator.trial.run import TrialContext, judge_result
+from orchestrator.trial.run import TrialContext
 from recorded_trial import run_trial
 
 

@@ -116,9 +116,9 @@ def test_preflight_and_simulator_refuse_a_budget_vllm_refuses(study_doc):
     from orchestrator.hardware.engine_args import EngineArgs
     from orchestrator.hardware.gpus import get_gpu
     from orchestrator.models.shapes import ModelShape
+    from orchestrator.search.feasibility import check
     from orchestrator.sim.core import SimEngineCore
     from orchestrator.study.spec import parse_study
-    from orchestrator.trial.feasibility import check
 
     study = parse_study(study_doc)
     gpu = get_gpu(study.hardware.gpu)

@@ -270,7 +270,7 @@ def test_resources_are_tp_x_pp_of_the_engines_resource(subject):
 @pytest.mark.parametrize("subject", SERVED, indirect=True)
 def test_deploy_serves_completions_and_teardown_leaves_nothing(subject):
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.trial.run import study_requests
+    from orchestrator.search.trial_plan import load_plan
 
     s, trial_id = subject, "conf1"
     app = serve_app.app_name_for(trial_id)
@@ -286,7 +286,7 @@ def test_deploy_serves_completions_and_teardown_leaves_nothing(subject):
             assert app in _serve_apps() and _replica_processes(app)  # what teardown must remove is there
             assert _eventually(lambda: _free(s.resource) == free_before - need.amount), (_free(s.resource), need)
         records = run_load_sync(Endpoint(ep.base_url, ep.model, api=s.study.workload.api, api_key=ep.api_key),
-                                study_requests(s.study), timeout_s=120, ignore_eos=True)
+                                load_plan(s.study).requests(), timeout_s=120, ignore_eos=True)
         measured = [r for r in records if not r.warmup]
         assert len(measured) == NUM_REQUESTS and len(records) == NUM_REQUESTS + 1
         assert all(r.success for r in records), [r.error for r in records if not r.success]
@@ -307,7 +307,7 @@ def test_deploy_serves_completions_and_teardown_leaves_nothing(subject):
 
 @pytest.mark.parametrize("subject", REFUSING, indirect=True)
 def test_a_refused_configuration_raises_and_leaves_nothing(subject):
-    from orchestrator.trial.run import study_requests
+    from orchestrator.search.trial_plan import load_plan
 
     s, trial_id = subject, "conf2"
     args = s.engine.resolve(s.args({**s.params, **REFUSED}))
@@ -316,7 +316,7 @@ def test_a_refused_configuration_raises_and_leaves_nothing(subject):
         if s.engine.serves_http:
             s.engine.deploy(trial_id, args)
         else:
-            s.engine.measure(args, study_requests(s.study))
+            s.engine.measure(args, load_plan(s.study).requests())
     assert REFUSAL in e.value.message, e.value.message
     _leaves_nothing(s, serve_app.app_name_for(trial_id), free_before)
     assert e.value.kind == FailureKind.INVALID_ARGS, e.value.kind

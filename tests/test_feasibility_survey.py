@@ -11,8 +11,8 @@ import yaml
 
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.search import StudyStopped, run_study
+from orchestrator.search import feasibility
 from orchestrator.study.spec import parse_study
-from orchestrator.trial import feasibility
 
 
 def infeasible_doc(study_doc, tmp_path):

@@ -190,8 +190,9 @@ def runnable_candidates(draw):
                                                                    HealthCheck.too_slow])
 @given(text=runnable_candidates())
 def test_every_accepted_file_runs_a_trial_without_an_internal_error(tmp_path, capsys, text):
+    from orchestrator.search.trial_plan import run_trial
     from orchestrator.study.load import load_study
-    from orchestrator.trial.run import TrialContext, execute_trial
+    from orchestrator.trial.run import TrialContext
 
     path = tmp_path / "study.yaml"
     path.write_text(text)
@@ -202,7 +203,7 @@ def test_every_accepted_file_runs_a_trial_without_an_internal_error(tmp_path, ca
         return
     study = load_study(path)
     point = dict(study.search.initial_points[0]) if study.search.initial_points else study.space.grid()[0]
-    result = execute_trial(study, point, trial_id="f-0000", trial_number=0, ctx=TrialContext("f"))
+    result = run_trial(study, point, trial_id="f-0000", trial_number=0, ctx=TrialContext("f"))
     assert result.status.value != "error", result.failure
 
 

@@ -24,12 +24,13 @@ from orchestrator.measure.metrics import summarise
 from orchestrator.measure.records import RequestRecord
 from orchestrator.results.pareto import feasible_mask, pareto_front
 from orchestrator.search.optuna_search import SamplerReport
+from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.search.tune import tune_result
 from orchestrator.study import judge
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.capacity import judge_level
 from orchestrator.trial.row import trial_row
-from orchestrator.trial.run import TrialContext, execute_trial, judge_result
+from orchestrator.trial.run import TrialContext
 
 OPS = ("<=", "<", ">=", ">")
 
@@ -48,7 +49,7 @@ def trial():
     from conftest import BASE_STUDY
 
     study = _study(BASE_STUDY, "<=", 1e9)
-    result = execute_trial(study, {"max_num_seqs": 16, "max_num_batched_tokens": 2048}, trial_id="r-0000",
+    result = run_trial(study, {"max_num_seqs": 16, "max_num_batched_tokens": 2048}, trial_id="r-0000",
                            trial_number=0, ctx=TrialContext("r"))
     assert result.completed and result.metrics is not None
     return BASE_STUDY, result

@@ -128,7 +128,7 @@ def test_a_probe_is_part_of_what_the_trials_measure(study_doc):
 ])
 def test_quantization_the_device_cannot_run_is_pruned_with_vllms_reason(study_doc, gpu, params, message):
     from orchestrator.hardware.engine_args import engine_args_from_params
-    from orchestrator.trial import feasibility
+    from orchestrator.search import feasibility
 
     study = parse_study({**_vllm_doc(study_doc), "hardware": {"gpu": gpu},
                          "space": {"quantization": [None, "fp8", "awq", "experts_int8"], "dtype": ["auto", "float32"]}})

@@ -148,8 +148,8 @@ def test_the_space_is_scored_over_the_cluster_as_in_one_process(tmp_path):
     the scores are the ones this process computes (the virtual simulator is deterministic)."""
     import ray
 
+    from orchestrator.search.feasibility import space_points
     from orchestrator.search.fidelity import SimScorer, score_in_simulator
-    from orchestrator.trial.feasibility import space_points
 
     doc = _doc(tmp_path, "http://127.0.0.1:9")
     doc["workload"] = {**doc["workload"], "num_requests": 8, "warmup_requests": 0}

@@ -16,9 +16,10 @@ import pytest
 from orchestrator.search.optuna_search import ask_distinct, tell
 from orchestrator.search.optuna_search import SamplerReport, tell_report
 from orchestrator.search.samplers import make_sampler, sampler_seed
+from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.row import trial_row
-from orchestrator.trial.run import TrialContext, execute_trial, judge_result
+from orchestrator.trial.run import TrialContext
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SAMPLERS = ["tpe", "nsga2", "gp", "random", "grid"]  # gp: torch's import + first fit take ~15 s (slow)
@@ -89,7 +90,7 @@ def test_pruned_configuration_reaches_the_sampler_as_a_violated_constraint(study
     rows = {}
     for _ in range(2):
         trial, params = ask_distinct(ostudy, study.space)
-        result = execute_trial(study, params, trial_id=f"t{trial.number}", trial_number=trial.number,
+        result = run_trial(study, params, trial_id=f"t{trial.number}", trial_number=trial.number,
                                ctx=TrialContext(run_id="r"))
         row = trial_row(study, result)
         tell_report(ostudy, trial, SamplerReport.of(judge_result(study, result), row["status"]))

@@ -360,8 +360,8 @@ def test_the_pre_flight_line_of_a_wide_space_is_short_and_quick(study_doc):
     line names a few values that never start and counts the rest."""
     import time
 
+    from orchestrator.search.feasibility import survey
     from orchestrator.study.spec import parse_study
-    from orchestrator.trial.feasibility import survey
 
     study_doc["space"] = {"max_num_seqs": {"type": "int", "low": 1, "high": 65536},
                           "max_num_batched_tokens": {"type": "int", "low": 16, "high": 16399},

@@ -162,16 +162,17 @@ def test_a_virtual_warmup_whose_gaps_collapse_to_zero_still_ends(study_doc):
 
     from orchestrator.engines import create_engine
     from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.search.trial_plan import load_plan
     from orchestrator.sim.virtual import STEADY_FLOOR
-    from orchestrator.trial.load_phase import study_requests
     from orchestrator.workload.spec import GammaArrival
 
     study = virtual_study(study_doc)
-    rs = study_requests(study)
+    rs = load_plan(study).requests()
     collapsed = GammaArrival.model_construct(kind="gamma", rate=8.0, burstiness=1e-12)
     rs = dataclasses.replace(rs, warmup_stream=dataclasses.replace(rs.warmup_stream, arrival=collapsed))
     engine = create_engine(study)
-    records, telemetry = engine.measure(engine.resolve(engine_args_from_params({"max_num_seqs": 32})), rs)
-    steady = telemetry["warmup_requests_used"] - study.workload.warmup_requests
+    got = engine.measure(engine.resolve(engine_args_from_params({"max_num_seqs": 32})), rs)
+    records = got.records
+    steady = got.warmup["warmup_requests_used"] - study.workload.warmup_requests
     assert 0 < steady <= max(STEADY_FLOOR, 4 * 8 * study.workload.warmup.max_s)
     assert sum(not r.warmup and r.success for r in records) == study.workload.num_requests

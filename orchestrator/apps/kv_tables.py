@@ -2,10 +2,10 @@
 
 vLLM logs ``GPU KV cache size: N tokens`` at start; the ``vllm`` engine keeps N in each
 row (``kv_cache_tokens``). Each row is predicted again from its study definition and
-parameters through the pre-flight (:func:`orchestrator.trial.feasibility.check`, which is
+parameters through the pre-flight (:func:`orchestrator.search.feasibility.check`, which is
 :func:`orchestrator.hardware.start.start_plan` on GPUs, the simulator's own start, and vLLM-CPU's
 fixed KV space on CPUs), so the table checks the one function both use. Measured CPU sizes
-without a result dataset come from :data:`orchestrator.trial.feasibility.CPU_KV_REFERENCE`.
+without a result dataset come from :data:`orchestrator.search.feasibility.CPU_KV_REFERENCE`.
 Identical configurations with identical logged sizes are one line (``trials``).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.apps.h200_tables import markdown, params_of, trials_of
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.results.definition import read_study_definition
-from orchestrator.trial import feasibility
+from orchestrator.search import feasibility
 
 # Predicted within this share of the logged size (docs/simulator.md states it).
 KV_TOLERANCE = 0.03

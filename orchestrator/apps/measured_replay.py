@@ -120,16 +120,16 @@ def study_points(path: str) -> list[Point]:
     from orchestrator.results import load_trials
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.levels import load_levels
+    from orchestrator.search.trial_plan import load_plan
     from orchestrator.study.spec import SimEngineSpec
     from orchestrator.trial.capacity import level_workload
-    from orchestrator.trial.load_phase import study_requests
 
     real_study = read_study_definition(path)
     sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
     engine = create_engine(sim_study)
     trials = load_trials(path, status=TrialStatus.COMPLETED.value)
     levels = load_levels(path)
-    base_rate = study_requests(sim_study).requested_rate
+    base_rate = load_plan(sim_study).requests().requested_rate
     points = []
     for _, t in trials.sort_values("trial_number").iterrows():
         args = engine.resolve(dataclasses.replace(engine_args_of(t), extra={}))
@@ -141,7 +141,7 @@ def study_points(path: str) -> list[Point]:
             # arrivals and lengths of their own: every level replayed level 0's draw at its own rate
             # (with prompts of its own, which a fresh simulation cannot tell from level 0's).
             level_wl = level_workload(sim_study.workload, float(lv["rate"]), sim_study.capacity, base_rate)
-            rs = _at_recorded_rate(study_requests(sim_study, level_wl, level=0), lv)
+            rs = _at_recorded_rate(load_plan(sim_study).requests(level_wl, level=0), lv)
             real = {"req_s": lv["request_throughput"], "ttft_p50_ms": lv["ttft_p50_ms"],
                     "tpot_p50_ms": lv["tpot_p50_ms"], "tpot_mean_ms": lv["tpot_mean_ms"],
                     "itl_mean_ms": lv["itl_mean_ms"], "itl_p50_ms": lv["itl_p50_ms"],

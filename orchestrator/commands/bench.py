@@ -95,7 +95,7 @@ def cmd_import_bench(args) -> int:
 
 
 def cmd_export_workload(args) -> int:
-    from orchestrator.trial.load_phase import study_requests
+    from orchestrator.search.trial_plan import load_plan
     from orchestrator.workload.datasets import write_vllm_custom
     from orchestrator.workload.tokens import token_ids_to_text
     from orchestrator.workload.trace import TraceError
@@ -104,7 +104,7 @@ def cmd_export_workload(args) -> int:
     if study is None:
         return EXIT_USAGE
     try:
-        rs = study_requests(study)
+        rs = load_plan(study).requests()
     except TraceError as e:
         err(f"{args.study}: {e}")
         return EXIT_USAGE

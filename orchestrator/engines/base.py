@@ -11,7 +11,7 @@ Call order (``orchestrator.trial.run.execute_trial``), one engine object per tri
 1. ``create_engine(study)``: reads the study; starts nothing.
 2. :meth:`Engine.resolve`: the trial's arguments with the defaults the engine would
    choose on the study's hardware filled in. These are the arguments recorded in the
-   row and checked by the pre-flight (:mod:`orchestrator.trial.feasibility`).
+   row and checked by the pre-flight (:mod:`orchestrator.search.feasibility`).
 3. Engines with ``serves_http``:
 
    a. :meth:`Engine.resources`: what one replica holds (``resource`` x ``amount`` on
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.measure.measurement import LevelMeasurement
 
 if TYPE_CHECKING:
     from orchestrator.measure.records import RequestRecord
@@ -138,7 +139,7 @@ class Engine(abc.ABC):
         """
         raise NotImplementedError
 
-    def measure(self, args: EngineArgs, requests: "RequestSet") -> tuple[list["RequestRecord"], dict[str, Any]]:
-        """Direct measurement without HTTP (virtual engines): records and telemetry."""
+    def measure(self, args: EngineArgs, requests: "RequestSet") -> LevelMeasurement:
+        """Direct measurement without HTTP (virtual engines): the records, the engine's side, the warm-up."""
         raise NotImplementedError
 

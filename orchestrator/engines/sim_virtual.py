@@ -8,12 +8,12 @@ before spending GPU hours). Telemetry comes from the core's own counters.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from orchestrator.engines.base import Engine, ResourceRequest
 from orchestrator.engines.sim_served import sim_resolve
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
+from orchestrator.measure.measurement import LevelMeasurement
 from orchestrator.models.shapes import ModelShape, find_model_config
 
 
@@ -33,7 +33,7 @@ class VirtualSimEngine(Engine):
     def resources(self, args: EngineArgs) -> ResourceRequest:
         return ResourceRequest("GPU", 0)  # nothing is deployed
 
-    def measure(self, args: EngineArgs, requests) -> tuple[list, dict[str, Any]]:
+    def measure(self, args: EngineArgs, requests) -> LevelMeasurement:
         from orchestrator.measure.warmup import WarmupOutcome
         from orchestrator.sim.core import SimEngineCore
         from orchestrator.sim.virtual import simulate
@@ -49,6 +49,5 @@ class VirtualSimEngine(Engine):
             "num_preemptions": float(s.num_preemptions_total),
             "prefix_cache_hit_rate": (s.prefix_cache_hits_total / queries) if queries else None,
             "startup_s": 0.0,
-            **warmup.columns(),
         }
-        return records, telemetry
+        return LevelMeasurement(records, engine=telemetry, warmup=warmup.columns())

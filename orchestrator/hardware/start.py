@@ -1,6 +1,6 @@
 """Can this configuration start? vLLM's start-up checks, in its order, decided once.
 
-The pre-flight (:func:`orchestrator.trial.feasibility.check`) and the simulated engine
+The pre-flight (:func:`orchestrator.search.feasibility.check`) and the simulated engine
 (:class:`orchestrator.sim.core.SimEngineCore`) both call :func:`start_plan`, so the
 simulator refuses exactly what the pre-flight prunes and the pre-flight's KV cache size
 is the one the simulator serves with. The order is vLLM's: the arguments it refuses

@@ -33,6 +33,7 @@ from orchestrator.failures import TrialStatus, root_message, storage_problem
 from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
+from orchestrator.search import feasibility
 from orchestrator.search.fidelity import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
@@ -47,7 +48,6 @@ from orchestrator.search.stages import StagedSearch
 from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
 from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
 from orchestrator.study.spec import Study
-from orchestrator.trial import feasibility
 from orchestrator.trial.run import TrialContext
 
 log = logging.getLogger(__name__)

@@ -115,7 +115,7 @@ class FidelitySearch:
 
     def prepare(self) -> None:
         """Score the candidates (the whole space, or a seeded sample of it)."""
-        from orchestrator.trial.feasibility import space_points
+        from orchestrator.search.feasibility import space_points
 
         t0 = time.monotonic()
         points, size = space_points(self.study.space, self.study.seed,

@@ -79,17 +79,18 @@ def score_in_simulator(study, points: Sequence[Mapping[str, Any]], calibration: 
                        rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
     """Each configuration's status and metrics from the virtual-time simulator under ``calibration``;
     with ``rates``, point i as one load window at ``rates[i]`` (a capacity study's level there)."""
+    from orchestrator.search.trial_plan import load_plan
+    from orchestrator.search.trial_plan import run_trial
     from orchestrator.study.engine import SimCalibration, SimEngineSpec
     from orchestrator.trial.capacity import level_workload
-    from orchestrator.trial.load_phase import study_requests
-    from orchestrator.trial.run import TrialContext, execute_trial
+    from orchestrator.trial.run import TrialContext
 
     engine = SimEngineSpec(kind="sim", mode="virtual", calibration=SimCalibration(**calibration))
     sim = study.model_copy(update={"engine": engine})
     ctx = TrialContext(run_id="fidelity")
     base_rate = None
     if rates is not None and sim.capacity is not None and sim.workload.trace is not None:
-        base_rate = study_requests(sim).requested_rate  # a trace's own rate, as a level rescales it
+        base_rate = load_plan(sim).requests().requested_rate  # a trace's own rate, as a level rescales it
     out = []
     for i, p in enumerate(points):
         at = sim
@@ -97,7 +98,7 @@ def score_in_simulator(study, points: Sequence[Mapping[str, Any]], calibration: 
         if rate is not None and sim.capacity is not None:
             at = sim.model_copy(update={"capacity": None,
                                         "workload": level_workload(sim.workload, rate, sim.capacity, base_rate)})
-        r = execute_trial(at, dict(p), trial_id="fidelity", trial_number=0, ctx=ctx)
+        r = run_trial(at, dict(p), trial_id="fidelity", trial_number=0, ctx=ctx)
         out.append((r.status.value, r.measured()))
     return out
 

@@ -14,12 +14,12 @@ from typing import Optional
 
 from orchestrator.failures import Failure, FailureKind, TrialStatus
 from orchestrator.hardware.engine_args import engine_args_from_params
+from orchestrator.search import feasibility
 from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.search.trial_plan import judge_result
 from orchestrator.study.spec import Study
-from orchestrator.trial import feasibility
 from orchestrator.trial.result import TrialResult
 from orchestrator.trial.row import trial_row
-from orchestrator.trial.run import judge_result
 
 
 class PreflightScreen:

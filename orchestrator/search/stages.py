@@ -41,8 +41,8 @@ def baseline_values(study) -> dict[str, Any]:
     nearest value.)
     """
     from orchestrator.hardware.engine_args import EngineArgs
+    from orchestrator.search.feasibility import resolve_args
     from orchestrator.search.warm_start import _DROP, snap_value
-    from orchestrator.trial.feasibility import resolve_args
 
     defaults = resolve_args(study, EngineArgs())
     out = {}

@@ -26,11 +26,12 @@ from orchestrator.search.fidelity import (MEASURED_KEY, PREDICTION_KEY, fidelity
                                           prediction_columns)
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.search.racing import REMEASURE_KEY
+from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.study.judge import Judgement
 from orchestrator.study.spec import Study
 from orchestrator.trial.result import TrialResult
 from orchestrator.trial.row import trial_row
-from orchestrator.trial.run import TrialContext, execute_trial, judge_result
+from orchestrator.trial.run import TrialContext
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,8 @@ def measure_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, tri
     """Execute, judge, build the row: every trial's steps before its row is written (the trial actor's
     :func:`tune_trainable`, and the tests that run a trial the way it does). ``prediction``: what
     ``search.fidelity: sim`` picked the configuration on, kept next to what was measured."""
-    result = execute_trial(study, dict(params), trial_id=trial_id, trial_number=trial_number, ctx=ctx,
-                           engine=engine, measurement=measurement)
+    result = run_trial(study, dict(params), trial_id=trial_id, trial_number=trial_number, ctx=ctx,
+                       engine=engine, measurement=measurement)
     judgement = judge_result(study, result)
     row = trial_row(study, result, judgement)
     if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured

@@ -13,14 +13,13 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Optional
 
 from orchestrator.loadgen import Endpoint, run_load_sync
-from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, INTERVAL_METRICS, Interval, metric_intervals
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, metric_intervals
 from orchestrator.measure.harness import harness_verdict
-from orchestrator.measure.metrics import (ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES, WARMUP_METRIC_NAMES, LoadMetrics,
-                                  in_window, measurement_window, summarise)
+from orchestrator.measure.measurement import LevelMeasurement
+from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES, LoadMetrics, in_window, measurement_window, summarise
 from orchestrator.measure.nvml import try_nvml
 from orchestrator.measure.prometheus_text import fetch_metrics_text, parse_prometheus
 from orchestrator.measure.records import RequestErrorKind, RequestRecord
@@ -28,50 +27,30 @@ from orchestrator.measure.saturation import SaturationDetector, detect_saturatio
 from orchestrator.measure.session_metrics import session_columns, turn_table
 from orchestrator.measure.telemetry import TelemetrySampler
 from orchestrator.measure.warmup import WarmupOutcome
-from orchestrator.study.spec import Study
 from orchestrator.trial.capacity import LevelResult, judge_level, level_workload, search_capacity
+from orchestrator.trial.plan import LoadPlan
 from orchestrator.trial.result import CapacityOutcome
-from orchestrator.workload.generate import build_requests
-from orchestrator.workload.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
 
 
-@lru_cache(maxsize=16)
-def _requests_for(workload_json: str, seed: int, vocab_size: int, base_dir: Optional[str] = None, level: int = 0,
-                  replicate: int = 0):
-
-    return build_requests(WorkloadSpec.model_validate_json(workload_json), seed, vocab_size, base_dir, level,
-                          replicate)
-
-
-def study_requests(study: Study, workload=None, level: int = 0, replicate: int = 0):
-    """The request set of the study's workload, or of ``workload`` (a capacity level's, with its
-    ``level``: prompts of its own; ``replicate``: the level measured again, a fresh draw); cached
-    per process: every trial replays the same requests."""
-
-    vocab = study.model_shape.vocab_size
-    base = str(study.base_dir) if study.base_dir is not None else None
-    return _requests_for((workload or study.workload).model_dump_json(), study.seed, vocab, base, level, replicate)
-
-
-def summarise_records(study: Study, records: list[RequestRecord], requested_rate: Optional[float],
-               gpus: int = 1, window_scale: float = 1.0) -> LoadMetrics:
-    wl = study.workload
-    return summarise(records, gpus=gpus, slo=study.request_slo(), requested_rate=requested_rate,
+def summarise_records(plan: LoadPlan, records: list[RequestRecord], requested_rate: Optional[float],
+                      gpus: int = 1, window_scale: float = 1.0) -> LoadMetrics:
+    wl = plan.workload
+    return summarise(records, gpus=gpus, slo=plan.request_slo, requested_rate=requested_rate,
                      window=measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale),
                      # With a concurrency cap the send lag includes the intended wait for a slot.
                      max_sched_lag_ms=None if wl.max_concurrency else wl.max_sched_lag_ms)
 
 
-def record_intervals(study: Study, records: list[RequestRecord], metrics, *, confidence: float, gpus: int = 1,
+def record_intervals(plan: LoadPlan, records: list[RequestRecord], metrics, *, confidence: float, gpus: int = 1,
                      window_scale: float = 1.0) -> dict[str, Interval]:
     """Intervals (:mod:`orchestrator.measure.confidence`) of ``metrics`` over the requests
     :func:`summarise_records` measures (the same measurement window)."""
-    wl = study.workload
+    wl = plan.workload
     measured = in_window(records, measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale))
-    return metric_intervals(measured, metrics, confidence=confidence, gpus=gpus, slo=study.request_slo(),
-                            seed=study.seed)
+    return metric_intervals(measured, metrics, confidence=confidence, gpus=gpus, slo=plan.request_slo,
+                            seed=plan.seed)
 
 
 @dataclass
@@ -97,15 +76,17 @@ class LoadPhase:
         return rows
 
 
-def served_load(study: Study, deployment, requests) -> LoadPhase:
+def served_load(plan: LoadPlan, deployment, requests) -> LoadPhase:
+    """The load phase against a deployed endpoint: the HTTP load generator, with the engine's
+    histograms taken over each level's measured requests and its gauges sampled throughout."""
 
     ep = deployment.endpoint
-    endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=study.workload.api, api_key=ep.api_key)
+    endpoint = Endpoint(base_url=ep.base_url, model=ep.model, api=plan.workload.api, api_key=ep.api_key)
     nvml = try_nvml(ep.gpu_indices) if ep.sample_nvml else None
 
     windows: list = []
 
-    def run_level(rs, monitor, again: bool = False):
+    def run_level(rs, monitor, again: bool = False) -> LevelMeasurement:
 
         # The engine's histograms over this level's measured requests (all its windows).
         if not again or not windows:
@@ -118,36 +99,34 @@ def served_load(study: Study, deployment, requests) -> LoadPhase:
                 _wait_idle(ep)  # a warm-up that did not converge was aborted: let the engine drop it
             window.begin(warm)
 
-        records = run_load_sync(endpoint, rs, timeout_s=study.workload.timeout_s,
-                                max_concurrency=study.workload.max_concurrency,
-                                ignore_eos=study.workload.ignore_eos, monitor=monitor,
-                                check_interval_s=study.capacity.saturation.check_interval_s
-                                if study.capacity else 0.5, on_measure_start=measure_start, warmup_report=warmup)
+        wl = plan.workload
+        records = run_load_sync(endpoint, rs, timeout_s=wl.timeout_s, max_concurrency=wl.max_concurrency,
+                                ignore_eos=wl.ignore_eos, monitor=monitor,
+                                check_interval_s=plan.capacity.saturation.check_interval_s
+                                if plan.capacity else 0.5, on_measure_start=measure_start, warmup_report=warmup)
         if monitor is not None and monitor.saturated_at is not None:
             _wait_idle(ep)  # the next level must not inherit this one's queue
-        return records, {**window.finish(records), **warmup.columns()}
+        return LevelMeasurement(records, engine=window.finish(records),
+                                warmup=warmup.columns() if not again else {})
 
     with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, labels=ep.metric_labels, nvml=nvml) as sampler:
-        phase = measure(study, requests, run_level, served=True)
+        phase = measure(plan, requests, run_level, served=True)
     # The window's (or the chosen level's) engine_* columns over the whole load's gauges.
     phase.telemetry = {**sampler.summary(), **phase.telemetry}
     return phase
 
 
-def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
+def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
     """One load window, or a capacity search over levels (``run_level(request set, monitor, again)``
-    returns ``(records, telemetry)``; ``again``: the same level measured once more, its engine
-    window continued; ``served``: a monitor may stop a level early)."""
+    returns a :class:`~orchestrator.measure.measurement.LevelMeasurement`; ``again``: the same level
+    measured once more, its engine window continued; ``served``: a monitor may stop a level early)."""
 
-    def warmup_of(telemetry: dict) -> dict:  # the warm-up's columns, out of the telemetry
-        return {k: telemetry.pop(k, None) for k in WARMUP_METRIC_NAMES}
+    if plan.capacity is None:
+        got = run_level(requests, None, False)
+        return LoadPhase(got.records, dict(got.engine), requests.requested_rate, warmup=dict(got.warmup))
 
-    if study.capacity is None:
-        records, telemetry = run_level(requests, None, False)
-        return LoadPhase(records, telemetry, requests.requested_rate, warmup=warmup_of(telemetry))
-
-    spec = study.capacity
-    slo = study.capacity_slo()
+    spec = plan.capacity
+    slo = list(plan.capacity_slo)
     slo_metrics = [c.metric for c in slo]
     base_rate = requests.requested_rate
     records: list[RequestRecord] = []
@@ -158,7 +137,7 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
 
     def measure_level(level: int, rate: float) -> LevelResult:
         # Prompts of the level's own: no level is answered from the prefix cache an earlier one filled.
-        workload = level_workload(study.workload, rate, spec, base_rate)
+        workload = level_workload(plan.workload, rate, spec, base_rate)
         # A level replays the workload compressed (or stretched) in time unless its duration is
         # fixed: the warm-up and cool-down windows scale with it, excluding the same requests.
         scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / rate
@@ -169,25 +148,25 @@ def measure(study: Study, requests, run_level, *, served: bool) -> LoadPhase:
         for window in range(spec.repeats + 1):
             # The level measured again is a fresh draw (arrivals, lengths, prompts): an undecided
             # verdict is decided by more of the workload, not by the same requests twice.
-            rs = study_requests(study, workload, level=level, replicate=window)
+            rs = plan.requests(workload, level=level, replicate=window)
             if level > 0 or window > 0:  # the engine is warm after the first level
                 rs = dataclasses.replace(rs, warmup=(), warmup_stream=None)
             # Requests in flight, not sessions: a session workload's rate is sessions per second.
             floor = slo_backlog(slo, rate * rs.requests_per_arrival, [r.output_len for r in rs.measured])
             monitor = SaturationDetector(spec.saturation, floor) if served else None
-            recs, tel = run_level(rs, monitor, window > 0)
+            got = run_level(rs, monitor, window > 0)
+            recs = got.records
             for r in recs:
                 r.level, r.window = level, window
             mine.extend(recs)
-            telemetry = tel if window == 0 else {**telemetry, **{k: v for k, v in tel.items() if v is not None}}
+            telemetry = dict(got.engine) if window == 0 else {
+                **telemetry, **{k: v for k, v in got.engine.items() if v is not None}}
             if window == 0:
-                warm, planned = warmup_of(telemetry), len(rs.measured)
-            else:
-                warmup_of(telemetry)
+                warm, planned = dict(got.warmup), len(rs.measured)
             saturated_at = monitor.saturated_at if monitor is not None else \
                 detect_saturation(recs, spec.saturation, floor)
-            m = summarise_records(study, mine, rs.requested_rate, window_scale=scale)
-            intervals = record_intervals(study, mine, slo_metrics, confidence=decide_at, window_scale=scale)
+            m = summarise_records(plan, mine, rs.requested_rate, window_scale=scale)
+            intervals = record_intervals(plan, mine, slo_metrics, confidence=decide_at, window_scale=scale)
             verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None,
                                   intervals=intervals, confidence=decide_at)
             log.info("level %d at %.3g req/s (window %d): %s", level, rate, window,
@@ -237,30 +216,23 @@ def _wait_idle(ep, timeout_s: float = 30.0) -> None:
 
 
 
-def row_interval_metrics(study: Study) -> list[str]:
-    """The load metrics a trials row gets an interval of: every one :mod:`orchestrator.measure.confidence`
-    covers, the token gaps (ITL) only where the study ranks or judges by one (they cost the most)."""
-    named = {o.metric for o in study.objectives} | {c.metric for c in study.constraints}
-    return [m for m in INTERVAL_METRICS if m in LOAD_METRIC_NAMES and (not m.startswith("itl_") or m in named)]
-
-
-def phase_metrics(study: Study, phase: LoadPhase, gpus: int):
+def phase_metrics(plan: LoadPlan, phase: LoadPhase, gpus: int):
     """The trial's load metrics (the load window's, or the capacity level's), the capacity
     search's answer and the metrics' intervals: ``(LoadMetrics, CapacityOutcome or None,
     {metric: Interval}, confidence)``."""
 
     cap = phase.capacity
-    wanted = row_interval_metrics(study)
+    wanted = list(plan.interval_metrics)
     if cap is None:
-        intervals = record_intervals(study, phase.records, wanted, confidence=DEFAULT_CONFIDENCE, gpus=gpus)
-        return summarise_records(study, phase.records, phase.requested_rate, gpus), None, intervals, \
+        intervals = record_intervals(plan, phase.records, wanted, confidence=DEFAULT_CONFIDENCE, gpus=gpus)
+        return summarise_records(plan, phase.records, phase.requested_rate, gpus), None, intervals, \
             DEFAULT_CONFIDENCE
     chosen = cap.best or min(cap.levels, key=lambda lv: lv.rate)
     m = dataclasses.replace(chosen.metrics, output_throughput_per_gpu=chosen.metrics.output_throughput / max(gpus, 1))
-    spec = study.capacity
+    spec = plan.capacity
     base_rate = phase.levels_base_rate
     scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / chosen.rate
-    intervals = record_intervals(study, chosen.records, wanted, confidence=spec.confidence, gpus=gpus,
+    intervals = record_intervals(plan, chosen.records, wanted, confidence=spec.confidence, gpus=gpus,
                                  window_scale=scale)
     bracket = cap.bracket
     if cap.best is not None:
@@ -273,11 +245,11 @@ def phase_metrics(study: Study, phase: LoadPhase, gpus: int):
     return m, outcome, intervals, spec.confidence
 
 
-def session_results(study: Study, phase: LoadPhase, metrics) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def session_results(plan: LoadPlan, phase: LoadPhase, metrics) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A session workload's columns (:mod:`orchestrator.measure.session_metrics`) and per-turn table, over
     the requests the row's metrics measure (the load window's, or the capacity level's); empty for
     workloads of single requests."""
-    if study.workload.sessions is None:
+    if plan.workload.sessions is None:
         return {}, []
     records, scale = phase.records, 1.0
     cap = phase.capacity
@@ -285,8 +257,8 @@ def session_results(study: Study, phase: LoadPhase, metrics) -> tuple[dict[str, 
         chosen = cap.best or min(cap.levels, key=lambda lv: lv.rate)
         records = chosen.records
         base_rate = phase.levels_base_rate
-        scale = 1.0 if study.capacity.level_duration_s or not base_rate else base_rate / chosen.rate
-    wl, slo = study.workload, study.request_slo()
+        scale = 1.0 if plan.capacity.level_duration_s or not base_rate else base_rate / chosen.rate
+    wl, slo = plan.workload, plan.request_slo
     window = measurement_window(records, wl.warmup_s * scale, wl.cooldown_s * scale)
     return (session_columns(records, slo=slo, duration_s=metrics.duration_s, window=window),
             turn_table(records, slo=slo, window=window))

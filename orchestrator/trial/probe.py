@@ -26,6 +26,7 @@ import numpy as np
 from orchestrator.measure.metrics import PERPLEXITY_METRIC_NAMES, PROBE_METRIC_NAMES
 from orchestrator.redaction import redact
 from orchestrator.study.probe import ProbeSpec
+from orchestrator.trial.plan import ProbePlan
 from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab
 
 # The columns compare() computes from the answers (perplexity and the duration are measured apart).
@@ -156,30 +157,20 @@ def is_baseline(spec: ProbeSpec, args: Any) -> bool:
     return all((getattr(args, k) if hasattr(args, k) else extra.get(k)) == v for k, v in spec.reference().items())
 
 
-def reference_kind(study: Any) -> str:
-    """What the agreement is evidence of: ``dummy`` weights (the mechanism only), real ``weights``,
-    or an ``endpoint`` whose weights the study does not know."""
-    engine = study.engine
-    if engine.kind == "external":
-        return "endpoint"
-    return "dummy" if getattr(engine, "load_format", None) == "dummy" else "weights"
-
-
-def probe_trial(study: Any, *, base_url: str, model: str, api_key: Optional[str], trial_id: str,
+def probe_trial(plan: ProbePlan, *, base_url: str, model: str, api_key: Optional[str], trial_id: str,
                 params: dict, args: Any, keep) -> tuple[dict[str, Any], Optional[str]]:
     """Probe a deployed engine and compare with the baseline: (the probe columns, a note on failed requests).
 
     ``keep(probe_set, trial_id, record, eligible)`` stores the answers and returns the baseline's
     record (:meth:`orchestrator.results.probe_store.ProbeStore.keep`), or None while there is none.
     """
-    from orchestrator.models.shapes import ModelShape
     from orchestrator.trial.probe_perplexity import (
         perplexity_columns, perplexity_texts, run_perplexity, scored_from_json, scored_to_json,
     )
 
-    spec: ProbeSpec = study.probe
-    vocab_size = study.model_shape.vocab_size
-    prompts = probe_prompts(spec, vocab_size, study.seed)
+    spec: ProbeSpec = plan.spec
+    vocab_size = plan.vocab_size
+    prompts = probe_prompts(spec, vocab_size, plan.seed)
     texts = perplexity_texts(spec, vocab_size)
     answers, seconds = run_probe(base_url, model, prompts, spec, api_key)
     t0 = time.monotonic()
@@ -193,7 +184,7 @@ def probe_trial(study: Any, *, base_url: str, model: str, api_key: Optional[str]
               "answers": answers_to_json(answers), "perplexity": scored_to_json(scored)}
     # An endpoint without prompt_logprobs still has a baseline for agreement (its perplexity stays null).
     baseline = keep(probe_fingerprint(prompts, texts), trial_id, record, not failed and is_baseline(spec, args))
-    columns: dict[str, Any] = {"probe_s": seconds, "probe_reference": reference_kind(study), "probe_baseline": None}
+    columns: dict[str, Any] = {"probe_s": seconds, "probe_reference": plan.reference, "probe_baseline": None}
     if baseline is not None:
         columns.update(compare(answers_from_json(baseline["answers"]), answers))
         columns["probe_baseline"] = baseline["trial_id"]

@@ -1,6 +1,8 @@
 """One trial: pre-flight -> deploy -> warm up -> load + telemetry -> tear down -> a TrialResult.
 
-Every outcome is a :class:`~orchestrator.trial.result.TrialResult`. A configuration that
+A trial runs a :class:`~orchestrator.trial.plan.TrialPlan` (what the search decided: the
+resolved arguments, the request set, the SLOs) and never reads the study. Every outcome is a
+:class:`~orchestrator.trial.result.TrialResult`. A configuration that
 cannot start is ``infeasible`` with the engine's own message; an engine that dies under
 load is ``failed`` (:mod:`orchestrator.failures` decides which); neither raises, because a
 trial that raises teaches the sampler nothing. What the result is worth is the judge's
@@ -17,23 +19,21 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from orchestrator.engines import Engine, EngineContext, create_engine
+from orchestrator.engines import Engine, EngineContext
 from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load, empty_window,
                                    request_failures, start_failure, status_of, teardown_warning)
-from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
-from orchestrator.hardware.pricing import study_price, unit_metric_intervals, unit_metrics
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.pricing import unit_metric_intervals, unit_metrics
 from orchestrator.measure.harness import harness_verdict
-from orchestrator.study.judge import Judgement, judge
-from orchestrator.study.spec import Study
-from orchestrator.trial import feasibility
-from orchestrator.trial.load_phase import LoadPhase, measure, phase_metrics, served_load, session_results, study_requests
+from orchestrator.results.probe_store import ProbeStore
+from orchestrator.trial.load_phase import LoadPhase, measure, phase_metrics, served_load, session_results
+from orchestrator.trial.plan import ProbePlan, TrialPlan
 from orchestrator.trial.probe import probe_trial
 from orchestrator.trial.result import PhaseTimings, TrialResult
-from orchestrator.workload.synthesis import measurement_seed
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrialContext", "execute_trial", "judge_result", "study_requests"]
+__all__ = ["TrialContext", "execute_trial", "failed_trial"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class _Builder:
         self.status, self.failure = status_of(failure.kind), failure
         return self
 
-    def build(self, study: Study) -> TrialResult:
+    def build(self, plan: Optional[TrialPlan]) -> TrialResult:
         timings = PhaseTimings(queue_s=self.queue_s, startup_s=self.startup_s, load_window_s=self.load_window_s,
                                teardown_s=self.teardown_s, wall_time_s=time.monotonic() - self.t0)
         metrics = capacity = None
@@ -98,27 +98,28 @@ class _Builder:
         intervals: dict = {}
         confidence = None
         phase = self.phase
-        if phase is not None:
-            metrics, capacity, intervals, confidence = phase_metrics(study, phase, self.args.gpus if self.args else 1)
-            sessions, turns = session_results(study, phase, metrics)
+        if phase is not None and plan is not None:
+            load = plan.load
+            metrics, capacity, intervals, confidence = phase_metrics(load, phase, self.args.gpus if self.args else 1)
+            sessions, turns = session_results(load, phase, metrics)
             if self.status is TrialStatus.COMPLETED:
                 first = next((r.error for r in phase.records if r.error and not r.warmup), None)
-                wl = study.workload
+                wl = load.workload
                 failure = empty_window(metrics, wl.warmup_s, wl.cooldown_s) \
-                    or request_failures(metrics, study.max_error_rate, first)
+                    or request_failures(metrics, load.max_error_rate, first)
                 if failure is not None:
                     self.fail(failure)
             telemetry, warmup, records, levels = dict(phase.telemetry), dict(phase.warmup), tuple(phase.records), \
                 tuple(phase.level_rows())
             harness = harness_verdict({**metrics.as_dict(), **telemetry}).columns()
-            gpus, price = self.args.gpus if self.args else None, study_price(study).value
+            gpus, price = self.args.gpus if self.args else None, plan.price_per_gpu_hour
             unit = unit_metrics({**metrics.as_dict(), "capacity_rps": capacity.capacity_rps if capacity else None},
                                 gpus, price)
             intervals = {**intervals, **unit_metric_intervals(intervals, gpus, price)}
             if metrics.loadgen_overloaded:
                 log.warning("trial %s: the load generator lagged (p99 send lag %.1f ms > %.1f ms): latencies "
                             "include client delay", self.trial_id, metrics.sched_lag_p99_ms,
-                            study.workload.max_sched_lag_ms)
+                            load.workload.max_sched_lag_ms)
         return TrialResult(
             run_id=self.run_id, trial_id=self.trial_id, trial_number=self.trial_number, params=dict(self.params),
             args=self.args, started_at=self.started_at, finished_at=_utc_now(), status=self.status,
@@ -128,47 +129,41 @@ class _Builder:
             confidence=confidence, measurement=self.measurement, sessions=sessions, turns=tuple(turns))
 
 
-def execute_trial(study: Study, params: dict[str, Any], *, trial_id: str, trial_number: int,
-                  ctx: TrialContext, engine: Optional[Engine] = None, measurement: int = 0) -> TrialResult:
-    """Run one configuration end to end; never raises for configuration or engine problems.
+def execute_trial(plan: TrialPlan, engine: Engine, ctx: TrialContext, *, run_id: Optional[str] = None) -> TrialResult:
+    """Run one planned configuration end to end; never raises for configuration or engine problems.
 
-    ``measurement`` k > 0: the configuration measured again (racing), with a workload seed of its
-    own (:func:`orchestrator.workload.synthesis.measurement_seed`): other arrivals and prompts."""
-    b = _Builder(ctx.run_id, trial_id, trial_number, dict(params), _utc_now(), time.monotonic(),
-                 measurement=measurement)
+    ``plan.measurement`` k > 0: the configuration measured again (racing); its plan's workload seed
+    is its own (:func:`orchestrator.workload.synthesis.measurement_seed`): other arrivals and prompts."""
+    b = _Builder(run_id or ctx.run_id, plan.trial_id, plan.trial_number, dict(plan.params), _utc_now(),
+                 time.monotonic(), measurement=plan.measurement, args=plan.args)
     try:
-        engine = engine or create_engine(study, ctx.engine_context())
-        fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
-        b.args = engine.resolve(engine_args_from_params(params, fixed=fixed))
-        _run(study, engine, b, ctx)
+        _run(plan, engine, b, ctx)
     except Exception as e:  # noqa: BLE001 - an orchestrator bug must still leave a row
-        log.exception("trial %s: internal error", trial_id)
+        log.exception("trial %s: internal error", plan.trial_id)
         b.phase = None
         b.fail(Failure(FailureKind.INTERNAL, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"))
-    return b.build(study)
+    return b.build(plan)
 
 
-def judge_result(study: Study, result: TrialResult) -> Judgement:
-    """The one judge, applied to a trial's record."""
-    return judge(study, result.measured(), result.status)
+def failed_trial(ctx: TrialContext, params: dict[str, Any], failure: Failure, *, trial_id: str, trial_number: int,
+                 measurement: int = 0) -> TrialResult:
+    """The result of a trial that could not even be planned (an orchestrator bug: still a row)."""
+    b = _Builder(ctx.run_id, trial_id, trial_number, dict(params), _utc_now(), time.monotonic(),
+                 measurement=measurement)
+    return b.fail(failure).build(None)
 
 
-def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
-    args = b.args
-    # What the load sends: the study's workload, drawn with the measurement's own seed.
-    loaded = study if b.measurement == 0 else study.model_copy(
-        update={"seed": measurement_seed(study.seed, b.measurement)})
-    if feasibility.preflight_on(study):
-        verdict = feasibility.check(study, args, cluster_units=ctx.cluster_units, units_per_node=ctx.units_per_node)
-        if not verdict.ok:
-            b.fail(Failure(FailureKind.PREFLIGHT, f"[{verdict.kind.value}] {verdict.reason}"))
-            return
+def _run(plan: TrialPlan, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
+    args = plan.args
+    if plan.refusal is not None:
+        b.fail(Failure(FailureKind.PREFLIGHT, plan.refusal))
+        return
 
-    requests = study_requests(loaded)
+    requests = plan.load.requests()
     if not engine.serves_http:
         t_load = time.monotonic()
         try:
-            b.phase = measure(loaded, requests, lambda rs, monitor, again: engine.measure(args, rs), served=False)
+            b.phase = measure(plan.load, requests, lambda rs, monitor, again: engine.measure(args, rs), served=False)
         except EngineStartError as e:
             b.fail(start_failure(e))
             return
@@ -192,14 +187,14 @@ def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
             ep = deployment.endpoint
             b.startup_s = ep.startup_s
             b.engine_facts = {"endpoint": ep.base_url, **ep.facts}
-            if study.probe is not None:  # before the warm-up: outside the measured window
-                b.probe, note = probe_trial(study, base_url=ep.base_url, model=ep.model, api_key=ep.api_key,
+            if plan.probe is not None:  # before the warm-up: outside the measured window
+                b.probe, note = probe_trial(plan.probe, base_url=ep.base_url, model=ep.model, api_key=ep.api_key,
                                             trial_id=b.trial_id, params=b.params, args=args,
-                                            keep=_probe_keeper(study, ctx))
+                                            keep=_probe_keeper(plan.probe, ctx))
                 if note:
                     b.engine_facts["probe_errors"] = note
             t_load = time.monotonic()
-            b.phase = served_load(loaded, deployment, requests)
+            b.phase = served_load(plan.load, deployment, requests)
             b.load_window_s = time.monotonic() - t_load
             health = deployment.health()
             t_down = time.monotonic()
@@ -215,13 +210,11 @@ def _run(study: Study, engine: Engine, b: _Builder, ctx: TrialContext) -> None:
         b.status, b.failure = TrialStatus.COMPLETED, teardown_warning(problems)
 
 
-def _probe_keeper(study: Study, ctx: TrialContext):
+def _probe_keeper(plan: ProbePlan, ctx: TrialContext):
     """Where the probe's answers go: the run's results writer (one writer claims the baseline), or,
     with no run around this trial, the study's results directory directly."""
     if ctx.sink_name is None:
-        from orchestrator.results.probe_store import ProbeStore
-
-        return ProbeStore(study.output, study.name).keep
+        return ProbeStore(plan.results_dir, plan.study_name).keep
     import ray
 
     sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)

@@ -18,9 +18,9 @@ from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape
+from orchestrator.search import feasibility
 from orchestrator.sim.core import SimEngineCore
 from orchestrator.study.spec import parse_study
-from orchestrator.trial import feasibility
 
 GRID = {
     "tensor_parallel_size": [1, 2, 4],

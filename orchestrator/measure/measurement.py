@@ -1,0 +1,24 @@
+"""What one load window measured: the requests, the engine's side of it, and the warm-up before it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from orchestrator.measure.records import RequestRecord
+
+__all__ = ["LevelMeasurement"]
+
+
+@dataclass(frozen=True)
+class LevelMeasurement:
+    """One load window (the trial's, or one capacity level's), as an engine path measured it.
+
+    ``engine``: the engine's side, by column name: its histograms over the measured requests
+    (``engine_*``), its gauges and counters, and facts a virtual engine knows (its KV cache);
+    ``warmup``: the ``warmup_*`` columns of the warm-up that preceded the window (empty when
+    none ran)."""
+
+    records: list[RequestRecord]
+    engine: Mapping[str, Optional[float]] = field(default_factory=dict)
+    warmup: Mapping[str, Any] = field(default_factory=dict)

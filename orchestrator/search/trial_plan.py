@@ -1,0 +1,104 @@
+"""From a study and a proposed configuration to a :class:`~orchestrator.trial.plan.TrialPlan`: the
+one place below which nothing reads the study.
+
+:func:`plan_trial` resolves the configuration's engine arguments once (the engine's
+``resolve``: vLLM's device defaults through :meth:`Study.with_device_defaults`, the same
+resolver the survey, screening and stages use), runs the pre-flight, and fixes the request
+set's seed, the SLOs, the capacity search and the probe. :func:`run_trial` plans and executes
+a trial; :func:`judge_result` asks the one judge what it is worth.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any, Mapping, Optional
+
+from orchestrator.engines import Engine, create_engine
+from orchestrator.failures import Failure, FailureKind
+from orchestrator.hardware.engine_args import engine_args_from_params
+from orchestrator.hardware.pricing import study_price
+from orchestrator.measure.confidence import INTERVAL_METRICS
+from orchestrator.measure.metrics import LOAD_METRIC_NAMES
+from orchestrator.search import feasibility
+from orchestrator.study.judge import Judgement, judge
+from orchestrator.study.spec import Study
+from orchestrator.trial.plan import LoadPlan, ProbePlan, TrialPlan
+from orchestrator.trial.result import TrialResult
+from orchestrator.trial.run import TrialContext, execute_trial, failed_trial
+from orchestrator.workload.synthesis import measurement_seed
+
+log = logging.getLogger(__name__)
+
+__all__ = ["judge_result", "load_plan", "plan_trial", "row_interval_metrics", "run_trial"]
+
+
+def row_interval_metrics(study: Study) -> tuple[str, ...]:
+    """The load metrics a trials row gets an interval of: every one :mod:`orchestrator.measure.confidence`
+    covers, the token gaps (ITL) only where the study ranks or judges by one (they cost the most)."""
+    named = {o.metric for o in study.objectives} | {c.metric for c in study.constraints}
+    return tuple(m for m in INTERVAL_METRICS if m in LOAD_METRIC_NAMES and (not m.startswith("itl_") or m in named))
+
+
+def load_plan(study: Study, measurement: int = 0) -> LoadPlan:
+    """The study's load phase, drawn with the measurement's seed (k > 0: measured again, other requests)."""
+    return LoadPlan(
+        workload=study.workload,
+        seed=study.seed if measurement == 0 else measurement_seed(study.seed, measurement),
+        vocab_size=study.model_shape.vocab_size,
+        request_slo=study.request_slo(),
+        base_dir=str(study.base_dir) if study.base_dir is not None else None,
+        capacity=study.capacity,
+        capacity_slo=tuple(study.capacity_slo()) if study.capacity is not None else (),
+        interval_metrics=row_interval_metrics(study),
+        max_error_rate=study.max_error_rate)
+
+
+def _probe_plan(study: Study) -> Optional[ProbePlan]:
+    if study.probe is None:
+        return None
+    engine = study.engine
+    if engine.kind == "external":
+        reference = "endpoint"  # weights the study does not know
+    else:
+        reference = "dummy" if getattr(engine, "load_format", None) == "dummy" else "weights"
+    return ProbePlan(spec=study.probe, vocab_size=study.model_shape.vocab_size, seed=study.seed,
+                     reference=reference, results_dir=study.output, study_name=study.name)
+
+
+def plan_trial(study: Study, params: Mapping[str, Any], engine: Engine, *, trial_id: str, trial_number: int,
+               measurement: int = 0, cluster_units: Optional[int] = None,
+               units_per_node: Optional[int] = None) -> TrialPlan:
+    """Decide one trial: its arguments resolved by ``engine``, the pre-flight's verdict, how it is measured."""
+    fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
+    args = engine.resolve(engine_args_from_params(dict(params), fixed=fixed))
+    refusal = None
+    if feasibility.preflight_on(study):
+        verdict = feasibility.check(study, args, cluster_units=cluster_units, units_per_node=units_per_node)
+        if not verdict.ok:
+            refusal = f"[{verdict.kind.value}] {verdict.reason}"
+    return TrialPlan(
+        trial_id=trial_id, trial_number=trial_number, params=dict(params), args=args, model=study.model_shape,
+        device=study.device(), load=load_plan(study, measurement), measurement=measurement, refusal=refusal,
+        probe=_probe_plan(study), price_per_gpu_hour=study_price(study).value)
+
+
+def run_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, trial_number: int, ctx: TrialContext,
+              engine: Optional[Engine] = None, measurement: int = 0) -> TrialResult:
+    """Plan and execute one configuration; never raises for configuration or engine problems."""
+    try:
+        engine = engine or create_engine(study, ctx.engine_context())
+        plan = plan_trial(study, params, engine, trial_id=trial_id, trial_number=trial_number,
+                          measurement=measurement, cluster_units=ctx.cluster_units,
+                          units_per_node=ctx.units_per_node)
+    except Exception as e:  # noqa: BLE001 - an orchestrator bug must still leave a row
+        log.exception("trial %s: internal error while planning it", trial_id)
+        failure = Failure(FailureKind.INTERNAL, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}")
+        return failed_trial(ctx, dict(params), failure, trial_id=trial_id, trial_number=trial_number,
+                            measurement=measurement)
+    return execute_trial(plan, engine, ctx)
+
+
+def judge_result(study: Study, result: TrialResult) -> Judgement:
+    """The one judge, applied to a trial's record."""
+    return judge(study, result.measured(), result.status)
