@@ -52,12 +52,12 @@ def h200_study(rate: float, duration: float, seed: int):
 
 
 def window(rate: float, duration: float, seed: int):
-    from orchestrator.engines import create_engine
     from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.search.trial_plan import engine_for
     from orchestrator.search.trial_plan import load_plan
 
     study = h200_study(rate, duration, seed)
-    engine = create_engine(study)
+    engine = engine_for(study)
     args = engine.resolve(engine_args_from_params(dict(DEFAULTS, max_model_len=4096)))
     records = engine.measure(args, load_plan(study).requests()).records
     return [r for r in records if not r.warmup]

@@ -113,13 +113,14 @@ def run(args) -> None:
         import ray
 
         from orchestrator.cluster.connect import start_serve
-        from orchestrator.engines import EngineContext, create_engine
+        from orchestrator.engines import EngineContext
         from orchestrator.hardware.engine_args import engine_args_from_params
+        from orchestrator.search.trial_plan import engine_for
 
         ray.init(include_dashboard=False, namespace="orchestrator")
         context = EngineContext(serve_port=start_serve(8000))
         study = _study(args.model, args.mode, serving)
-        engine = create_engine(study, context)
+        engine = engine_for(study, context)
         eargs = engine.resolve(engine_args_from_params({**CONFIG, **serving}))
         deployment = engine.deploy("ingress", eargs)
         deployment.__enter__()

@@ -61,13 +61,13 @@ def study_doc(out: str, trials: int, concurrency: int, requests: int) -> dict:
 
 def baseline(study, trials: int, serve_port: int) -> list[dict]:
     """Deploy, load and delete in one process: what a hand-written script would cost."""
-    from orchestrator.engines import create_engine
     from orchestrator.engines.base import EngineContext
     from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.loadgen import Endpoint, run_load_sync
+    from orchestrator.search.trial_plan import engine_for
     from orchestrator.search.trial_plan import load_plan
 
-    engine = create_engine(study, EngineContext(serve_port=serve_port))
+    engine = engine_for(study, EngineContext(serve_port=serve_port))
     requests = load_plan(study).requests()
     phases = []
     for params in CONFIGS[:trials]:

@@ -6,12 +6,12 @@ import pytest
 
 from orchestrator.apps import recommend
 from orchestrator.cluster import connect as cluster
-from orchestrator.engines import create_engine
 from orchestrator.engines.vllm_serve import resolve_platform
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape
 from orchestrator.search import feasibility
+from orchestrator.search.trial_plan import engine_for
 from orchestrator.sim.core import SimEngineCore
 from orchestrator.study.spec import parse_study
 
@@ -34,7 +34,7 @@ def test_every_caller_gives_the_same_answer(engine, gpu, cpu):
     assert s.on_cpu is cpu
     if s.engine.kind == "vllm":
         assert (resolve_platform(s) == "cpu") is cpu
-    assert (cluster.engine_resource(s) == "CPU") is (cpu and s.engine.kind == "vllm")
+    assert (cluster.engine_resource(s.engine.kind, s.on_cpu) == "CPU") is (cpu and s.engine.kind == "vllm")
     assert ("VLLM_CPU_KVCACHE_SPACE" in recommend._engine_env(s, s.hardware.gpu)) is cpu  # noqa: SLF001
 
 
@@ -47,6 +47,6 @@ def test_pre_flight_engine_and_simulator_resolve_alike(engine, gpu):
     expected = s.with_device_defaults(args)
     assert expected.max_num_seqs is not None and expected.block_size == (128 if s.on_cpu else 16)
     assert feasibility.resolve_args(s, args) == expected
-    assert create_engine(s).resolve(args) == expected
+    assert engine_for(s).resolve(args) == expected
     if not s.on_cpu:  # the simulator core fills unresolved arguments the same way
         assert SimEngineCore(ModelShape.load("tiny-llama"), get_gpu(gpu), args).args == expected

@@ -197,8 +197,8 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
 
     (The sweep starts at 8 req/s to keep the test short; from 6 req/s, 38 levels, it finds the
     same boundary.)"""
-    from orchestrator.engines import create_engine
     from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.search.trial_plan import engine_for
     from orchestrator.search.trial_plan import load_plan
     from orchestrator.trial.load_phase import summarise_records as _summarise
     from orchestrator.trial.run import TrialContext
@@ -208,7 +208,7 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
     out = run_trial(study, {"max_num_seqs": 8}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
     found = out.row["capacity_rps"]
 
-    engine = create_engine(study)
+    engine = engine_for(study)
     args = engine.resolve(engine_args_from_params({"max_num_seqs": 8}))
     sweep = []
     for rate in 8 * 1.025 ** np.arange(23):  # 8 .. 13.8 req/s

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engines import create_engine
 from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.measure.confidence import INTERVAL_METRICS, metric_intervals, t_of, z_of
 from orchestrator.measure.metrics import summarise
-from orchestrator.search.trial_plan import load_plan
+from orchestrator.search.trial_plan import engine_for, load_plan
 from orchestrator.study.spec import parse_study
 
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2el_p99_ms", "itl_p50_ms", "output_throughput",
@@ -23,7 +22,7 @@ def window(seconds: float, seed: int = 0, rate: float = 10.0, replicate_as: int 
                      "input_len": {"kind": "lognormal", "mean": 512, "sigma": 0.5, "max": 2048},
                      "output_len": {"kind": "uniform", "min": 64, "max": 192}},
         "space": {"max_num_seqs": 256}, "objectives": ["minimize ttft_p99_ms"]})
-    engine = create_engine(study)
+    engine = engine_for(study)
     records = engine.measure(engine.resolve(engine_args_from_params({"max_num_seqs": 256})), load_plan(study).requests()).records
     for r in records:
         r.window = replicate_as

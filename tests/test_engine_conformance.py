@@ -33,10 +33,11 @@ import psutil
 import pytest
 from vllm_processes import vllm_processes
 
-from orchestrator.engines import ENGINES, Engine, EngineContext, create_engine, engine_class, engine_kinds
+from orchestrator.engines import ENGINES, Engine, EngineContext, engine_class, engine_kinds
 from orchestrator.engines import serve_app
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
+from orchestrator.search.trial_plan import engine_for
 from orchestrator.study.spec import EngineSpec, parse_study
 
 SERVE_PORT = 8233
@@ -123,24 +124,24 @@ def subject(request, cluster, tmp_path):
     name = request.param
     if name == "sim-served":
         study = make_study({"kind": "sim"}, tmp_path)
-        yield Subject(name, study, create_engine(study, context), {"max_num_seqs": 8, "tensor_parallel_size": 2}, "GPU")
+        yield Subject(name, study, engine_for(study, context), {"max_num_seqs": 8, "tensor_parallel_size": 2}, "GPU")
     elif name == "sim-virtual":
         study = make_study({"kind": "sim", "mode": "virtual"}, tmp_path)
-        yield Subject(name, study, create_engine(study, context), {"max_num_seqs": 8, "tensor_parallel_size": 2}, None)
+        yield Subject(name, study, engine_for(study, context), {"max_num_seqs": 8, "tensor_parallel_size": 2}, None)
     elif name == "external":
         # The endpoint runs before the trial and after it: a served simulator started here.
-        upstream = create_engine(make_study({"kind": "sim"}, tmp_path), context)
+        upstream = engine_for(make_study({"kind": "sim"}, tmp_path), context)
         with upstream.deploy("upstream", upstream.resolve(EngineArgs(max_num_seqs=8))) as running:
             base = running.endpoint.base_url
             study = make_study({"kind": "external", "base_url": base, "metrics_url": base + "/metrics"}, tmp_path)
-            yield Subject(name, study, create_engine(study, context), {"max_num_seqs": 8}, None)
+            yield Subject(name, study, engine_for(study, context), {"max_num_seqs": 8}, None)
     elif name == "vllm-cpu":
         tiny_model = request.getfixturevalue("tiny_model")
         study = make_study({"kind": "vllm", "platform": "cpu", "model_source": str(tiny_model),
                             "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": 8 * 2**20}},
                            tmp_path, gpu="CPU", dtype="float32",
                            space={"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True})
-        yield Subject(name, study, create_engine(study, context),
+        yield Subject(name, study, engine_for(study, context),
                       {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True}, "CPU", cache)
     else:
         raise AssertionError(name)
@@ -326,7 +327,7 @@ def test_an_external_endpoint_that_does_not_answer_fails_within_its_start_timeou
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens once the block ends
-    engine = create_engine(make_study({"kind": "external", "base_url": f"http://127.0.0.1:{port}",
+    engine = engine_for(make_study({"kind": "external", "base_url": f"http://127.0.0.1:{port}",
                                        "start_timeout_s": 1}, tmp_path))
     t0 = time.monotonic()
     with pytest.raises(EngineStartError) as e:

@@ -24,12 +24,12 @@ from orchestrator.measure.metrics import summarise
 from orchestrator.measure.records import RequestRecord
 from orchestrator.results.pareto import feasible_mask, pareto_front
 from orchestrator.search.optuna_search import SamplerReport
+from orchestrator.search.row import trial_row
 from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.search.tune import tune_result
 from orchestrator.study import judge
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.capacity import judge_level
-from orchestrator.trial.row import trial_row
 from orchestrator.trial.run import TrialContext
 
 OPS = ("<=", "<", ">=", ">")

@@ -156,8 +156,8 @@ def test_fp8_weights_and_kv_shrink_the_memory_plan():
 def test_the_front_figure_draws_agreement_against_throughput(study_doc):
     import pandas as pd
 
-    from orchestrator.results.figures import pareto_figure
-    from orchestrator.results.report_tables import axes_metrics, point_categories
+    from orchestrator.apps.figures import pareto_figure
+    from orchestrator.apps.report_tables import axes_metrics, point_categories
 
     study = parse_study({**_vllm_doc(study_doc), "probe": {}, "constraints": ["token_agreement >= 0.9"]})
     y, xs = axes_metrics(study)

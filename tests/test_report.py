@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO
 from orchestrator.apps.report import level_curves, load_curves
-from orchestrator.results.report_tables import _in_flight_at_send
+from orchestrator.apps.report_tables import _in_flight_at_send
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

@@ -15,10 +15,10 @@ import pytest
 
 from orchestrator.search.optuna_search import ask_distinct, tell
 from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.search.row import trial_row
 from orchestrator.search.samplers import make_sampler, sampler_seed
 from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.study.spec import parse_study
-from orchestrator.trial.row import trial_row
 from orchestrator.trial.run import TrialContext
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -73,8 +73,8 @@ def test_credentials_under_unknown_names_are_never_written(tmp_path, monkeypatch
     from orchestrator.hardware.engine_args import EngineArgs
     from orchestrator.results import ResultsStore
     from orchestrator.results.definition import write_study_definition
+    from orchestrator.search.row import trial_row
     from orchestrator.trial.result import TrialResult
-    from orchestrator.trial.row import trial_row
 
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", TOKEN)
     study = vllm_study(tmp_path)

@@ -160,8 +160,8 @@ def test_a_virtual_warmup_whose_gaps_collapse_to_zero_still_ends(study_doc):
     number, and the trial is measured."""
     import dataclasses
 
-    from orchestrator.engines import create_engine
     from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.search.trial_plan import engine_for
     from orchestrator.search.trial_plan import load_plan
     from orchestrator.sim.virtual import STEADY_FLOOR
     from orchestrator.workload.spec import GammaArrival
@@ -170,7 +170,7 @@ def test_a_virtual_warmup_whose_gaps_collapse_to_zero_still_ends(study_doc):
     rs = load_plan(study).requests()
     collapsed = GammaArrival.model_construct(kind="gamma", rate=8.0, burstiness=1e-12)
     rs = dataclasses.replace(rs, warmup_stream=dataclasses.replace(rs.warmup_stream, arrival=collapsed))
-    engine = create_engine(study)
+    engine = engine_for(study)
     got = engine.measure(engine.resolve(engine_args_from_params({"max_num_seqs": 32})), rs)
     records = got.records
     steady = got.warmup["warmup_requests_used"] - study.workload.warmup_requests

@@ -116,17 +116,17 @@ def _at_recorded_rate(rs: RequestSet, level) -> RequestSet:
 
 def study_points(path: str) -> list[Point]:
     from orchestrator.apps.recommend import engine_args_of
-    from orchestrator.engines import create_engine
     from orchestrator.results import load_trials
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.levels import load_levels
+    from orchestrator.search.trial_plan import engine_for
     from orchestrator.search.trial_plan import load_plan
     from orchestrator.study.spec import SimEngineSpec
     from orchestrator.trial.capacity import level_workload
 
     real_study = read_study_definition(path)
     sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
-    engine = create_engine(sim_study)
+    engine = engine_for(sim_study)
     trials = load_trials(path, status=TrialStatus.COMPLETED.value)
     levels = load_levels(path)
     base_rate = load_plan(sim_study).requests().requested_rate

@@ -31,21 +31,20 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from orchestrator.apps.nightly import load_summaries
-from orchestrator.apps.recommend import RecommendError, recommend
-from orchestrator.failures import TrialStatus
-from orchestrator.hardware.pricing import study_price
-from orchestrator.measure.harness import harness_bound_mask
-from orchestrator.results.definition import read_study_definition
-from orchestrator.results.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
+from orchestrator.apps.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
                                           importance_figure, level_figure, nightly_figure, pareto_figure,
                                           timeline_figure)
+from orchestrator.apps.nightly import load_summaries
+from orchestrator.apps.recommend import RecommendError, recommend
+from orchestrator.apps.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table,
+                                                curve_trials, front_of, front_table, importances,
+                                                level_curves, load_curves, point_categories)
+from orchestrator.failures import TrialStatus
+from orchestrator.measure.harness import harness_bound_mask
+from orchestrator.results.definition import read_study_definition
 from orchestrator.results.levels import load_levels
 from orchestrator.results.outcomes import failure_breakdown
 from orchestrator.results.query import cannot_write, load_requests, load_trials, resolve_location
-from orchestrator.results.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table,
-                                                curve_trials, front_of, front_table, importances,
-                                                level_curves, load_curves, point_categories)
 from orchestrator.study.spec import Study
 
 __all__ = [
@@ -181,7 +180,7 @@ def _summary_section(trials: pd.DataFrame, study: Study, categories: pd.Series) 
     facts = pd.DataFrame([
         ("engine", f"{study.engine.kind}" + (f" ({study.engine.mode})" if hasattr(study.engine, "mode") else "")),
         ("model", study.model.name), ("hardware", f"{study.hardware.gpu} x{study.hardware.total_gpus}"),
-        ("cost", study_price(study).describe()),
+        ("cost", study.price.describe()),
         ("objectives", objectives), ("SLOs", slos),
         ("trials", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"),
         ("runs", f"{len(runs)}" + (f" (latest {runs[-1]})" if runs else "")),

@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from orchestrator.study.spec import Study
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,9 @@ class ClusterInfo:
         return max(self.units_per_node.values(), default=0)
 
 
-def engine_resource(study: Study) -> str:
-    if study.engine.kind == "vllm" and study.on_cpu:  # only vLLM has a CPU build
+def engine_resource(engine_kind: str, on_cpu: bool) -> str:
+    """The Ray resource one replica of the engine holds: CPUs for vLLM's CPU build, else GPUs."""
+    if engine_kind == "vllm" and on_cpu:  # only vLLM has a CPU build
         return "CPU"
     return "GPU"
 
@@ -50,8 +50,10 @@ def _local_gpu_count() -> int:
         return 0
 
 
-def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
-    """Connect to ``address``/``RAY_ADDRESS`` or start a local Ray; True if started here."""
+def ensure_ray(engine_kind: str, *, gpus_per_node: int, max_concurrent_trials: int, address: Optional[str] = None,
+               num_cpus: Optional[int] = None) -> bool:
+    """Connect to ``address``/``RAY_ADDRESS`` or start a local Ray sized for the study (its engine
+    kind, ``hardware.gpus_per_node``, ``budget.max_concurrent_trials``); True if started here."""
     import ray
 
     if ray.is_initialized():
@@ -69,12 +71,12 @@ def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optiona
         ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, logging_level=logging.WARNING,
                  log_to_driver=os.environ.get("ORCHESTRATOR_RAY_LOGS") == "1")
         return False
-    cpus = num_cpus or max(os.cpu_count() or 2, study.budget.max_concurrent_trials + 2, 4)
+    cpus = num_cpus or max(os.cpu_count() or 2, max_concurrent_trials + 2, 4)
     gpus = _local_gpu_count()
-    if study.engine.kind == "sim" and gpus == 0:
-        gpus = study.hardware.gpus_per_node  # logical GPUs: the sim holds them like vLLM would
+    if engine_kind == "sim" and gpus == 0:
+        gpus = gpus_per_node  # logical GPUs: the sim holds them like vLLM would
     extra = {}
-    if study.engine.kind == "vllm":
+    if engine_kind == "vllm":
         # vLLM's metrics reach Prometheus through Ray's exporter; the 10 s default is too coarse
         # for a load window of a minute.
         extra["_system_config"] = {"metrics_report_interval_ms": 1000}
@@ -123,10 +125,10 @@ def _alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def cluster_info(study: Study, *, started_locally: bool, serve_port: int) -> ClusterInfo:
+def cluster_info(resource: str, *, started_locally: bool, serve_port: int) -> ClusterInfo:
+    """The cluster's ``resource`` units node by node (see :func:`engine_resource`)."""
     from orchestrator.cluster.gpu_ledger import units_per_node
 
-    resource = engine_resource(study)
     return ClusterInfo(started_locally, resource, units_per_node(resource), serve_port)
 
 

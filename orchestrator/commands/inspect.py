@@ -16,8 +16,6 @@ def cmd_pareto(args) -> int:
 
 
 def cmd_show(args) -> int:
-
-    from orchestrator.hardware.pricing import study_price
     from orchestrator.measure.harness import harness_bound_mask
     from orchestrator.results import load_trials
 
@@ -26,7 +24,7 @@ def cmd_show(args) -> int:
         return EXIT_USAGE
     df = load_trials(args.path)
     print(f"study {study.name} ({study.engine.kind} engine, {study.model.name} on {study.hardware.gpu})")
-    print(study_price(study).describe())
+    print(study.price.describe())
     if df.empty:
         print("no trials recorded")
         return EXIT_OK

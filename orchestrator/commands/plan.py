@@ -104,7 +104,7 @@ def cmd_plan(args) -> int:
     from orchestrator.apps.plan import PlanError, plan_fleet
     from orchestrator.apps.plan_deploy import fleet_serve_config_yaml, resource_name, rayservice_yaml
     from orchestrator.apps.recommend import RecommendError, recommend
-    from orchestrator.hardware.pricing import gpu_hour_price, study_price
+    from orchestrator.hardware.pricing import gpu_hour_price
     from orchestrator.results import load_trials
     from orchestrator.results.levels import load_levels
     from orchestrator.results.ties import combine_repeats
@@ -125,7 +125,7 @@ def cmd_plan(args) -> int:
             candidates.append(candidate_of(row, levels[levels["trial_id"] == row["trial_id"]]))
         except RecommendError as e:
             unreadable.append(str(e))
-    price = gpu_hour_price(study.hardware.gpu, args.price) if args.price is not None else study_price(study)
+    price = gpu_hour_price(study.hardware.gpu, args.price) if args.price is not None else study.price
     try:
         plans = plan_fleet(candidates, args.rate, headroom=args.headroom, price_per_gpu_hour=price.value,
                            min_replicas=args.min_replicas)

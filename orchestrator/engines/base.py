@@ -8,7 +8,8 @@ simulator, measures a request set directly without HTTP.
 
 Call order (``orchestrator.trial.run.execute_trial``), one engine object per trial:
 
-1. ``create_engine(study)``: reads the study; starts nothing.
+1. ``create_engine(target)``: reads the :class:`EngineTarget` (what the study asks of the engine,
+   read once by :func:`orchestrator.search.trial_plan.engine_target`); starts nothing.
 2. :meth:`Engine.resolve`: the trial's arguments with the defaults the engine would
    choose on the study's hardware filled in. These are the arguments recorded in the
    row and checked by the pre-flight (:mod:`orchestrator.search.feasibility`).
@@ -41,15 +42,42 @@ from __future__ import annotations
 import abc
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
+from orchestrator.hardware.accelerator import DeviceDefaults
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.measure.measurement import LevelMeasurement
+from orchestrator.models.shapes import ModelShape
+from orchestrator.study.engine import EngineSpec
+from orchestrator.study.spec import HardwareSpec, ModelSpec
 
 if TYPE_CHECKING:
-    from orchestrator.measure.records import RequestRecord
-    from orchestrator.study.spec import Study
     from orchestrator.workload.request_set import RequestSet
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """What an engine serves and on what: the study's ``engine``, ``model`` and ``hardware``
+    sections and what follows from them, read once. Engines read this, never the study."""
+
+    engine: EngineSpec
+    model: ModelSpec
+    hardware: HardwareSpec
+    model_shape: ModelShape
+    device_defaults: DeviceDefaults
+    state_dir: Path  # the study's local state (a generated model directory lives there)
+    base_dir: Optional[Path] = None  # the study file's folder: relative model paths
+    seed: int = 0  # the study's seed (injected faults draw from it)
+    request_timeout_s: float = 120.0  # a request's timeout (the virtual simulator's too)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device_defaults.on_cpu
+
+    def with_device_defaults(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
+        """``args`` resolved for the model on the device (:meth:`DeviceDefaults.resolve`)."""
+        return self.device_defaults.resolve(args, cpu=cpu)
 
 
 @dataclass(frozen=True)
@@ -119,8 +147,8 @@ class Engine(abc.ABC):
     #: True: ``deploy`` gives an HTTP endpoint. False: ``measure`` computes records directly.
     serves_http: ClassVar[bool] = True
 
-    def __init__(self, study: "Study", context: Optional[EngineContext] = None):
-        self.study = study
+    def __init__(self, target: EngineTarget, context: Optional[EngineContext] = None):
+        self.target = target
         self.context = context or EngineContext()
 
     @abc.abstractmethod

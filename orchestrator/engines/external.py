@@ -71,7 +71,7 @@ class ExternalEngine(Engine):
         return ResourceRequest("GPU", 0)  # nothing is deployed here
 
     def api_key(self) -> Optional[str]:
-        var = self.study.engine.api_key_env
+        var = self.target.engine.api_key_env
         if var is None:
             return None
         key = os.environ.get(var)
@@ -81,7 +81,7 @@ class ExternalEngine(Engine):
         return key
 
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
-        spec = self.study.engine
+        spec = self.target.engine
         key = self.api_key()
         base = shown = spec.base_url.rstrip("/")
         t0 = time.monotonic()

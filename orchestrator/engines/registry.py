@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import Engine, EngineContext
-    from orchestrator.study.spec import Study
+    from orchestrator.engines.base import Engine, EngineContext, EngineTarget
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,6 @@ def engine_class(spec) -> type["Engine"]:
     return engine_entry(spec.kind, getattr(spec, "mode", None)).load()
 
 
-def create_engine(study: "Study", context: Optional["EngineContext"] = None) -> "Engine":
-    """The engine the study names, told where the run's Serve and ledger are (``context``)."""
-    return engine_class(study.engine)(study, context)
+def create_engine(target: "EngineTarget", context: Optional["EngineContext"] = None) -> "Engine":
+    """The engine the target names, told where the run's Serve and ledger are (``context``)."""
+    return engine_class(target.engine)(target, context)

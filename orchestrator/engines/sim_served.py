@@ -19,7 +19,7 @@ from typing import Optional
 
 from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
-from orchestrator.engines.base import Deployment, Engine, EngineEndpoint
+from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget
 from orchestrator.engines.sim_faults import faults_for_trial
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs
@@ -27,8 +27,8 @@ from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape, find_model_config
 
 
-def sim_resolve(study, args: EngineArgs) -> EngineArgs:
-    return study.with_device_defaults(args, cpu=False)  # the simulator models GPUs only
+def sim_resolve(target: EngineTarget, args: EngineArgs) -> EngineArgs:
+    return target.with_device_defaults(args, cpu=False)  # the simulator models GPUs only
 
 
 class _SimDeployment(serve_app.AppDeployment):
@@ -58,22 +58,22 @@ class _SimDeployment(serve_app.AppDeployment):
 class ServedSimEngine(Engine):
     kind = "sim"
 
-    def __init__(self, study, context=None):
-        super().__init__(study, context)
-        with open(find_model_config(study.model.name, study.base_dir)) as f:
+    def __init__(self, target: EngineTarget, context=None):
+        super().__init__(target, context)
+        with open(find_model_config(target.model.name, target.base_dir)) as f:
             self.model_config = json.load(f)
         self.model_name = ModelShape.from_config(self.model_config).name
 
     def resolve(self, args: EngineArgs) -> EngineArgs:
-        return sim_resolve(self.study, args)
+        return sim_resolve(self.target, args)
 
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
         from ray import serve
 
         from orchestrator.engines.sim_ingress import build_ingress_class
 
-        study = self.study
-        served = study.model.served_name or study.model.name
+        target = self.target
+        served = target.model.served_name or target.model.name
         name = serve_app.app_name_for(trial_id)
         route = f"/{name}"
         cls = build_ingress_class()
@@ -97,17 +97,17 @@ class ServedSimEngine(Engine):
             max_constructor_retry_count=1,
         )
         args_dict = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name != "extra"}
-        faults = faults_for_trial(study.engine.faults, args_dict, seed=study.seed, trial_id=trial_id)
+        faults = faults_for_trial(target.engine.faults, args_dict, seed=target.seed, trial_id=trial_id)
         bound = dep.bind(
-            model_config=self.model_config, model_name=study.model.name, gpu=study.hardware.gpu,
-            engine_args=args_dict, calibration=study.engine.calibration.model_dump(),
-            served_model_name=served, startup_s=study.engine.startup_s, dtype=study.model.dtype,
-            direct=study.engine.transport == "direct", faults=tuple(f.to_dict() for f in faults),
+            model_config=self.model_config, model_name=target.model.name, gpu=target.hardware.gpu,
+            engine_args=args_dict, calibration=target.engine.calibration.model_dump(),
+            served_model_name=served, startup_s=target.engine.startup_s, dtype=target.model.dtype,
+            direct=target.engine.transport == "direct", faults=tuple(f.to_dict() for f in faults),
         )
         t0 = time.monotonic()
         serve_app.submit_app(bound, name=name, route_prefix=route)
         try:
-            timeout = study.engine.start_timeout_s or max(60.0, study.engine.startup_s * 3 + 60)
+            timeout = target.engine.start_timeout_s or max(60.0, target.engine.startup_s * 3 + 60)
             serve_app.wait_until_running(name, timeout_s=timeout)
         except EngineStartError:
             serve_app.delete_app(name, timeout_s=60)

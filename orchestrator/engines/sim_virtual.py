@@ -7,28 +7,26 @@ before spending GPU hours). Telemetry comes from the core's own counters.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
-from orchestrator.engines.base import Engine, ResourceRequest
+from orchestrator.engines.base import Engine, EngineTarget, ResourceRequest
 from orchestrator.engines.sim_served import sim_resolve
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.measure.measurement import LevelMeasurement
-from orchestrator.models.shapes import ModelShape, find_model_config
 
 
 class VirtualSimEngine(Engine):
     kind = "sim"
     serves_http = False
 
-    def __init__(self, study, context=None):
-        super().__init__(study, context)
-        with open(find_model_config(study.model.name, study.base_dir)) as f:
-            self.model = ModelShape.from_config(json.load(f), name=study.model.name)
-        self.gpu = get_gpu(study.hardware.gpu)
+    def __init__(self, target: EngineTarget, context=None):
+        super().__init__(target, context)
+        self.model = dataclasses.replace(target.model_shape, name=target.model.name)  # named as the study names it
+        self.gpu = get_gpu(target.hardware.gpu)
 
     def resolve(self, args: EngineArgs) -> EngineArgs:
-        return sim_resolve(self.study, args)
+        return sim_resolve(self.target, args)
 
     def resources(self, args: EngineArgs) -> ResourceRequest:
         return ResourceRequest("GPU", 0)  # nothing is deployed
@@ -38,9 +36,9 @@ class VirtualSimEngine(Engine):
         from orchestrator.sim.core import SimEngineCore
         from orchestrator.sim.virtual import simulate
 
-        core = SimEngineCore(self.model, self.gpu, args, self.study.engine.calibration, dtype=self.study.model.dtype)
+        core = SimEngineCore(self.model, self.gpu, args, self.target.engine.calibration, dtype=self.target.model.dtype)
         warmup = WarmupOutcome()
-        records = simulate(core, requests, warmup_report=warmup, timeout_s=self.study.workload.timeout_s)
+        records = simulate(core, requests, warmup_report=warmup, timeout_s=self.target.request_timeout_s)
         s = core.stats()
         queries = s.prefix_cache_queries_total
         telemetry = {

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.engines import serve_app
-from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, ResourceRequest
+from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget, ResourceRequest
 from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
 from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
@@ -41,35 +41,34 @@ def _has_cuda() -> bool:
     return _local_gpu_count() > 0
 
 
-def resolve_platform(study) -> str:
-    """``cpu`` for a CPU study (:attr:`~orchestrator.study.spec.Study.on_cpu`); else ``cuda`` when
+def resolve_platform(target: EngineTarget) -> str:
+    """``cpu`` for a CPU study (:attr:`EngineTarget.on_cpu`); else ``cuda`` when
     ``engine.platform`` says so, or (``auto``) when this node has a GPU or the cluster is remote."""
-    if study.on_cpu:
+    if target.on_cpu:
         return "cpu"
-    if study.engine.platform == "cuda":
+    if target.engine.platform == "cuda":
         return "cuda"
     return "cuda" if _has_cuda() or os.environ.get("RAY_ADDRESS") else "cpu"
 
 
-def model_directory(study) -> str:
+def model_directory(target: EngineTarget) -> str:
     """The model the engine loads: ``engine.model_source``, or one generated from the shape.
 
     With ``load_format: dummy`` and no ``model_source``, a directory with the shape's
     config.json and a word-level tokenizer is written once under the state directory
     (multi-node clusters: put it on shared storage and name it in ``model_source``).
     """
-    if study.engine.model_source:
-        return str(Path(study.engine.model_source).expanduser())
-    if study.engine.load_format != "dummy":
+    if target.engine.model_source:
+        return str(Path(target.engine.model_source).expanduser())
+    if target.engine.load_format != "dummy":
         raise EngineStartError(FailureKind.INVALID_ARGS,
                                "engine.model_source is required unless engine.load_format is 'dummy'")
     from orchestrator.models.modelgen import make_model_dir
-    from orchestrator.study.state_dir import local_state_dir
 
-    target = local_state_dir(study) / "models" / Path(study.model.name).stem
-    if not (target / "tokenizer.json").is_file():
-        make_model_dir(study.model.name, target, weights="none", base_dir=study.base_dir)
-    return str(target)
+    folder = target.state_dir / "models" / Path(target.model.name).stem
+    if not (folder / "tokenizer.json").is_file():
+        make_model_dir(target.model.name, folder, weights="none", base_dir=target.base_dir)
+    return str(folder)
 
 
 def node_metrics_url() -> Optional[str]:
@@ -87,19 +86,13 @@ def node_metrics_url() -> Optional[str]:
 class VllmServeEngine(Engine):
     kind = "vllm"
 
-    def __init__(self, study, context=None):
-        super().__init__(study, context)
-        self.platform = resolve_platform(study)
+    def __init__(self, target: EngineTarget, context=None):
+        super().__init__(target, context)
+        self.platform = resolve_platform(target)
 
     # ---- configuration
     def resolve(self, args: EngineArgs) -> EngineArgs:
-        cpu = self.platform == "cpu"
-        if args.dtype == "auto" and self.study.model.dtype != "auto":
-            args = dataclasses.replace(args, dtype=self.study.model.dtype)
-        elif args.dtype == "auto" and cpu:
-            # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
-            args = dataclasses.replace(args, dtype="float32")
-        return self.study.with_device_defaults(args, cpu=cpu)
+        return self.target.with_device_defaults(args, cpu=self.platform == "cpu")
 
     def resources(self, args: EngineArgs) -> ResourceRequest:
         if self.platform == "cpu":
@@ -108,11 +101,11 @@ class VllmServeEngine(Engine):
 
     def served_name(self, trial_id: str) -> str:
         # One model id per trial: concurrent trials may share a node's metrics endpoint, told apart by it.
-        return f"{self.study.model.served_name or self.study.model.name}-{trial_id}"
+        return f"{self.target.model.served_name or self.target.model.name}-{trial_id}"
 
     def engine_env(self, args: EngineArgs) -> dict[str, str]:
         """The environment of the engine processes (both ingress modes)."""
-        spec = self.study.engine
+        spec = self.target.engine
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                **{k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME")
                   if os.environ.get(k)}, **spec.env}
@@ -131,12 +124,12 @@ class VllmServeEngine(Engine):
             argv += ["--tokenizer", str(tokenizer_dir(model_dir))]
         argv += args.to_cli_args()
         if "load_format" not in args.extra:
-            argv += ["--load-format", self.study.engine.load_format]
+            argv += ["--load-format", self.target.engine.load_format]
         return argv + ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
 
     def llm_config(self, trial_id: str, args: EngineArgs, model_dir: str) -> dict[str, Any]:
         """The ``LLMConfig`` (as a dict) for one trial; also what ``recommend`` prints."""
-        spec = self.study.engine
+        spec = self.target.engine
         served = self.served_name(trial_id)
         engine_kwargs = with_secrets_resolved(args).to_engine_kwargs()
         engine_kwargs.setdefault("load_format", spec.load_format)
@@ -179,12 +172,12 @@ class VllmServeEngine(Engine):
 
         from orchestrator.hardware.gpus import get_gpu
 
-        label = get_gpu(self.study.hardware.gpu).ray_accelerator_type
+        label = get_gpu(self.target.hardware.gpu).ray_accelerator_type
         return label if f"accelerator_type:{label}" in ray.cluster_resources() else None
 
     # ---- lifecycle
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
-        if self.study.engine.ingress == "engine":
+        if self.target.engine.ingress == "engine":
             return self._deploy_engine(trial_id, args)
         return self._deploy_serve_llm(trial_id, args)
 
@@ -195,9 +188,9 @@ class VllmServeEngine(Engine):
         from orchestrator.cluster.gpu_ledger import leased_node
         from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
 
-        spec = self.study.engine
+        spec = self.target.engine
         name = serve_app.app_name_for(trial_id)
-        model_dir = model_directory(self.study)
+        model_dir = model_directory(self.target)
         served = self.served_name(trial_id)
         units = max(args.gpus, 1)
         # One bundle of TP x PP accelerators: one node, visible to the server and its workers.
@@ -249,10 +242,10 @@ class VllmServeEngine(Engine):
         """Ingress ``serve_llm``: ``ray.serve.llm``'s OpenAI app (proxy, router, LLMServer)."""
         from ray.serve.llm import LLMConfig, build_openai_app
 
-        spec = self.study.engine
+        spec = self.target.engine
         name = serve_app.app_name_for(trial_id)
         route = f"/{name}"
-        model_dir = model_directory(self.study)
+        model_dir = model_directory(self.target)
         cfg = self.llm_config(trial_id, args, model_dir)
         try:
             llm_config = LLMConfig(**cfg)

@@ -8,6 +8,8 @@ through here, so a configuration is judged with the same arguments it runs with.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Optional
 
 from orchestrator.hardware.engine_args import EngineArgs
@@ -28,3 +30,26 @@ def with_device_defaults(args: EngineArgs, gpu: Optional[GpuSpec], *, model_max_
         return args.resolved(device_memory_gib=0, platform="cpu", model_max_len=model_max_len)
     return args.resolved(device_memory_gib=gpu.memory_gib, device_name=gpu.name, platform="cuda",
                          model_max_len=model_max_len)
+
+
+@dataclass(frozen=True)
+class DeviceDefaults:
+    """One model on one device, decided once: the one resolver of engine arguments (trials,
+    screening, stages and the survey alike), so a configuration is judged with the arguments
+    it runs with."""
+
+    gpu: Optional[GpuSpec]  # the catalog's GPU that ``hardware.gpu`` names (None: ``CPU``)
+    on_cpu: bool  # vLLM's CPU build serves (``engine.platform: cpu`` or ``hardware.gpu: CPU``)
+    model_max_len: Optional[int]  # the model's own maximum context
+    model_dtype: str = "auto"  # ``model.dtype`` of the study
+
+    def resolve(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
+        """``args`` with the device's defaults filled in; ``cpu`` overrides :attr:`on_cpu` for an
+        engine that knows better (the simulator models GPUs only; vLLM may find no GPU)."""
+        cpu = self.on_cpu if cpu is None else cpu
+        if args.dtype == "auto" and self.model_dtype != "auto":
+            args = dataclasses.replace(args, dtype=self.model_dtype)
+        elif args.dtype == "auto" and cpu:
+            # No native bf16 on most CPUs: float32 (bfloat16 was ~10x slower on AVX2).
+            args = dataclasses.replace(args, dtype="float32")
+        return with_device_defaults(args, None if cpu else self.gpu, model_max_len=self.model_max_len)

@@ -76,11 +76,6 @@ def gpu_hour_price(gpu: str, override: Optional[float] = None) -> GpuHourPrice:
     return GpuHourPrice(gpu, value, "default" if value is not None else "none")
 
 
-def study_price(study: Any) -> GpuHourPrice:
-    """:func:`gpu_hour_price` of a study's ``hardware`` section."""
-    return gpu_hour_price(study.hardware.gpu, study.hardware.price_per_gpu_hour)
-
-
 def _positive(value: Any) -> Optional[float]:
     try:
         x = float(value)

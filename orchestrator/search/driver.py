@@ -25,9 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.cluster.connect import NAMESPACE, cluster_info, ensure_ray, local_ray, start_serve
+from orchestrator.cluster.connect import NAMESPACE, cluster_info, engine_resource, ensure_ray, local_ray, start_serve
 from orchestrator.cluster.gpu_ledger import GpuLedgerActor
-from orchestrator.engines import create_engine
 from orchestrator.engines.serve_app import delete_app
 from orchestrator.failures import TrialStatus, root_message, storage_problem
 from orchestrator.hardware.engine_args import engine_args_from_params
@@ -46,6 +45,7 @@ from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch
 from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
+from orchestrator.search.trial_plan import engine_for
 from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
 from orchestrator.study.spec import Study
 from orchestrator.trial.run import TrialContext
@@ -141,9 +141,10 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
         run.save(state_dir)
         return _summary(store, run, resumed, 0, t_start, retried=fixed.retried)
 
-    engine = create_engine(study)
+    engine = engine_for(study)
     try:
-        started_here = ensure_ray(study, address=address)
+        started_here = ensure_ray(study.engine.kind, gpus_per_node=study.hardware.gpus_per_node,
+                                  max_concurrent_trials=study.budget.max_concurrent_trials, address=address)
     except Exception as e:  # noqa: BLE001 - an environment problem, not a bug: say so in one line
         raise StudyStopped(f"study {study.name} stopped: could not start or reach Ray ({root_message(e)}).\n"
                            "  Nothing was lost; run the same command again to resume.") from None
@@ -187,7 +188,8 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    info = cluster_info(study, started_locally=started_here, serve_port=serve_port)
+    info = cluster_info(engine_resource(study.engine.kind, study.on_cpu), started_locally=started_here,
+                        serve_port=serve_port)
     if engine.serves_http:
         _check_cluster_fits(study, engine, info)
     if engine.serves_http:
@@ -226,7 +228,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         mode=["max" if d == "maximize" else "min" for d in study.directions],
         sampler=make_sampler(recorded), study_name=ostudy_name, storage=storage,
         staged=StagedSearch(recorded) if study.search.stages else None,
-        screen=PreflightScreen(recorded, create_engine(recorded), run.run_id, sink, printer, cluster_units=ctx.cluster_units,
+        screen=PreflightScreen(recorded, engine_for(recorded), run.run_id, sink, printer, cluster_units=ctx.cluster_units,
                                 units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
         fidelity=fidelity, racer=_racer(recorded, store, remaining),
     )

@@ -15,7 +15,6 @@ import time
 from typing import Any, Optional
 
 from orchestrator.failures import TrialStatus, status_of, trial_lost
-from orchestrator.hardware.pricing import study_price
 from orchestrator.results.outcomes import outcome_summary
 from orchestrator.results.ties import bounds
 from orchestrator.study.judge import feasible_mask
@@ -110,7 +109,7 @@ class ProgressPrinter:
         self._print(f"study {s.name}: engine {s.engine.kind}, model {s.model.name}, {s.hardware.gpu} "
                     f"x{s.hardware.total_gpus}, sampler {sampler}, {self.total} trials")
         self._print(f"  objectives: {objs}; SLOs: {slos}")
-        self._print(f"  {study_price(s).describe()}")
+        self._print(f"  {s.price.describe()}")
         if resumed:
             self._print(f"  resuming run {run_id}: {self.done} trials already recorded"
                         + (f", {stale} interrupted trial(s) will be retried" if stale else "")

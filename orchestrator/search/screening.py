@@ -16,10 +16,10 @@ from orchestrator.failures import Failure, FailureKind, TrialStatus
 from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.search import feasibility
 from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.search.row import trial_row
 from orchestrator.search.trial_plan import judge_result
 from orchestrator.study.spec import Study
 from orchestrator.trial.result import TrialResult
-from orchestrator.trial.row import trial_row
 
 
 class PreflightScreen:

@@ -14,15 +14,15 @@ import logging
 import traceback
 from typing import Any, Mapping, Optional
 
-from orchestrator.engines import Engine, create_engine
+from orchestrator.engines import Engine, EngineContext, EngineTarget, create_engine
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.hardware.engine_args import engine_args_from_params
-from orchestrator.hardware.pricing import study_price
 from orchestrator.measure.confidence import INTERVAL_METRICS
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES
 from orchestrator.search import feasibility
 from orchestrator.study.judge import Judgement, judge
 from orchestrator.study.spec import Study
+from orchestrator.study.state_dir import local_state_dir
 from orchestrator.trial.plan import LoadPlan, ProbePlan, TrialPlan
 from orchestrator.trial.result import TrialResult
 from orchestrator.trial.run import TrialContext, execute_trial, failed_trial
@@ -30,7 +30,19 @@ from orchestrator.workload.synthesis import measurement_seed
 
 log = logging.getLogger(__name__)
 
-__all__ = ["judge_result", "load_plan", "plan_trial", "row_interval_metrics", "run_trial"]
+__all__ = ["engine_for", "engine_target", "judge_result", "load_plan", "plan_trial", "row_interval_metrics", "run_trial"]
+
+
+def engine_target(study: Study) -> EngineTarget:
+    """What the study asks of its engine (engines read this, never the study)."""
+    return EngineTarget(engine=study.engine, model=study.model, hardware=study.hardware, model_shape=study.model_shape,
+                        device_defaults=study.device_defaults, state_dir=local_state_dir(study),
+                        base_dir=study.base_dir, seed=study.seed, request_timeout_s=study.workload.timeout_s)
+
+
+def engine_for(study: Study, context: Optional[EngineContext] = None) -> Engine:
+    """The study's engine, told where the run's Serve and ledger are (``context``)."""
+    return create_engine(engine_target(study), context)
 
 
 def row_interval_metrics(study: Study) -> tuple[str, ...]:
@@ -80,14 +92,14 @@ def plan_trial(study: Study, params: Mapping[str, Any], engine: Engine, *, trial
     return TrialPlan(
         trial_id=trial_id, trial_number=trial_number, params=dict(params), args=args, model=study.model_shape,
         device=study.device(), load=load_plan(study, measurement), measurement=measurement, refusal=refusal,
-        probe=_probe_plan(study), price_per_gpu_hour=study_price(study).value)
+        probe=_probe_plan(study), price_per_gpu_hour=study.price.value)
 
 
 def run_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, trial_number: int, ctx: TrialContext,
               engine: Optional[Engine] = None, measurement: int = 0) -> TrialResult:
     """Plan and execute one configuration; never raises for configuration or engine problems."""
     try:
-        engine = engine or create_engine(study, ctx.engine_context())
+        engine = engine or engine_for(study, ctx.engine_context())
         plan = plan_trial(study, params, engine, trial_id=trial_id, trial_number=trial_number,
                           measurement=measurement, cluster_units=ctx.cluster_units,
                           units_per_node=ctx.units_per_node)

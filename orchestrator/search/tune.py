@@ -26,11 +26,11 @@ from orchestrator.search.fidelity import (MEASURED_KEY, PREDICTION_KEY, fidelity
                                           prediction_columns)
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.search.racing import REMEASURE_KEY
+from orchestrator.search.row import trial_row
 from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.study.judge import Judgement
 from orchestrator.study.spec import Study
 from orchestrator.trial.result import TrialResult
-from orchestrator.trial.row import trial_row
 from orchestrator.trial.run import TrialContext
 
 log = logging.getLogger(__name__)

@@ -24,9 +24,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.hardware.accelerator import runs_on_cpu, with_device_defaults
+from orchestrator.hardware.accelerator import CPU, DeviceDefaults, runs_on_cpu
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import GPUS, GpuSpec, get_gpu
+from orchestrator.hardware.pricing import GpuHourPrice, gpu_hour_price
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES, REQUEST_SLO_FAMILIES, RequestSLO
 from orchestrator.models.shapes import ModelShape, find_model_config
 from orchestrator.redaction import redact
@@ -240,19 +241,29 @@ class Study(StrictModel):
         """Whether the study's engine runs on CPUs (see :func:`~orchestrator.hardware.accelerator.runs_on_cpu`)."""
         return runs_on_cpu(self.engine, self.hardware.gpu)
 
+    @property
+    def price(self) -> GpuHourPrice:
+        """The GPU-hour price in use: ``hardware.price_per_gpu_hour``, else the list price (:mod:`orchestrator.hardware.pricing`)."""
+        return gpu_hour_price(self.hardware.gpu, self.hardware.price_per_gpu_hour)
+
     @cached_property
     def model_shape(self) -> ModelShape:
         """The model's architecture, read once: the one place a study's model config is loaded."""
         return ModelShape.load(self.model.name, self.base_dir)
+
+    @cached_property
+    def device_defaults(self) -> DeviceDefaults:
+        """The model on the study's device: the one resolver of engine arguments."""
+        gpu = None if self.hardware.gpu.upper() == CPU else get_gpu(self.hardware.gpu)
+        return DeviceDefaults(gpu, self.on_cpu, self.model_shape.max_position_embeddings, self.model.dtype)
 
     def device(self, cpu: Optional[bool] = None) -> Optional[GpuSpec]:
         """The study's GPU from the catalog; None on CPUs (``cpu`` overrides :attr:`on_cpu`)."""
         return None if (self.on_cpu if cpu is None else cpu) else get_gpu(self.hardware.gpu)
 
     def with_device_defaults(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
-        """``args`` resolved for the study's model and device. ``cpu`` overrides :attr:`on_cpu` for an
-        engine that knows better (the simulator models GPUs only; the ``vllm`` engine may find no GPU)."""
-        return with_device_defaults(args, self.device(cpu), model_max_len=self.model_shape.max_position_embeddings)
+        """``args`` resolved for the study's model and device (:meth:`DeviceDefaults.resolve`)."""
+        return self.device_defaults.resolve(args, cpu=cpu)
 
 
 def _model_at(data: Any, loc: tuple[str, ...]) -> Optional[type[BaseModel]]:

@@ -2,7 +2,7 @@
 
 :func:`orchestrator.trial.run.execute_trial` returns a :class:`TrialResult`; nothing changes it
 afterwards. What it is worth is the judge's business (:func:`orchestrator.study.judge.judge`),
-and its trials row is derived from both (:func:`orchestrator.trial.row.trial_row`), so
+and its trials row is derived from both (:func:`orchestrator.search.row.trial_row`), so
 the path trial -> result -> judgement -> row -> sampler reads in one direction.
 """
 

@@ -6,7 +6,7 @@ resolved arguments, the request set, the SLOs) and never reads the study. Every 
 cannot start is ``infeasible`` with the engine's own message; an engine that dies under
 load is ``failed`` (:mod:`orchestrator.failures` decides which); neither raises, because a
 trial that raises teaches the sampler nothing. What the result is worth is the judge's
-(:mod:`orchestrator.study.judge`); its row is :func:`orchestrator.trial.row.trial_row`.
+(:mod:`orchestrator.study.judge`); its row is :func:`orchestrator.search.row.trial_row`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Which category each trial is drawn in, the axes of the front figures, latency against
 load per configuration, failures by kind, parameter importance and the front table.
-Nothing here draws or writes; :mod:`orchestrator.results.figures` draws these tables
+Nothing here draws or writes; :mod:`orchestrator.apps.figures` draws these tables
 and :mod:`orchestrator.apps.report` puts them on the page.
 """
 
@@ -23,7 +23,7 @@ from orchestrator.study.spec import Study
 
 
 def point_categories(trials: pd.DataFrame, study: Study) -> pd.Series:
-    """The category every trial is drawn in (a key of :data:`orchestrator.results.figures.STYLES`).
+    """The category every trial is drawn in (a key of :data:`orchestrator.apps.figures.STYLES`).
 
     front / feasible / slo_missed / degraded / failed / infeasible / pruned / error.
     """

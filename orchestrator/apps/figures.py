@@ -1,6 +1,6 @@
 """The report's figures: tables in, matplotlib ``Figure`` objects out (no pyplot, no global state).
 
-Each function draws one table of :mod:`orchestrator.results.report_tables`;
+Each function draws one table of :mod:`orchestrator.apps.report_tables`;
 :func:`figure_png` turns a figure into PNG bytes for the page.
 """
 
@@ -15,10 +15,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from orchestrator.apps.report_tables import LEVEL_X_COLUMNS, axes_metrics
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.metrics import default_direction
 from orchestrator.results.pareto import pareto_front
-from orchestrator.results.report_tables import LEVEL_X_COLUMNS, axes_metrics
 from orchestrator.study.spec import Study
 
 # How each kind of point is drawn: (label, marker, face colour, edge colour).
