@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, get_args
 
 import psutil
 import pytest
-from vllm_processes import vllm_processes
+from vllm_processes import engine_core_binding, vllm_processes
 
 from orchestrator.accelerator import with_study_defaults
 from orchestrator.engine_args import EngineArgs, engine_args_from_params
@@ -100,6 +100,7 @@ def cluster(tmp_path_factory):
     # vLLM's caches under the test's folder: its processes are found by them (vllm_processes).
     env = {var: str(cache / sub) for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                                                   ("HF_HOME", "hf"))}
+    env.update(engine_core_binding())
     with pytest.MonkeyPatch.context() as mp:
         for var, value in env.items():
             mp.setenv(var, value)
