@@ -179,7 +179,7 @@ def test_every_from_import_names_something_the_module_defines():
     missing = []
     users = dict(modules)
     for extra in ("tests", "benchmarks"):
-        users.update({f"{extra}/{p.name}": p for p in (PACKAGE.parent / extra).glob("*.py")})
+        users.update({str(p.relative_to(PACKAGE.parent)): p for p in (PACKAGE.parent / extra).rglob("*.py")})
     for mod, path in users.items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator"):
@@ -229,3 +229,12 @@ def test_the_layer_check_finds_an_upward_import():
 def test_a_short_top_level():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_tests_mirror_the_packages():
+    """A folder of tests is named after the package it tests (``tests/<package>/``); helpers shared
+    by several test modules live in ``tests/support`` (or conftest.py), data in ``tests/data``."""
+    tests = PACKAGE.parent / "tests"
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders - packages <= {"support", "data"}, sorted(folders - packages - {"support", "data"})

@@ -16,7 +16,7 @@ error, so the marker never misleads a reader). ::
     python -m orchestrator.apps.docs_tables --write    # rewrite every marked table in place
     python -m orchestrator.apps.docs_tables --write h200-capacity-study   # only this one
 
-``tests/test_docs_tables.py`` runs the check, so a table that drifts from its data (or data
+``tests/apps/test_docs_tables.py`` runs the check, so a table that drifts from its data (or data
 that changes under its table) fails the test suite. Tables whose numbers are not in the
 repository (a benchmark that prints and stores nothing) carry no marker.
 """

@@ -34,7 +34,7 @@ Call order (``orchestrator.trial.run.execute_trial``), one engine object per tri
    load level instead of 3; it raises ``EngineStartError`` where the real engine
    would not start.
 
-``tests/test_engine_conformance.py`` holds every engine to this contract.
+``tests/engines/test_engine_conformance.py`` holds every engine to this contract.
 """
 
 from __future__ import annotations

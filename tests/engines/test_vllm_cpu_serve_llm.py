@@ -1,0 +1,85 @@
+"""Real vLLM (the CPU build) behind ``ray.serve.llm``'s OpenAI ingress (``engine.ingress: serve_llm``).
+
+One trial whose serving-layer settings are searched parameters: they must reach
+``ray.serve.llm`` (its ``experimental_configs``), the trial must serve through Serve's
+proxy, record vLLM's metrics as Ray exports them, and leave no application and no
+engine process behind. The recommended deployment carries the serving settings.
+
+The ingress is throttled on purpose: a 400 ms stream-batching window holds every first
+token back, so the client's TTFT is far above the engine's own and the trial must be
+flagged ``harness_bound``, naming TTFT as the limiting side.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from support.vllm_processes import own_caches, vllm_processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch):
+    import ray
+    from ray import serve
+
+    from orchestrator.apps.recommend import recommend
+    from orchestrator.models.modelgen import make_model_dir
+    from orchestrator.results import load_trials
+    from orchestrator.search import run_study
+    from orchestrator.study.spec import parse_study
+
+    caches = own_caches(monkeypatch, tmp_path / "cache")
+    model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
+    study = parse_study({
+        "name": "cpu-serve-llm",
+        "engine": {"kind": "vllm", "platform": "cpu", "ingress": "serve_llm", "model_source": str(model_dir),
+                   "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": 8 * 2**20}},
+        "model": {"name": "tiny-llama", "dtype": "float32"},
+        "hardware": {"gpu": "CPU"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 16, "warmup_requests": 2,
+                     "input_len": {"kind": "uniform", "min": 64, "max": 200}, "output_len": 16, "timeout_s": 60},
+        "space": {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True,
+                  "stream_batching_interval_ms": [400.0], "num_ingress_replicas": [1]},
+        "objectives": ["maximize output_throughput", "minimize ttft_p99_ms"],
+        "constraints": ["ttft_p99_ms <= 5000"],
+        "search": {"sampler": "random", "preflight": False},
+        "budget": {"trials": 1, "max_concurrent_trials": 1},
+        "output": str(tmp_path / "out"),
+    })
+    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
+             _system_config={"metrics_report_interval_ms": 1000},
+             runtime_env={"env_vars": caches})
+    try:
+        run = run_study(study, quiet=True, serve_port=8132)
+        leftover = [a for a in serve.status().applications if a.startswith("tune-")]
+    finally:
+        ray.shutdown()
+    assert leftover == []
+    time.sleep(2)
+    assert vllm_processes(tmp_path / "cache") == [], "a vLLM process outlived its trial"
+
+    (row,) = [r for _, r in load_trials(run.study_dir).iterrows()]
+    assert row["status"] == "completed", (row["failure_kind"], row["failure_message"])
+    assert row["completed"] == 16 and row["failed"] == 0
+    facts = json.loads(row["extra_json"])["engine_facts"]
+    # The searched serving settings reached ray.serve.llm, and the trial went through Serve's proxy.
+    assert facts["ingress"] == "serve_llm"
+    assert facts["llm_config"]["experimental_configs"] == {"stream_batching_interval_ms": 400.0,
+                                                           "num_ingress_replicas": 1}
+    assert json.loads(row["engine_args_json"])["stream_batching_interval_ms"] == 400.0
+    assert "stream_batching_interval_ms" not in facts["llm_config"]["engine_kwargs"]
+    assert "--stream-batching-interval-ms" not in row["vllm_command"]  # not a vLLM argument
+    assert json.loads(row["extra_json"])["endpoint"].endswith("/tune-" + row["trial_id"])
+
+    # vLLM's own histograms, as Ray exports them: the engine saw the first tokens long before the client.
+    assert row["engine_ttft_p50_ms"] is not None and row["engine_output_throughput"] > 0
+    assert row["engine_ttft_p50_ms"] <= row["ttft_p50_ms"]
+    assert bool(row["harness_bound"]), row["harness_bound_reason"]
+    assert row["harness_bound_reason"].startswith("client TTFT p50"), row["harness_bound_reason"]
+
+    rec = recommend(load_trials(run.study_dir), study)
+    assert rec.llm_config()["experimental_configs"] == {"stream_batching_interval_ms": 400.0,
+                                                        "num_ingress_replicas": 1}

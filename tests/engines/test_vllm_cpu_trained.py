@@ -1,0 +1,97 @@
+"""A trained model on real vLLM (the CPU build): what the probe measures when the weights predict.
+
+One study, two engine starts of the tiny trained model (``make-model --weights trained``,
+loaded with ``load_format: auto``): the baseline ``dtype: float32`` without speculation, and
+``dtype: bfloat16`` with n-gram speculative decoding:
+* vLLM loads the trained safetensors, and its held-out perplexity (``prompt_logprobs``) is the
+  one training measured in torch;
+* the model predicts: chosen-token logprobs far above a flat model's -ln(vocab), and the
+  answers depend on the prompt;
+* bfloat16 moves the numbers: logprobs drift, greedy tokens may flip, perplexity moves;
+* speculation has something to accept: greedy answers of the trained model fall into the
+  grammar's favourite-successor cycles, which the prompt lookup finds in the text so far.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from support.vllm_processes import own_caches
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+KV_BYTES = 8 * 2**20
+
+
+def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
+    import ray
+
+    from orchestrator.models.modelgen import trained_model_dir
+    from orchestrator.results import load_trials
+    from orchestrator.search import run_study
+    from orchestrator.study.spec import parse_study
+
+    caches = own_caches(monkeypatch, tmp_path / "cache")
+    # Trained once per checkout (pytest's cache folder), then found by its recipe hash.
+    model_dir = trained_model_dir("tiny-llama", "tiny", root=request.config.cache.mkdir("trained-models"))
+    training = json.loads((model_dir / "training.json").read_text())
+    study = parse_study({
+        "name": "cpu-trained",
+        "engine": {"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
+                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}},
+        "model": {"name": str(model_dir), "dtype": "float32"},
+        "hardware": {"gpu": "CPU"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "warmup_requests": 1,
+                     "input_len": 32, "output_len": 96, "timeout_s": 120},
+        "space": {"dtype": ["float32", "bfloat16"], "num_speculative_tokens": [0, 3], "prompt_lookup_max": 3,
+                  "prompt_lookup_min": 2, "max_model_len": 1024, "enforce_eager": True},
+        "objectives": ["maximize output_throughput"],
+        "probe": {"prompts": 64, "max_input_tokens": 128, "output_tokens": 16,
+                  "baseline": {"dtype": "float32", "num_speculative_tokens": 0}},
+        "search": {"sampler": "random", "initial_points": [{"dtype": "bfloat16", "num_speculative_tokens": 3}],
+                   "preflight": False},
+        "budget": {"trials": 2, "max_concurrent_trials": 1},
+        "output": str(tmp_path / "out"),
+    })
+    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
+             runtime_env={"env_vars": caches})
+    try:
+        run = run_study(study, quiet=True, serve_port=8134)
+    finally:
+        ray.shutdown()
+
+    trials = load_trials(run.study_dir).set_index("dtype")
+    assert (trials["status"] == "completed").all(), trials[["status", "failure_message"]]
+    base, bf16 = trials.loc["float32"], trials.loc["bfloat16"]
+    print(f"\ntraining: {training['seconds']} s ({training['cpu_seconds']} CPU s), held-out perplexity "
+          f"{training['heldout_perplexity']}; vLLM float32: {base['heldout_perplexity']:.4f}; bfloat16: "
+          f"{bf16['heldout_perplexity']:.4f} (delta {bf16['perplexity_delta']:+.4f}), token_agreement "
+          f"{bf16['token_agreement']:.4f}, prefix_agreement {bf16['prefix_agreement']:.4f}, logprob_diff "
+          f"mean {bf16['logprob_diff_mean']:.5f} p95 {bf16['logprob_diff_p95']:.5f}; speculation: acceptance "
+          f"{bf16['engine_spec_acceptance_rate']}, accepted per draft {bf16['engine_spec_accepted_per_draft']}")
+
+    # vLLM in float32 scores the held-out text as torch did after training (same weights, same text).
+    assert base["heldout_perplexity"] == pytest.approx(training["heldout_perplexity"], rel=2e-3)
+    assert base["perplexity_delta"] == 0.0 and base["token_agreement"] == 1.0
+    assert base["heldout_perplexity"] < 0.01 * training["uniform_perplexity"]
+
+    # The model predicts, and what it predicts depends on the prompt.
+    (probe_set,) = (tmp_path / "out" / "cpu-trained" / "probe").iterdir()
+    answers = json.loads((probe_set / "baseline.json").read_text())["answers"]
+    chosen = [lp for a in answers for lp in a["logprobs"]]
+    assert sum(chosen) / len(chosen) > -2.0 > -math.log(4096)
+    assert len({tuple(a["tokens"]) for a in answers}) > len(answers) // 2
+
+    # bfloat16 drifts from the float32 baseline.
+    assert bf16["probe_baseline"] == base["trial_id"]
+    assert bf16["logprob_diff_mean"] > 0 and bf16["token_agreement"] <= 1.0
+    assert bf16["perplexity_delta"] != 0.0
+    assert abs(bf16["perplexity_delta"]) < 0.5 * base["heldout_perplexity"]  # drift, not a broken model
+
+    # Speculation: the engine's counters say how much of what the prompt lookup proposed was accepted.
+    assert bf16["num_speculative_tokens"] == 3 and "--speculative-config" in bf16["vllm_command"]
+    assert 0 < bf16["engine_spec_acceptance_rate"] <= 1
+    assert 0 < bf16["engine_spec_accepted_per_draft"] <= 3
+    assert base["engine_spec_acceptance_rate"] is None or math.isnan(base["engine_spec_acceptance_rate"])

@@ -1,0 +1,322 @@
+"""Capacity search: saturation detection, level verdicts, the rate proposer, agreement with a
+dense sweep (virtual sim), the levels table, and study validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from orchestrator.measure.metrics import summarise
+from orchestrator.measure.records import RequestRecord
+from orchestrator.measure.saturation import SaturationDetector, detect_saturation
+from orchestrator.study.spec import CapacitySpec, Constraint, SaturationSettings, StudyFileError, parse_study
+from orchestrator.trial.capacity import LevelPoint, capacity_index, judge_level, level_workload, next_rate
+
+
+# ---------------------------------------------------------------- saturation
+def queue_records(rate: float, service_s: float, servers: int, n: int, seed: int = 0) -> list[RequestRecord]:
+    """Poisson arrivals into a FIFO queue with ``servers`` parallel servers of fixed service time."""
+    t = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, n))
+    free = [0.0] * servers
+    out = []
+    for i, a in enumerate(t):
+        k = int(np.argmin(free))
+        start = max(a, free[k])
+        free[k] = start + service_s
+        out.append(RequestRecord(index=i, scheduled_s=a, sent_s=a, first_token_s=start + service_s / 2,
+                                 end_s=free[k], finished_s=free[k], token_times_s=[start + service_s / 2, free[k]],
+                                 completion_tokens=2))
+    return out
+
+
+S = SaturationSettings(window_s=5.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stable_queue_near_capacity_is_not_saturated(seed):
+    # 85% utilisation: long queues come and go, but the backlog does not grow without bound.
+    assert detect_saturation(queue_records(17, 0.1, 2, 1500, seed), S) is None
+
+
+@pytest.mark.parametrize("rate", [15, 30])
+def test_an_overloaded_queue_is_flagged_within_a_few_windows(rate):
+    recs = queue_records(rate, 0.1, 1, 60 * rate)  # capacity 10/s, 60 s of arrivals
+    at = detect_saturation(recs, S)
+    assert at is not None and at < 30
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_overloaded_short_level_is_flagged_before_its_sends_end(seed):
+    # 3 s of 40 req/s into 4 slots of 0.6 s (capacity 6.7/s). Of the first ten requests to finish,
+    # six had queued: their median latency (~1 s) made the window too long to ever fit in the level.
+    recs = queue_records(40, 0.6, 4, 120, seed)
+    at = detect_saturation(recs, SaturationSettings(window_s=0.5, check_interval_s=0.1, min_growth=4))
+    last_send = max(r.sent_s for r in recs)
+    assert at is not None and at <= last_send + 0.2, (at, last_send)
+
+
+def test_detector_judges_nothing_before_a_request_finished():
+    det = SaturationDetector(S)
+    for i in range(200):
+        det.on_send(i * 0.01)
+    assert not det.should_stop(100.0)  # all in flight, none finished: could be slow, not saturated
+
+
+# ---------------------------------------------------------------- verdicts and the proposer
+def metrics(ttft_ms: float, failed: int = 0):
+    ok = [RequestRecord(index=i, scheduled_s=i, sent_s=i, first_token_s=i + ttft_ms / 1000, end_s=i + 1,
+                        token_times_s=[i + ttft_ms / 1000, i + 1], completion_tokens=2) for i in range(10)]
+    bad = [RequestRecord(index=10 + i, scheduled_s=i, sent_s=i, error="x") for i in range(failed)]
+    return summarise(ok + bad)
+
+
+def test_judge_level():
+    slo = [Constraint.model_validate("ttft_p99_ms <= 200")]
+    good = judge_level(metrics(100), slo)
+    assert good.ok and good.violation == pytest.approx(-0.5)
+    bad = judge_level(metrics(300), slo)
+    assert not bad.ok and bad.violation == pytest.approx(0.5) and "ttft_p99_ms <= 200" in bad.reasons[0]
+    assert not judge_level(metrics(100, failed=1), slo).ok
+    assert judge_level(metrics(100, failed=1), slo, max_error_rate=0.1).ok
+    sat = judge_level(metrics(100), slo, saturated=True)
+    assert not sat.ok and "saturated" in sat.reasons[0]
+
+
+@pytest.mark.parametrize("limit, allowed", [(1 / 11, True), (1 / 11 - 1e-9, False), (0.0, False)])
+def test_a_level_and_a_trial_read_the_error_rate_by_one_rule(limit, allowed):
+    """1 of 11 requests failed: allowed at a limit of exactly 1/11, not below it, for a capacity
+    level and for a trial (degraded) alike."""
+    from orchestrator.failures import request_failures
+
+    m = metrics(100, failed=1)
+    assert judge_level(m, [], max_error_rate=limit).ok is allowed
+    assert (request_failures(m, limit) is None) is allowed
+
+
+def test_a_level_is_decided_only_when_every_interval_is_on_one_side_of_its_limit():
+    from orchestrator.measure.confidence import Interval
+
+    slo = [Constraint.model_validate("ttft_p99_ms <= 200"), Constraint.model_validate("output_throughput >= 1")]
+    m = metrics(150)  # ttft p99 150 ms, met by its value
+    sure = judge_level(m, slo, intervals={"ttft_p99_ms": Interval(120, 180)})
+    assert sure.ok and sure.decided and sure.outcome == "met"
+    maybe = judge_level(m, slo, intervals={"ttft_p99_ms": Interval(110, 240)})
+    assert maybe.ok and not maybe.decided and maybe.outcome == "undecided"
+    assert maybe.margin == pytest.approx(math.log(150 / 200)) and maybe.margin_sd > 0
+    worse = metrics(300)
+    assert judge_level(worse, slo, intervals={"ttft_p99_ms": Interval(250, 400)}).outcome == "missed"
+    assert judge_level(worse, slo, intervals={"ttft_p99_ms": Interval(150, 400)}).outcome == "undecided"
+    # Unbounded above: never sure to meet an upper limit; a lower limit is not surely missed.
+    assert judge_level(m, slo, intervals={"ttft_p99_ms": Interval(120, None)}).outcome == "undecided"
+    assert judge_level(m, slo, intervals={"output_throughput": Interval(0.5, None)}).outcome == "undecided"
+    # Saturation and failed requests decide a miss whatever the intervals say.
+    assert judge_level(m, slo, saturated=True, intervals={"ttft_p99_ms": Interval(1, 1e6)}).outcome == "missed"
+    assert judge_level(metrics(150, failed=2), slo, intervals={"ttft_p99_ms": Interval(1, 1e6)}).outcome == "missed"
+
+
+def test_the_line_through_the_levels_narrows_the_bracket_around_its_crossing():
+    from orchestrator.trial.capacity import capacity_bracket, knee_fit
+
+    # Margins log(value / limit) linear in the rate, crossing at 20 req/s, each known to +-0.05.
+    pts = [LevelPoint(r, r <= 20, r / 20 - 1, decided=abs(r - 20) > 2, margin=0.08 * (r - 20), margin_sd=0.05)
+           for r in (12, 16, 19, 21, 24, 30)]
+    crossing, lo, hi = knee_fit(pts)
+    assert crossing == pytest.approx(20.0, rel=1e-6) and lo < 20 < hi and hi - lo < 4
+    cap = capacity_bracket(pts)
+    assert cap.fitted and cap.estimate == pytest.approx(20.0) and 16 <= cap.low < 20 < cap.high <= 24
+    # Levels that disagree more than their intervals say widen the answer.
+    noisy = [dataclasses.replace(p, margin=p.margin + (0.3 if i % 2 else -0.3)) for i, p in enumerate(pts)]
+    _, lo2, hi2 = knee_fit(noisy)
+    assert hi2 - lo2 > 2 * (hi - lo)
+    # Without levels near the knee, the decided levels alone bound it.
+    far = [LevelPoint(10, True, -0.5, margin=-0.7), LevelPoint(40, False, 1.0, margin=0.7)]
+    cap = capacity_bracket(far)
+    assert not cap.fitted and (cap.low, cap.high) == (10, 40)
+
+
+SPEC = CapacitySpec(min_rate=1, max_rate=100, growth=2, tolerance=0.05, max_levels=12)
+
+
+def run(boundary: float, spec=SPEC, start: float = 8.0) -> list[LevelPoint]:
+    """Drive the proposer against a system whose SLO margin is linear in the rate."""
+    points: list[LevelPoint] = []
+    while True:
+        rate, why = next_rate(points, spec, start)
+        if rate is None:
+            return points, why
+        margin = (rate - boundary) / boundary
+        points.append(LevelPoint(rate, margin <= 0, margin))
+
+
+@pytest.mark.parametrize("boundary", [1.7, 9.3, 31.0, 77.7])
+def test_proposer_brackets_the_boundary_within_tolerance(boundary):
+    points, why = run(boundary)
+    best = points[capacity_index(points)]
+    assert best.ok and best.rate <= boundary and best.rate >= boundary * (1 - SPEC.tolerance)
+    assert why.startswith("bracketed") and len(points) <= 9
+
+
+def test_proposer_stops_at_the_rate_limits():
+    points, why = run(500.0)
+    assert why == "max_rate (100/s) met the SLOs" and max(p.rate for p in points) == 100
+    points, why = run(0.5)
+    assert why == "min_rate (1/s) failed the SLOs" and capacity_index(points) is None
+    few = SPEC.model_copy(update={"max_levels": 3})
+    assert run(9.3, few)[1] == "max_levels (3) measured"
+
+
+def test_proposer_bisects_when_the_margin_is_unusable():
+    pts = [LevelPoint(8, True, -0.2), LevelPoint(16, False, math.inf, saturated=True)]
+    assert next_rate(pts, SPEC, 8)[0] == 12.0
+    pts = [LevelPoint(8, True, -0.5), LevelPoint(16, False, 0.01)]  # interpolation, kept off the edge
+    assert next_rate(pts, SPEC, 8)[0] == 14.0
+
+
+# ---------------------------------------------------------------- the search vs a dense sweep
+def capacity_study(**capacity):
+    return parse_study({
+        "name": "cap", "seed": 0, "engine": {"kind": "sim", "mode": "virtual"},
+        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 120, "warmup_requests": 1,
+                     "input_len": {"kind": "uniform", "min": 200, "max": 1500},
+                     "output_len": {"kind": "uniform", "min": 16, "max": 96}},
+        "space": {"max_num_seqs": [8, 64]},
+        "objectives": ["maximize capacity_rps"],
+        "constraints": ["ttft_p99_ms <= 300", "tpot_p50_ms <= 30"],
+        "capacity": {"tolerance": 0.03, **capacity},
+    })
+
+
+def test_capacity_search_finds_the_dense_sweeps_boundary():
+    """Same config, same level builder: a 2.5%-step sweep's boundary lies inside the search's
+    interval, and its estimate within 10% of it, from fewer levels.
+
+    (The sweep starts at 8 req/s to keep the test short; from 6 req/s, 38 levels, it finds the
+    same boundary.)"""
+    from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.search.trial_plan import engine_for
+    from orchestrator.search.trial_plan import load_plan
+    from orchestrator.trial.load_phase import summarise_records as _summarise
+    from orchestrator.trial.run import TrialContext
+    from support.recorded_trial import run_trial
+
+    study = capacity_study()
+    out = run_trial(study, {"max_num_seqs": 8}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
+    found = out.row["capacity_rps"]
+
+    engine = engine_for(study)
+    args = engine.resolve(engine_args_from_params({"max_num_seqs": 8}))
+    sweep = []
+    for rate in 8 * 1.025 ** np.arange(23):  # 8 .. 13.8 req/s
+        plan = load_plan(study)
+        rs = plan.requests(level_workload(study.workload, rate, study.capacity, 8.0))
+        recs = engine.measure(args, rs).records
+        m = _summarise(plan, recs, rate)
+        sat = detect_saturation(recs, study.capacity.saturation) is not None
+        sweep.append(LevelPoint(rate, judge_level(m, study.capacity_slo(), saturated=sat).ok, 0.0))
+    dense = sweep[capacity_index(sweep)].rate
+    assert 8 < dense < 13.5  # the boundary lies inside the sweep
+    low, high = out.row["capacity_rps_low"], out.row["capacity_rps_high"]
+    assert low <= dense <= high and low <= found <= high, (low, dense, found, high)
+    assert found == pytest.approx(dense, rel=0.10), (found, dense)
+    assert len(out.levels) <= 10  # vs 23 levels for the sweep (and 38 from 6 req/s)
+
+
+def test_capacity_trial_row_levels_and_records():
+    from orchestrator.trial.run import TrialContext
+    from support.recorded_trial import run_trial
+
+    out = run_trial(capacity_study(), {"max_num_seqs": 64}, trial_id="t", trial_number=0,
+                        ctx=TrialContext("r"))
+    row, levels = out.row, out.levels
+    assert row["status"] == "completed" and row["capacity_rps"] > 0
+    # The interval: validated (decided met) below, decided missed above, the estimate inside.
+    low, high = row["capacity_rps_low"], row["capacity_rps_high"]
+    assert row["confidence"] == 0.9 and low <= row["capacity_rps"] <= high
+    assert low == max(lv["rate"] for lv in levels if lv["slo_met"] and lv["slo_decided"] and lv["rate"] < high)
+    assert high == min(lv["rate"] for lv in levels if not lv["slo_met"] and lv["slo_decided"])
+    # The row describes the highest level that met the SLOs at or below the estimate.
+    best = max((lv for lv in levels if lv["slo_met"] and lv["rate"] <= row["capacity_rps"]), key=lambda lv: lv["rate"])
+    assert row["capacity_goodput"] == best["goodput"] and row["ttft_p99_ms"] == best["ttft_p99_ms"]
+    assert row["ttft_p99_ms_low"] <= row["ttft_p99_ms"] <= row["ttft_p99_ms_high"]
+    assert row["capacity_rps_per_gpu_low"] == low and row["capacity_rps_per_gpu_high"] == high  # one GPU
+    extra = json.loads(row["extra_json"])["capacity"]
+    assert extra["levels"] == len(levels) and extra["level_of_row"] == best["level"]
+    assert {r.level for r in out.records} == set(range(len(levels)))
+    # An undecided level was measured again, each window with requests of its own, and pooled.
+    for lv in levels:
+        mine = [r for r in out.records if r.level == lv["level"] and not r.warmup]
+        assert {r.window for r in mine} == set(range(lv["windows"]))
+    again = [lv for lv in levels if lv["windows"] > 1]
+    assert again, "the levels near the capacity were measured again"
+    first, second = ([r for r in out.records if r.level == again[0]["level"] and r.window == w and not r.warmup]
+                     for w in (0, 1))
+    assert [r.scheduled_s for r in first] != [r.scheduled_s for r in second]  # fresh arrivals
+    # Warm-up before the first level only (the burst of 1, then until steady), as its row says.
+    warm = [r for r in out.records if r.warmup]
+    assert {r.level for r in warm} == {0} and len(warm) == row["warmup_requests_used"] > 1
+    assert row["warmup_converged"] == 1 and row["warmup_s_used"] >= capacity_study().workload.warmup.min_s
+    assert [lv["warmup_requests_used"] for lv in levels] == [len(warm)] + [0] * (len(levels) - 1)
+    assert levels[0]["warmup_converged"] == 1 and all(lv["warmup_converged"] is None for lv in levels[1:])
+    for lv in levels:
+        assert sum(1 for r in out.records if r.level == lv["level"] and not r.warmup) == lv["num_requests"]
+        assert lv["slo_decided"] or lv["windows"] == 2  # capacity.repeats (1): measured again until decided
+
+
+def test_capacity_over_a_trace_scales_its_time():
+    from orchestrator.trial.run import TrialContext
+    from support.recorded_trial import run_trial
+
+    doc = capacity_study().model_dump(mode="json", exclude={"source_path"})
+    doc["workload"] = {"trace": {"path": "chat", "max_requests": 100}, "warmup_requests": 1}
+    study = parse_study(doc)
+    out = run_trial(study, {"max_num_seqs": 64}, trial_id="t", trial_number=0, ctx=TrialContext("r"))
+    assert out.levels[0]["rate"] == pytest.approx(out.levels[0]["requested_rate"])  # the trace's own rate
+    assert all(lv["num_requests"] == 100 * lv["windows"] for lv in out.levels)
+    assert out.row["capacity_rps"] > out.levels[0]["rate"]
+
+
+# ---------------------------------------------------------------- the levels table
+def test_levels_are_written_and_replaced_with_their_trial(tmp_path):
+    from orchestrator.results import ResultsStore
+    from orchestrator.results.levels import levels_to_table, load_levels
+    from orchestrator.results.schema import requests_to_table
+    from orchestrator.trial.run import TrialContext
+    from support.recorded_trial import run_trial
+
+    study = capacity_study()
+    out = run_trial(study, {"max_num_seqs": 64}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
+    store = ResultsStore(tmp_path, study.name)
+    kw = dict(study=study.name, run_id="r1", trial_id="t1")
+    store.write_trial(out.row, requests_to_table(out.records, **kw), param_types=study.space.column_types(),
+                      levels=levels_to_table(out.levels, **kw))
+    df = load_levels(tmp_path / study.name)
+    assert len(df) == len(out.levels) and list(df["level"]) == list(range(len(out.levels)))
+    assert np.allclose(df["rate"], [lv["rate"] for lv in out.levels])
+    assert df["slo_met"].tolist() == [lv["slo_met"] for lv in out.levels]
+    assert store.read_levels(["t1"]).equals(df)
+    store.write_trial(out.row, None, param_types=study.space.column_types())  # rewritten without levels
+    assert load_levels(tmp_path / study.name).empty
+    with pytest.raises(ValueError, match="unknown levels-table keys: bogus"):
+        levels_to_table([{"level": 0, "bogus": 1}], **kw)
+
+
+# ---------------------------------------------------------------- study validation
+@pytest.mark.parametrize("workload, capacity, message", [
+    ({"arrival": {"kind": "concurrency", "concurrency": 4}}, {}, "capacity: needs a workload whose rate"),
+    ({}, {"slo": ["kv_cache_usage_peak <= 0.9"]}, "capacity.slo"),
+    ({}, {"requests_per_level": 10, "level_duration_s": 5}, "requests_per_level or level_duration_s"),
+    ({}, {"min_rate": 5, "max_rate": 1}, "min_rate (5) must be < max_rate (1)"),
+    ({}, {"growth": 1.0}, "capacity.growth"),
+    ({}, {"saturation": {"windo_s": 1}}, "did you mean 'window_s'"),
+])
+def test_capacity_problems_are_reported_one_line_each(study_doc, workload, capacity, message):
+    study_doc["workload"].update(workload)
+    study_doc["capacity"] = capacity
+    with pytest.raises(StudyFileError) as e:
+        parse_study(study_doc)
+    assert len(e.value.problems) == 1 and message in str(e.value), str(e.value)
