@@ -14,9 +14,10 @@ import json
 import platform
 import socket
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from orchestrator.redaction import redact, scrub, secret_values
+from orchestrator.search.fidelity import prediction_columns
 from orchestrator.study.judge import Judgement, judge
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,8 +88,11 @@ def _extra(result: "TrialResult") -> Optional[str]:
     return json.dumps(extra, default=str) if extra else None
 
 
-def trial_row(study: "Study", result: "TrialResult", judgement: Optional[Judgement] = None) -> dict[str, Any]:
-    """The trials row of ``result`` (judged here unless ``judgement`` is given)."""
+def trial_row(study: "Study", result: "TrialResult", judgement: Optional[Judgement] = None,
+              prediction: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """The trials row of ``result`` (judged here unless ``judgement`` is given). With ``search.fidelity:
+    sim``, ``prediction`` is what the configuration was picked on (``{}``: nothing), kept next to what
+    was measured."""
     measured = result.measured()
     judgement = judgement or judge(study, measured, result.status)
     row = _description(study, result)
@@ -100,6 +104,8 @@ def trial_row(study: "Study", result: "TrialResult", judgement: Optional[Judgeme
     if extra is not None:
         row["extra_json"] = extra
     row.update(judgement.columns())
+    if prediction is not None and study.search.fidelity == "sim":
+        row.update(prediction_columns(study, prediction, row))
     # An engine's log or an exception may quote a secret the study carries, or a URL with credentials.
     secrets = secret_values(study.engine)
     return {k: scrub(v, secrets) if isinstance(v, str) else v for k, v in row.items()}

@@ -22,8 +22,7 @@ from orchestrator.failures import TrialStatus, not_recorded, root_message, statu
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.schema import requests_to_table
 from orchestrator.results.store import ResultsStore
-from orchestrator.search.fidelity import (MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns,
-                                          prediction_columns)
+from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.search.racing import REMEASURE_KEY
 from orchestrator.search.row import trial_row
@@ -54,10 +53,7 @@ def measure_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, tri
     result = run_trial(study, dict(params), trial_id=trial_id, trial_number=trial_number, ctx=ctx,
                        engine=engine, measurement=measurement)
     judgement = judge_result(study, result)
-    row = trial_row(study, result, judgement)
-    if study.search.fidelity == "sim":  # the prediction it was picked on, next to what was measured
-        row.update(prediction_columns(study, dict(prediction or {}), row))
-    return MeasuredTrial(result, judgement, row)
+    return MeasuredTrial(result, judgement, trial_row(study, result, judgement, prediction=dict(prediction or {})))
 
 
 def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
