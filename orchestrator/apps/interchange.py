@@ -37,6 +37,7 @@ from orchestrator.hardware.pricing import gpu_hour_price, unit_metrics
 from orchestrator.measure.metrics import LATENCY_FAMILIES, LOAD_METRIC_NAMES, PERCENTILES, RequestSLO, summarise
 from orchestrator.measure.records import RequestErrorKind, RequestRecord
 from orchestrator.numbers import finite_float
+from orchestrator.search.row import assemble_row
 
 __all__ = ["records_from_request_rows", "to_bench_result", "records_from_bench", "from_bench_result",
            "bench_trial_id", "BENCH_ENGINE_MODE"]
@@ -296,21 +297,22 @@ def from_bench_result(data: Mapping[str, Any], *, raw: bytes, source: str, study
             metrics["output_throughput_per_gpu"] = metrics["output_throughput"] / gpus
     params = {k: data[k] for k in param_types if k in data}
     scalars = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
-    row: dict[str, Any] = {
+    description: dict[str, Any] = {
         "study": study_name, "study_fingerprint": fingerprint, "run_id": "imported",
-        "trial_id": bench_trial_id(raw), "trial_number": -1, "status": TrialStatus.COMPLETED.value,
+        "trial_id": bench_trial_id(raw), "trial_number": -1,
         "started_at": started, "finished_at": started, "engine": "external", "engine_mode": BENCH_ENGINE_MODE,
         "model": data.get("model_id"), "gpu": gpu, "gpus": gpus,
         "params_json": json.dumps(params, sort_keys=True, default=str),
         "workload_json": json.dumps({k: data.get(k) for k in ("num_prompts", "request_rate", "burstiness",
                                                                "max_concurrency", "backend")}, default=str),
-        "extra_json": json.dumps({"source": source, "label": data.get("label"), "bench": scalars}, default=str),
-        **{k: v for k, v in metrics.items() if k in LOAD_METRIC_NAMES},
-        **unit_metrics(metrics, gpus, gpu_hour_price(gpu or "", price_per_gpu_hour).value),
     }
     for name, kind in param_types.items():
         if name in params:
-            row[name] = _coerce_param(params[name], kind)
+            description[name] = _coerce_param(params[name], kind)
+    measured = {**{k: v for k, v in metrics.items() if k in LOAD_METRIC_NAMES},
+                **unit_metrics(metrics, gpus, gpu_hour_price(gpu or "", price_per_gpu_hour).value)}
+    extra = json.dumps({"source": source, "label": data.get("label"), "bench": scalars}, default=str)
+    row = assemble_row(description, TrialStatus.COMPLETED, measured, extra_json=extra)
     return row, records
 
 

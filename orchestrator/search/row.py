@@ -14,8 +14,9 @@ import json
 import platform
 import socket
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
+from orchestrator.failures import Failure, TrialStatus
 from orchestrator.redaction import redact, scrub, secret_values
 from orchestrator.search.fidelity import prediction_columns
 from orchestrator.study.judge import Judgement, judge
@@ -95,17 +96,28 @@ def trial_row(study: "Study", result: "TrialResult", judgement: Optional[Judgeme
     was measured."""
     measured = result.measured()
     judgement = judgement or judge(study, measured, result.status)
-    row = _description(study, result)
-    row["status"] = result.status.value
-    if result.failure is not None:
-        row.update(result.failure.columns())
-    row.update(measured)
-    extra = _extra(result)
-    if extra is not None:
-        row["extra_json"] = extra
-    row.update(judgement.columns())
+    row = assemble_row(_description(study, result), result.status, measured, failure=result.failure,
+                       extra_json=_extra(result), judgement=judgement, secrets=secret_values(study.engine))
     if prediction is not None and study.search.fidelity == "sim":
         row.update(prediction_columns(study, prediction, row))
+    return row
+
+
+def assemble_row(description: Mapping[str, Any], status: TrialStatus, measured: Mapping[str, Any], *,
+                 failure: Optional[Failure] = None, extra_json: Optional[str] = None,
+                 judgement: Optional[Judgement] = None, secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """A trials row from its parts, in the one order every row is built in (a trial's, and a ``vllm
+    bench serve`` result imported by :mod:`orchestrator.apps.interchange`): what was run, how it
+    ended, what was measured, what the judge said; text with a secret or credentials scrubbed."""
+    row = dict(description)
+    row["status"] = status.value
+    if failure is not None:
+        row.update(failure.columns())
+    row.update(measured)
+    if extra_json is not None:
+        row["extra_json"] = extra_json
+    if judgement is not None:
+        row.update(judgement.columns())
     # An engine's log or an exception may quote a secret the study carries, or a URL with credentials.
-    secrets = secret_values(study.engine)
+    secrets = tuple(secrets)
     return {k: scrub(v, secrets) if isinstance(v, str) else v for k, v in row.items()}
