@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from orchestrator.cluster.gpu_ledger import units_per_node
+from orchestrator.measure.nvml import load_pynvml
 from orchestrator.study.spec import Study
 
 log = logging.getLogger(__name__)
@@ -43,8 +45,6 @@ def engine_resource(study: Study) -> str:
 
 def _local_gpu_count() -> int:
     try:
-        from orchestrator.measure.nvml import load_pynvml
-
         return load_pynvml().nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001
         return 0
@@ -52,6 +52,7 @@ def _local_gpu_count() -> int:
 
 def ensure_ray(study: Study, *, address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
     """Connect to ``address``/``RAY_ADDRESS`` or start a local Ray; True if started here."""
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
     import ray
 
     if ray.is_initialized():
@@ -90,13 +91,14 @@ def start_serve(port: int = 8000) -> int:
     """Start Serve from the driver (before Tune: a controller started inside a trial
     would be captured by that trial's placement group). Returns the HTTP port in use,
     which is the running controller's if Serve was already up."""
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
+    import ray
     from ray import serve
 
     proxy_location = "EveryNode"
     nodes = _alive_nodes()
     if len({n.get("NodeManagerAddress") for n in nodes}) < len(nodes):
         proxy_location = "HeadOnly"  # several nodes share one host: one proxy per port
-    import ray
 
     for attempt in range(3):
         try:
@@ -110,6 +112,7 @@ def start_serve(port: int = 8000) -> int:
             if attempt == 2:
                 raise
     try:
+        # deferred with ray (above); a private API, guarded
         from ray.serve.context import _get_global_client
 
         return int(_get_global_client().http_config.port)
@@ -118,14 +121,13 @@ def start_serve(port: int = 8000) -> int:
 
 
 def _alive_nodes() -> list[dict]:
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
     import ray
 
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
 def cluster_info(study: Study, *, started_locally: bool, serve_port: int) -> ClusterInfo:
-    from orchestrator.cluster.gpu_ledger import units_per_node
-
     resource = engine_resource(study)
     return ClusterInfo(started_locally, resource, units_per_node(resource), serve_port)
 
@@ -146,6 +148,7 @@ def local_ray() -> Optional[LocalRay]:
     them and the next start stops any that are left (see ``resume.stop_orphans``).
     """
     try:
+        # deferred: ray takes ~0.3 s to import; validate/show load this module
         import ray
 
         node = ray._private.worker._global_node  # noqa: SLF001 - no public API for the head's processes
