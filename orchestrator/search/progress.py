@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, Optional
 
+import pandas as pd
+
 from orchestrator.failures import TrialStatus, status_of, trial_lost
 from orchestrator.hardware.pricing import study_price
 from orchestrator.results.outcomes import outcome_summary
@@ -66,7 +68,6 @@ class ProgressPrinter:
         """Count a resumed run's recorded trials (its ``trials`` rows): their failures and best value."""
         if trials is None or len(trials) == 0:
             return
-        import pandas as pd
 
 
         ok = feasible_mask(trials, self.study.constraints)
@@ -190,6 +191,7 @@ class ProgressPrinter:
         self._print(outcome_summary(trials))
 
     def tune_callback(self):
+        # deferred: ray.tune takes ~0.7 s to import; validate/show load this module
         from ray.tune import Callback
 
         printer = self
