@@ -41,6 +41,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # deferred: keeps `import orchestrator.cli` light (these load pandas, pyarrow); the commands load them anyway
     from orchestrator.results.definition import StudyDefinitionError
     from orchestrator.results.query import ResultsPathError
     from orchestrator.search.resume import DamagedState

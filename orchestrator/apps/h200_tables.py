@@ -81,6 +81,7 @@ def short_id(trial_id: str) -> str:
 def journal_trials(study_dir: str | Path) -> dict[int, Any]:
     """The study's Optuna trials by number (``FrozenTrial``), read from ``optuna.journal`` without
     writing anything (no lock file, no repair): Optuna replays the records, nothing is appended."""
+    # deferred: optuna is slow to import; only reading a journal needs it
     import optuna
     from optuna.storages.journal import BaseJournalBackend, JournalStorage
 

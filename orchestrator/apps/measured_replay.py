@@ -10,9 +10,8 @@ it and ``tests/sim/test_virtual.py`` guards the calibration with it.
 
 from __future__ import annotations
 
-import functools
-
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +19,19 @@ from typing import Optional
 
 import numpy as np
 
+from orchestrator.apps.recommend import engine_args_of
 from orchestrator.failures import TrialStatus
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape
-from orchestrator.results.levels import is_set, level_mark
+from orchestrator.results import load_trials
+from orchestrator.results.definition import read_study_definition
+from orchestrator.results.levels import is_set, level_mark, load_levels
+from orchestrator.search.trial_plan import engine_for, load_plan
 from orchestrator.sim.core import SimEngineCore
 from orchestrator.sim.virtual import simulate
+from orchestrator.study.spec import SimEngineSpec
+from orchestrator.trial.capacity import level_workload
 from orchestrator.workload.request_set import RequestSet
 from orchestrator.workload.requests import Request
 
@@ -115,15 +120,6 @@ def _at_recorded_rate(rs: RequestSet, level) -> RequestSet:
 
 
 def study_points(path: str) -> list[Point]:
-    from orchestrator.apps.recommend import engine_args_of
-    from orchestrator.results import load_trials
-    from orchestrator.results.definition import read_study_definition
-    from orchestrator.results.levels import load_levels
-    from orchestrator.search.trial_plan import engine_for
-    from orchestrator.search.trial_plan import load_plan
-    from orchestrator.study.spec import SimEngineSpec
-    from orchestrator.trial.capacity import level_workload
-
     real_study = read_study_definition(path)
     sim_study = real_study.model_copy(update={"engine": SimEngineSpec(mode="virtual")})
     engine = engine_for(sim_study)

@@ -26,20 +26,26 @@ regression so a scheduler can alert on the exit code alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
+import pyarrow.fs as pafs
+from pydantic import ValidationError
 
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.metrics import default_direction
 from orchestrator.results.analysis import best_under_slos, config_key
 from orchestrator.results.pareto import pareto_front
+from orchestrator.results.query import resolve_location
 from orchestrator.results.ties import bounds
 from orchestrator.study.spec import Study
+from orchestrator.workload.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +154,6 @@ _TYPES = {"night": str, "run_id": str, "created_at": str, "capacity_metric": str
 
 # ------------------------------------------------------------------ pure parts
 def workload_hash(study: Study) -> str:
-    import hashlib
-
     return hashlib.sha256(study.workload.model_dump_json().encode()).hexdigest()[:16]
 
 
@@ -168,12 +172,6 @@ def _same_workload(study: Study):
     Re-reading the stored JSON fills fields added since it was written with their
     defaults, so a tuner upgrade alone does not start a new series.
     """
-    from functools import lru_cache
-
-    from pydantic import ValidationError
-
-    from orchestrator.workload.spec import WorkloadSpec
-
     mine = study.workload.model_dump_json()
 
     @lru_cache(maxsize=None)
@@ -360,10 +358,6 @@ def summarise_night(study: Study, *, run_id: str, current: pd.DataFrame, previou
 # ------------------------------------------------------------------ I/O
 def load_summaries(study_dir: str, *, filesystem=None) -> list[NightlySummary]:
     """Every nightly summary of a study (``<output>/<study>``, local or URI), oldest first."""
-    import pyarrow.fs as pafs
-
-    from orchestrator.results.query import resolve_location
-
     fs, root = resolve_location(study_dir, filesystem)
     try:
         infos = fs.get_file_info(pafs.FileSelector(f"{root}/{NIGHTLY_DIR}", allow_not_found=True))
@@ -384,10 +378,6 @@ def load_summaries(study_dir: str, *, filesystem=None) -> list[NightlySummary]:
 
 def write_summary(study_dir: str, summary: NightlySummary) -> str:
     """Write the summary (temp file then rename where the filesystem can; a PUT on object stores)."""
-    import pyarrow.fs as pafs
-
-    from orchestrator.results.query import resolve_location
-
     fs, root = resolve_location(study_dir)
     folder = f"{root}/{NIGHTLY_DIR}"
     fs.create_dir(folder, recursive=True)

@@ -13,7 +13,11 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 
 from orchestrator.apps.nightly import (NightlyPolicy, NightlySummary, front_points, previous_run, summarise_night,
-                                  write_summary)
+                                       write_summary)
+from orchestrator.results.definition import write_study_definition
+from orchestrator.results.query import load_trials
+from orchestrator.results.store import ResultsStore
+from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
 from orchestrator.study.spec import Study
 
 __all__ = ["NightlyRun", "queue_first", "run_nightly"]
@@ -28,9 +32,8 @@ def queue_first(study: Study, points: Sequence[Mapping[str, Any]]) -> int:
     """
     if not points:
         return 0
+    # deferred: optuna is slow to import; every CLI command loads this module (commands/nightly)
     import optuna
-
-    from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostudy = optuna.create_study(storage=optuna_storage(local_state_dir(study)), study_name=optuna_study_name(study),
@@ -50,11 +53,6 @@ class NightlyRun:
 def run_nightly(study: Study, *, policy: NightlyPolicy = NightlyPolicy(), address: Optional[str] = None,
                 serve_port: int = 8000, quiet: bool = False) -> NightlyRun:
     """Run tonight's search, compare it with the previous night, write the summary."""
-    from orchestrator.results.definition import write_study_definition
-    from orchestrator.results.query import load_trials
-    from orchestrator.results.store import ResultsStore
-    from orchestrator.search import run_study
-
     study_dir = ResultsStore(study.output, study.name).study_path
     write_study_definition(study)
     try:

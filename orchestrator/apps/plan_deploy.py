@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import copy
 import re
+from importlib.metadata import version
 from typing import Any, Optional
+
+import yaml
 
 from orchestrator.apps.plan import FleetPlan
 from orchestrator.apps.recommend import Recommendation
@@ -37,8 +40,6 @@ def fleet_serve_config(rec: Recommendation, plan: FleetPlan) -> dict[str, Any]:
 
 
 def fleet_serve_config_yaml(rec: Recommendation, plan: FleetPlan) -> str:
-    import yaml
-
     c = plan.candidate
     head = (f"# Ray Serve LLM config planned for {plan.rate:g} req/s (+{plan.headroom:.0%} headroom): "
             f"trial {c.trial_id} (run {rec.run_id}), {plan.replicas} replicas x {c.gpus_per_replica} GPU(s).\n"
@@ -56,16 +57,12 @@ def resource_name(text: str, suffix: str = "") -> str:
 
 
 def _ray_version() -> str:
-    from importlib.metadata import version
-
     return version("ray")
 
 
 def rayservice_manifest(rec: Recommendation, plan: FleetPlan, *, name: str, image: Optional[str] = None,
                         ray_version: Optional[str] = None, gpu_name: Optional[str] = None) -> dict[str, Any]:
     """A KubeRay ``RayService`` running the plan: Serve config and the cluster it needs."""
-    import yaml
-
     ray = ray_version or _ray_version()
     image = image or DEFAULT_IMAGE_TEMPLATE.format(ray=ray)
     per_pod = plan.candidate.gpus_per_replica
@@ -123,8 +120,6 @@ def rayservice_manifest(rec: Recommendation, plan: FleetPlan, *, name: str, imag
 
 def _block_strings_dumper():
     """A YAML dumper that writes multi-line strings (the embedded Serve config) as ``|`` blocks."""
-    import yaml
-
     class Dumper(yaml.SafeDumper):
         pass
 
@@ -136,8 +131,6 @@ def _block_strings_dumper():
 
 
 def rayservice_yaml(rec: Recommendation, plan: FleetPlan, **kwargs: Any) -> str:
-    import yaml
-
     c = plan.candidate
     head = (f"# KubeRay RayService planned for {plan.rate:g} req/s (+{plan.headroom:.0%} headroom): trial "
             f"{c.trial_id}, {plan.autoscaling.min_replicas}..{plan.replicas} replicas x {c.gpus_per_replica} GPU(s).\n"

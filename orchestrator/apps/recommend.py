@@ -17,10 +17,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 import pandas as pd
+import yaml
 
 from orchestrator.failures import TrialStatus
 from orchestrator.hardware.accelerator import runs_on_cpu
 from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import GPUS, get_gpu
 from orchestrator.hardware.pricing import unit_columns
 from orchestrator.redaction import EnvRef, holds_secret, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
@@ -108,8 +110,6 @@ class Recommendation:
                                   "args": {"llm_configs": [self.llm_config()]}}]}
 
     def serve_config_yaml(self) -> str:
-        import yaml
-
         head = (f"# Ray Serve LLM config for trial {self.trial_id} (run {self.run_id}).\n"
                 + (f"# {self.agreement}\n" if self.agreement else "")
                 + (f"# {self.choice}\n" if self.choice else "") +
@@ -206,8 +206,6 @@ def break_tie(contenders: pd.DataFrame, metric: str) -> pd.Series:
 
 def _row_gpu(row: pd.Series, fallback: str) -> str:
     """The row's GPU if it names one the catalog knows (or CPU), else ``fallback`` (a damaged row)."""
-    from orchestrator.hardware.gpus import GPUS
-
     gpu = row.get("gpu")
     return gpu if isinstance(gpu, str) and (gpu in GPUS or gpu.upper() == "CPU") else fallback
 
@@ -215,8 +213,6 @@ def _row_gpu(row: pd.Series, fallback: str) -> str:
 def distance_from_defaults(row: pd.Series) -> int:
     """How many engine arguments of a trial differ from what vLLM picks by itself on its hardware
     (the model length and dtype are the workload's, not a tuning choice)."""
-    from orchestrator.hardware.gpus import get_gpu
-
     try:
         args = engine_args_of(row)
     except RecommendError:
@@ -269,8 +265,6 @@ def recommend(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] = N
     :func:`default_model`. Clients keep using the study's model name
     (``--served-model-name``).
     """
-    from orchestrator.hardware.gpus import get_gpu
-
     row = select_trial(trials, study, trial_id=trial_id, slos=slos, objective=objective)
     args = engine_args_of(row)
     constraints = tuple(normalize_constraints(study.constraints if slos is None else slos))

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from orchestrator.cluster.gpu_ledger import units_per_node
+from orchestrator.measure.nvml import load_pynvml
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,6 @@ def engine_resource(engine_kind: str, on_cpu: bool) -> str:
 
 def _local_gpu_count() -> int:
     try:
-        from orchestrator.measure.nvml import load_pynvml
-
         return load_pynvml().nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001
         return 0
@@ -54,6 +54,7 @@ def ensure_ray(engine_kind: str, *, gpus_per_node: int, max_concurrent_trials: i
                num_cpus: Optional[int] = None) -> bool:
     """Connect to ``address``/``RAY_ADDRESS`` or start a local Ray sized for the study (its engine
     kind, ``hardware.gpus_per_node``, ``budget.max_concurrent_trials``); True if started here."""
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
     import ray
 
     if ray.is_initialized():
@@ -92,13 +93,14 @@ def start_serve(port: int = 8000) -> int:
     """Start Serve from the driver (before Tune: a controller started inside a trial
     would be captured by that trial's placement group). Returns the HTTP port in use,
     which is the running controller's if Serve was already up."""
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
+    import ray
     from ray import serve
 
     proxy_location = "EveryNode"
     nodes = _alive_nodes()
     if len({n.get("NodeManagerAddress") for n in nodes}) < len(nodes):
         proxy_location = "HeadOnly"  # several nodes share one host: one proxy per port
-    import ray
 
     for attempt in range(3):
         try:
@@ -112,6 +114,7 @@ def start_serve(port: int = 8000) -> int:
             if attempt == 2:
                 raise
     try:
+        # deferred with ray (above); a private API, guarded
         from ray.serve.context import _get_global_client
 
         return int(_get_global_client().http_config.port)
@@ -120,6 +123,7 @@ def start_serve(port: int = 8000) -> int:
 
 
 def _alive_nodes() -> list[dict]:
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
     import ray
 
     return [n for n in ray.nodes() if n.get("Alive")]
@@ -127,8 +131,6 @@ def _alive_nodes() -> list[dict]:
 
 def cluster_info(resource: str, *, started_locally: bool, serve_port: int) -> ClusterInfo:
     """The cluster's ``resource`` units node by node (see :func:`engine_resource`)."""
-    from orchestrator.cluster.gpu_ledger import units_per_node
-
     return ClusterInfo(started_locally, resource, units_per_node(resource), serve_port)
 
 
@@ -148,6 +150,7 @@ def local_ray() -> Optional[LocalRay]:
     them and the next start stops any that are left (see ``resume.stop_orphans``).
     """
     try:
+        # deferred: ray takes ~0.3 s to import; validate/show load this module
         import ray
 
         node = ray._private.worker._global_node  # noqa: SLF001 - no public API for the head's processes

@@ -136,6 +136,7 @@ def units_per_node(resource: str) -> dict[str, int]:
     A CPU engine replica takes one CPU bundle; one CPU per node is kept for the rest
     (trial actors, Serve's proxy).
     """
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
     import ray
 
     out = {}
@@ -207,6 +208,7 @@ def leased_node(holder: str, ledger_name: Optional[str], namespace: str = "orche
     """The node id of ``holder``'s lease in the run's ledger ``ledger_name``, or None (no ledger / no lease)."""
     if not ledger_name:
         return None
+    # deferred: ray takes ~0.3 s to import; validate/show load this module
     import ray
 
     try:

@@ -15,14 +15,21 @@ import shlex
 import sys
 from pathlib import Path
 
+from orchestrator.apps.interchange import from_bench_result, to_bench_result
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, load_study_or_report
+from orchestrator.measure.metrics import RequestSLO
+from orchestrator.results import ResultsStore, load_requests, load_trials
+from orchestrator.results.definition import read_study_definition
+from orchestrator.results.schema import requests_to_table
+from orchestrator.search.trial_plan import load_plan
+from orchestrator.study.judge import judge_row
+from orchestrator.workload.datasets import write_vllm_custom
+from orchestrator.workload.samples import write_sample_traces
+from orchestrator.workload.tokens import token_ids_to_text
+from orchestrator.workload.trace import TraceError
 
 
 def cmd_export_bench(args) -> int:
-    from orchestrator.apps.interchange import to_bench_result
-    from orchestrator.results import load_requests, load_trials
-    from orchestrator.results.definition import read_study_definition
-
     trials = load_trials(args.path)
     if trials.empty:
         err(f"export-bench: no trials under {args.path}")
@@ -51,13 +58,6 @@ def cmd_export_bench(args) -> int:
 
 
 def cmd_import_bench(args) -> int:
-    from orchestrator.apps.interchange import from_bench_result
-    from orchestrator.measure.metrics import RequestSLO
-    from orchestrator.results import ResultsStore
-    from orchestrator.results.definition import read_study_definition
-    from orchestrator.results.schema import requests_to_table
-    from orchestrator.study.judge import judge_row
-
     target = Path(args.into)
     study = read_study_definition(str(target))
     if study is not None:
@@ -95,11 +95,6 @@ def cmd_import_bench(args) -> int:
 
 
 def cmd_export_workload(args) -> int:
-    from orchestrator.search.trial_plan import load_plan
-    from orchestrator.workload.datasets import write_vllm_custom
-    from orchestrator.workload.tokens import token_ids_to_text
-    from orchestrator.workload.trace import TraceError
-
     study = load_study_or_report(args.study)
     if study is None:
         return EXIT_USAGE
@@ -122,8 +117,6 @@ def cmd_export_workload(args) -> int:
 
 
 def cmd_make_traces(args) -> int:
-    from orchestrator.workload.samples import write_sample_traces
-
     for name, path in write_sample_traces(args.dir).items():
         print(f"wrote {path}")
     return EXIT_OK

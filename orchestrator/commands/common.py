@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from typing import Optional
 
+import pandas as pd
+
 from orchestrator.failures import TrialStatus
+from orchestrator.hardware.pricing import unit_columns
+from orchestrator.results import load_trials
+from orchestrator.results.definition import read_study_definition
+from orchestrator.results.outcomes import failure_lines, status_counts
+from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
+from orchestrator.study.load import load_study
+from orchestrator.study.spec import StudyFileError
+from orchestrator.study.state_dir import output_problem
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -16,8 +28,6 @@ def err(msg: str) -> None:
 
 def positive_int(text: str) -> int:
     """argparse type: a whole number >= 1 (``--trials 0`` is a usage error, not "the full budget")."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
@@ -30,8 +40,6 @@ def positive_int(text: str) -> int:
 def add_run_arguments(parser) -> None:
     """The options ``run`` and ``nightly`` share: where Ray and Serve are, and study-file overrides
     (read by :func:`load_study_with_overrides`)."""
-    import os
-
     parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("ORCHESTRATOR_SERVE_PORT", 8000)),
                         help="Ray Serve HTTP port (default 8000)")
@@ -42,9 +50,6 @@ def add_run_arguments(parser) -> None:
 
 def load_study_or_report(path: str):
     """The study, or None after printing one line per problem to stderr."""
-    from orchestrator.study.load import load_study
-    from orchestrator.study.spec import StudyFileError
-
     try:
         return load_study(path)
     except StudyFileError as e:
@@ -61,8 +66,6 @@ def load_study_with_overrides(args):
         return None
     updates = {}
     if args.output is not None:
-        from orchestrator.study.state_dir import output_problem
-
         why = output_problem(args.output, study.name)
         if why:
             err(f"--output: {why}")
@@ -74,13 +77,6 @@ def load_study_with_overrides(args):
 
 
 def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
-    import pandas as pd
-
-    from orchestrator.hardware.pricing import unit_columns
-    from orchestrator.results import load_trials
-    from orchestrator.results.outcomes import status_counts
-    from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
-
     df = load_trials(study_dir)
     if run_id is not None and "run_id" in df:
         df = df[df["run_id"] == run_id]
@@ -114,8 +110,6 @@ def explain_empty_front(study, df) -> str:
         return "no trials recorded"
     completed = df[df["status"] == TrialStatus.COMPLETED]
     if completed.empty:
-        from orchestrator.results.outcomes import failure_lines
-
         return "\n".join(["no configuration could run:"] + ["  " + line for line in failure_lines(df)])
     lines = ["no completed trial met every SLO:"]
     for c in study.constraints:
@@ -130,8 +124,6 @@ def explain_empty_front(study, df) -> str:
 
 def study_from_dataset(path: str):
     """The study definition stored with a result directory, or None after an error line."""
-    from orchestrator.results.definition import read_study_definition
-
     study = read_study_definition(path)
     if study is None:
         err(f"{path}: no study definition found (study.json); is this a study's result directory?")

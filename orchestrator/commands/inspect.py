@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, print_front, study_from_dataset
 from orchestrator.failures import TrialStatus
+from orchestrator.hardware.pricing import unit_columns
+from orchestrator.measure.harness import harness_bound_mask
+from orchestrator.measure.metrics import default_direction
+from orchestrator.results import load_trials
 from orchestrator.results.outcomes import failure_lines, status_counts
+from orchestrator.results.ties import shown_with_intervals, tie_mask, tie_note
+from orchestrator.study.judge import feasible_mask
 
 
 def cmd_pareto(args) -> int:
@@ -16,9 +22,6 @@ def cmd_pareto(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from orchestrator.measure.harness import harness_bound_mask
-    from orchestrator.results import load_trials
-
     study = study_from_dataset(args.path)
     if study is None:
         return EXIT_USAGE
@@ -63,8 +66,6 @@ def _when(t, fmt: str) -> str:
 def _print_best(frame, metrics: list[tuple[str, str]], bound=None) -> None:
     """One line per (metric, direction): its best value in ``frame`` and the trial that has it
     (flagged where ``bound``, a harness-bound mask, says so)."""
-    from orchestrator.results.ties import shown_with_intervals, tie_mask, tie_note
-
     for name, direction in metrics:
         col = frame[name].dropna() if name in frame else ()
         if len(col) == 0:
@@ -81,10 +82,6 @@ def _print_best(frame, metrics: list[tuple[str, str]], bound=None) -> None:
 def _print_unit_best(completed, study) -> None:
     """The best trial meeting every SLO by each per-GPU and per-dollar metric that is not an objective
     (docs/metrics.md)."""
-    from orchestrator.hardware.pricing import unit_columns
-    from orchestrator.measure.metrics import default_direction
-    from orchestrator.study.judge import feasible_mask
-
     ok = completed[feasible_mask(completed, study.constraints)]
     names = [m for m in unit_columns(ok) if m not in {o.metric for o in study.objectives}]
     if names:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err
+from orchestrator.models.modelgen import make_model_dir
+from orchestrator.models.training import RECIPES
 
 
 def cmd_make_model(args) -> int:
-    from orchestrator.models.modelgen import make_model_dir
-
     try:
         path = make_model_dir(args.shape, args.out, weights=args.weights, max_position_embeddings=args.max_len,
                               seed=args.seed, force=args.force, recipe=args.recipe)
@@ -20,8 +20,6 @@ def cmd_make_model(args) -> int:
 
 
 def register(sub) -> None:
-    from orchestrator.models.training import RECIPES
-
     m = sub.add_parser("make-model", help="write a model directory (config, tokenizer, optional random or "
                                           "trained weights)")
     m.add_argument("shape", help="catalog name (search_spaces/models/NAME.json) or a config.json path")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.apps.nightly import NightlyPolicy
+from orchestrator.apps.nightly_run import run_nightly
 from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, add_run_arguments, err, load_study_with_overrides
 
 # Distinct from 1 (the command failed) and 2 (bad usage): the run worked and found a slowdown.
@@ -11,9 +13,6 @@ EXIT_REGRESSION = 3
 
 
 def cmd_nightly(args) -> int:
-    from orchestrator.apps.nightly import NightlyPolicy
-    from orchestrator.apps.nightly_run import run_nightly
-
     study = load_study_with_overrides(args)
     if study is None:
         return EXIT_USAGE
@@ -41,6 +40,7 @@ def cmd_nightly(args) -> int:
         print("no regression")
     print(f"summary: {night.summary_path}")
     if args.report:
+        # deferred: apps.report imports matplotlib (~0.4 s); every CLI command loads this module
         from orchestrator.apps.report import write_report
 
         files = write_report(night.study_dir)

@@ -13,8 +13,17 @@ import math
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
+
+from orchestrator.apps.plan import DEFAULT_HEADROOM, Candidate, PlanError, check_rate, plan_fleet
+from orchestrator.apps.plan_deploy import fleet_serve_config_yaml, rayservice_yaml, resource_name
+from orchestrator.apps.recommend import RecommendError, engine_args_of, recommend
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, positive_int, study_from_dataset
 from orchestrator.failures import TrialStatus
+from orchestrator.hardware.pricing import gpu_hour_price
+from orchestrator.results import load_trials
+from orchestrator.results.levels import load_levels
+from orchestrator.results.ties import combine_repeats
 
 NO_CAPACITY = ("{path}: no capacity search in this study (no capacity_rps in its trials); plan needs the "
                "capacity per replica: add a `capacity:` section to the study file and run it "
@@ -22,8 +31,6 @@ NO_CAPACITY = ("{path}: no capacity search in this study (no capacity_rps in its
 
 
 def _rate(text: str) -> float:
-    from orchestrator.apps.plan import PlanError, check_rate
-
     try:
         return check_rate(text)
     except PlanError as e:
@@ -60,9 +67,6 @@ def capacity_level(levels, capacity_rps: float):
 
 def candidate_of(row, levels):
     """A :class:`~orchestrator.apps.plan.Candidate` from a trials row and its levels."""
-    from orchestrator.apps.plan import Candidate
-    from orchestrator.apps.recommend import engine_args_of
-
     args = engine_args_of(row)
     capacity = _float(row, "capacity_rps") or 0.0
     low = _float(row, "capacity_rps_low")
@@ -83,8 +87,6 @@ def candidate_of(row, levels):
 
 
 def _table(plans, gpu: str):
-    import pandas as pd
-
     def band(c) -> str:
         if c.capacity_rps_low is None:
             return f"{c.capacity_rps:,.4g}"
@@ -101,14 +103,6 @@ def _table(plans, gpu: str):
 
 
 def cmd_plan(args) -> int:
-    from orchestrator.apps.plan import PlanError, plan_fleet
-    from orchestrator.apps.plan_deploy import fleet_serve_config_yaml, resource_name, rayservice_yaml
-    from orchestrator.apps.recommend import RecommendError, recommend
-    from orchestrator.hardware.pricing import gpu_hour_price
-    from orchestrator.results import load_trials
-    from orchestrator.results.levels import load_levels
-    from orchestrator.results.ties import combine_repeats
-
     study = study_from_dataset(args.path)
     if study is None:
         return EXIT_USAGE
@@ -149,8 +143,6 @@ def cmd_plan(args) -> int:
 
 
 def _print_plan(args, study, plans, chosen, rec, price, unreadable) -> None:
-    import pandas as pd
-
     c, gpu = chosen.candidate, study.hardware.gpu
     slos = ", ".join(str(s) for s in study.capacity_slo()) or "no SLOs"
     print(f"Fleet for {plans.rate:g} req/s under {slos} (study {study.name}), +{plans.headroom:.0%} headroom: "
@@ -193,8 +185,6 @@ def _print_plan(args, study, plans, chosen, rec, price, unreadable) -> None:
 
 
 def register(sub) -> None:
-    from orchestrator.apps.plan import DEFAULT_HEADROOM
-
     p = sub.add_parser("plan", help="the fleet (replicas, GPUs, cost, autoscaling) that serves a target rate",
                        description="From a capacity study's measured capacity per replica: the cheapest deployment "
                                    "that serves --rate req/s under the SLOs, its cost, Ray Serve autoscaling, "

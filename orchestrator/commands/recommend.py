@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.apps.recommend import RecommendError, recommend
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, study_from_dataset
+from orchestrator.results import load_trials
 
 
 def cmd_recommend(args) -> int:
-    from orchestrator.apps.recommend import RecommendError, recommend
-    from orchestrator.results import load_trials
-
     study = study_from_dataset(args.path)
     if study is None:
         return EXIT_USAGE

@@ -6,6 +6,7 @@ from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, err
 
 
 def cmd_report(args) -> int:
+    # deferred: apps.report imports matplotlib (~0.4 s); every CLI command loads this module
     from orchestrator.apps.report import ReportOptions, write_report
 
     try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-
-from orchestrator.commands.common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add_run_arguments, err, load_study_or_report,
-                                         load_study_with_overrides, positive_int, print_front)
+from orchestrator.commands.common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add_run_arguments, err,
+                                          load_study_or_report, load_study_with_overrides, positive_int, print_front)
 from orchestrator.failures import TrialStatus
+from orchestrator.results import load_trials
+from orchestrator.results.definition import write_study_definition
+from orchestrator.search import StudyStopped, run_study
 
 
 def cmd_validate(args) -> int:
@@ -24,8 +26,6 @@ def cmd_run(args) -> int:
     study = load_study_with_overrides(args)
     if study is None:
         return EXIT_USAGE
-    from orchestrator.results.definition import write_study_definition
-    from orchestrator.search import StudyStopped, run_study
 
     write_study_definition(study)
     try:
@@ -48,8 +48,6 @@ def cmd_run(args) -> int:
 def _exit_code(run) -> int:
     """Non-zero when trials ran in this run and not one of them was measured: a study that measured
     nothing has failed, whatever the reason (``ray job submit`` and cron see it)."""
-    from orchestrator.results import load_trials
-
     if run.trials_run == 0:
         return EXIT_OK
     rows = load_trials(run.study_dir)

@@ -19,11 +19,20 @@ import json
 import signal
 import sys
 import threading
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, load_study_or_report
-from orchestrator.hardware.engine_args import ENGINE_ARG_RULES, SERVING_ARGS, SPECULATIVE_ARGS, validate_engine_arg
+from orchestrator.engines.sim_served import sim_resolve
+from orchestrator.failures import EngineStartError
+from orchestrator.hardware.accelerator import with_device_defaults
+from orchestrator.hardware.engine_args import (ENGINE_ARG_RULES, SERVING_ARGS, SPECULATIVE_ARGS,
+                                               engine_args_from_params, validate_engine_arg)
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.shapes import ModelShape, find_model_config
+from orchestrator.study.engine import SimCalibration
+from orchestrator.study.space import FixedParam
 
 _ENGINE_FLAGS = tuple(name for name in ENGINE_ARG_RULES if name not in SERVING_ARGS + SPECULATIVE_ARGS)
 
@@ -63,8 +72,6 @@ def register(sub) -> None:
 
 def _fixed_args(study) -> dict[str, Any]:
     """The study space's fixed engine arguments (those without a condition)."""
-    from orchestrator.study.space import FixedParam
-
     return {name: p.value for name, p in study.space.params.items()
             if isinstance(p, FixedParam) and not p.when and name in ENGINE_ARG_RULES}
 
@@ -93,11 +100,6 @@ def cmd_serve_sim(args) -> int:
 
 
 def _spec_from_study(args, given: dict) -> Optional[dict]:
-    from orchestrator.engines.sim_served import sim_resolve
-    from orchestrator.hardware.engine_args import engine_args_from_params
-    from orchestrator.models.shapes import find_model_config
-    from orchestrator.study.engine import SimCalibration
-
     study = load_study_or_report(args.study)
     if study is None:
         return None
@@ -109,12 +111,6 @@ def _spec_from_study(args, given: dict) -> Optional[dict]:
 
 
 def _spec_from_flags(args, given: dict) -> dict:
-    from orchestrator.hardware.accelerator import with_device_defaults
-    from orchestrator.hardware.engine_args import engine_args_from_params
-    from orchestrator.hardware.gpus import get_gpu
-    from orchestrator.models.shapes import ModelShape, find_model_config
-    from orchestrator.study.engine import SimCalibration
-
     gpu = get_gpu(args.gpu)
     path = find_model_config(args.model, Path.cwd())
     model = ModelShape.load(str(path))
@@ -124,10 +120,8 @@ def _spec_from_flags(args, given: dict) -> dict:
 
 
 def _serve(spec: dict, host: str, port: int) -> int:
-    from dataclasses import fields
-
+    # deferred: aiohttp's server and the served simulator (~50 ms); every command loads this module
     from orchestrator.engines.sim_http import build_sim_frontend, serve_direct
-    from orchestrator.failures import EngineStartError
 
     args = spec["args"]
     try:

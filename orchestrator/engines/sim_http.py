@@ -36,6 +36,7 @@ from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape
 from orchestrator.sim.core import SimEngineCore
+from orchestrator.study.spec import SimCalibration
 from orchestrator.workload.generate import text_token_ids
 
 __all__ = ["BadRequest", "OpenAIFrontend", "build_sim_frontend", "error_body",
@@ -384,7 +385,6 @@ async def serve_direct(front: OpenAIFrontend, host: str, port: int) -> tuple[web
 def build_sim_frontend(*, model_config: dict, model_name: str, gpu: str, engine_args: dict, calibration: dict,
                        served_model_name: str, dtype: str = "auto") -> OpenAIFrontend:
     """Build core + runtime (raises EngineStartError exactly as vLLM would fail to start)."""
-    from orchestrator.study.spec import SimCalibration
 
     model = ModelShape.from_config(model_config, name=model_name)
     args = EngineArgs(**{k: v for k, v in engine_args.items() if k != "extra"})

@@ -7,12 +7,13 @@ import time
 from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
 
 from orchestrator.engines.sim_http import NOT_JSON, build_sim_frontend, error_body, start_direct_server
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start, ingress_delay_s
 
 
 def build_ingress_class():
     """The Serve deployment class: FastAPI routes over the shared frontend, plus the direct server."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from ray import serve
 
     api = FastAPI()
@@ -20,7 +21,6 @@ def build_ingress_class():
     @serve.ingress(api)
     class SimLLMServer:
         def __init__(self, *, startup_s: float = 0.0, direct: bool = True, faults: tuple = (), **kwargs):
-            from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start, ingress_delay_s
 
             t0 = time.monotonic()
             injected = [Fault(**f) for f in faults]

@@ -21,10 +21,13 @@ from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget
 from orchestrator.engines.sim_faults import faults_for_trial
+from orchestrator.engines.sim_ingress import build_ingress_class
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape, find_model_config
+import socket
+from urllib.parse import urlsplit
 
 
 def sim_resolve(target: EngineTarget, args: EngineArgs) -> EngineArgs:
@@ -70,7 +73,6 @@ class ServedSimEngine(Engine):
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
         from ray import serve
 
-        from orchestrator.engines.sim_ingress import build_ingress_class
 
         target = self.target
         served = target.model.served_name or target.model.name
@@ -125,8 +127,6 @@ class ServedSimEngine(Engine):
 
 def _port_closed(url: str, timeout_s: float) -> bool:
     """True once nothing accepts connections on ``url``'s host and port (within ``timeout_s``)."""
-    import socket
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     deadline = time.monotonic() + timeout_s

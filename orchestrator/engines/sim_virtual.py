@@ -14,6 +14,9 @@ from orchestrator.engines.sim_served import sim_resolve
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.measure.measurement import LevelMeasurement
+from orchestrator.measure.warmup import WarmupOutcome
+from orchestrator.sim.core import SimEngineCore
+from orchestrator.sim.virtual import simulate
 
 
 class VirtualSimEngine(Engine):
@@ -32,9 +35,6 @@ class VirtualSimEngine(Engine):
         return ResourceRequest("GPU", 0)  # nothing is deployed
 
     def measure(self, args: EngineArgs, requests) -> LevelMeasurement:
-        from orchestrator.measure.warmup import WarmupOutcome
-        from orchestrator.sim.core import SimEngineCore
-        from orchestrator.sim.virtual import simulate
 
         core = SimEngineCore(self.model, self.gpu, args, self.target.engine.calibration, dtype=self.target.model.dtype)
         warmup = WarmupOutcome()

@@ -16,7 +16,11 @@ from typing import Optional
 
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import EngineEndpoint
+from orchestrator.engines.serve_app import _app_status, _failure_text
 from orchestrator.engines.vllm_logs import replica_log_tail
+from orchestrator.engines.vllm_process import tail
+from orchestrator.engines.vllm_process import group_gone
+from orchestrator.measure.nvml import load_pynvml
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,6 @@ class ReleaseCheck:
 
 def _gpu_memory_used_gib() -> Optional[float]:
     try:
-        from orchestrator.measure.nvml import load_pynvml
 
         nv = load_pynvml()
         return sum(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used
@@ -111,7 +114,6 @@ class EngineModeDeployment(VllmDeployment):
         self.log_path = log_path
 
     def _log_tail(self) -> str:
-        from orchestrator.engines.vllm_process import tail
 
         if self.log_path is not None:
             return tail(self.log_path, 80)
@@ -129,14 +131,12 @@ class EngineModeDeployment(VllmDeployment):
                 why = f"/health answered {r.status}"
         except Exception as e:  # noqa: BLE001 - the server is gone or its engine is dead
             why = f"vllm serve /health failed: {e}"
-        from orchestrator.engines.serve_app import _app_status, _failure_text
 
         st = _app_status(self.name)
         serve_says = _failure_text(st) if st is not None else "application disappeared"
         return "\n".join(x for x in (why, serve_says, self._log_tail()) if x)[-6000:]
 
     def __exit__(self, *exc) -> None:
-        from orchestrator.engines.vllm_process import group_gone
 
         super().__exit__(*exc)
         for pid in self.endpoint.pids:

@@ -11,6 +11,7 @@ import logging
 import re
 from pathlib import Path
 from typing import Optional
+from orchestrator.engines.vllm_process import ray_logs_dir
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,6 @@ def this_node_ip() -> str:
 
 
 def local_logs_dir() -> Path:
-    from orchestrator.engines.vllm_process import ray_logs_dir
 
     return ray_logs_dir()
 

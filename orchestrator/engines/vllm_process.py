@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Optional
 
 from orchestrator.redaction import argv_secrets, scrub, secret_values, shell_line
+import ctypes
+import tempfile
+import psutil
 
 DEPLOYMENT_NAME = "VllmServer"
 
@@ -46,7 +49,6 @@ def _free_port() -> int:
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
     try:
-        import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001 - not Linux: __del__ still stops the group
@@ -59,7 +61,6 @@ def ray_logs_dir() -> Path:
 
         return Path(ray._private.worker._global_node.get_logs_dir_path())  # noqa: SLF001 - no public API
     except Exception:  # noqa: BLE001 - outside a Ray worker
-        import tempfile
 
         return Path(tempfile.gettempdir())
 
@@ -180,7 +181,6 @@ def _group_alive(pgid: int) -> bool:
         return True
     # Zombies of the group count as gone: they hold no memory and no accelerator.
     try:
-        import psutil
 
         procs = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
         return any(p.status() != psutil.STATUS_ZOMBIE for p in procs)

@@ -21,12 +21,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.cluster.connect import _local_gpu_count
+from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget, ResourceRequest
 from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
 from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
+from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
 from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.models.modelgen import make_model_dir
+from orchestrator.models.modelgen import tokenizer_dir
 from orchestrator.redaction import (MissingSecret, env_references, is_reference, redact, redact_argv,
                                     resolve_env_references, scrub, secret_values)
 
@@ -36,7 +42,6 @@ RAY_METRIC_PREFIX = "ray_vllm_"  # vLLM's "vllm:x" metrics as Ray exports them
 
 
 def _has_cuda() -> bool:
-    from orchestrator.cluster.connect import _local_gpu_count
 
     return _local_gpu_count() > 0
 
@@ -63,7 +68,6 @@ def model_directory(target: EngineTarget) -> str:
     if target.engine.load_format != "dummy":
         raise EngineStartError(FailureKind.INVALID_ARGS,
                                "engine.model_source is required unless engine.load_format is 'dummy'")
-    from orchestrator.models.modelgen import make_model_dir
 
     folder = target.state_dir / "models" / Path(target.model.name).stem
     if not (folder / "tokenizer.json").is_file():
@@ -116,7 +120,6 @@ class VllmServeEngine(Engine):
     def server_argv(self, trial_id: str, args: EngineArgs, model_dir: str) -> list[str]:
         """``vllm serve``'s arguments for one trial (ingress ``engine``): the same engine arguments
         as the ``engine_kwargs`` of ingress ``serve_llm``, written as flags."""
-        from orchestrator.models.modelgen import tokenizer_dir
 
         args = with_secrets_resolved(args)
         argv = ["--model", model_dir, "--served-model-name", self.served_name(trial_id)]
@@ -135,7 +138,6 @@ class VllmServeEngine(Engine):
         engine_kwargs.setdefault("load_format", spec.load_format)
         env = self.engine_env(args)
         loading: dict[str, Any] = {"model_id": served, "model_source": model_dir}
-        from orchestrator.models.modelgen import tokenizer_dir
 
         if tokenizer_dir(model_dir) is not None:  # a generated model: its word-level tokenizer
             loading["tokenizer_source"] = str(tokenizer_dir(model_dir))
@@ -170,7 +172,6 @@ class VllmServeEngine(Engine):
         """The study's GPU as a Ray accelerator label, if the cluster advertises it."""
         import ray
 
-        from orchestrator.hardware.gpus import get_gpu
 
         label = get_gpu(self.target.hardware.gpu).ray_accelerator_type
         return label if f"accelerator_type:{label}" in ray.cluster_resources() else None
@@ -185,8 +186,6 @@ class VllmServeEngine(Engine):
         """Ingress ``engine``: a Serve replica runs ``vllm serve``; the load goes to it directly."""
         from ray import serve
 
-        from orchestrator.cluster.gpu_ledger import leased_node
-        from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
 
         spec = self.target.engine
         name = serve_app.app_name_for(trial_id)

@@ -10,6 +10,7 @@ the simulated engine.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import shlex
 from dataclasses import dataclass, field, fields, replace
@@ -233,8 +234,6 @@ class EngineArgs:
             if isinstance(value, bool):
                 words.append(flag if value else "--no-" + name.replace("_", "-"))
             elif isinstance(value, (dict, list)):
-                import json
-
                 words += [flag, json.dumps(value)]
             else:
                 words += [flag, value if isinstance(value, EnvRef) else str(value)]

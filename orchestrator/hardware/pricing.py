@@ -19,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+import pandas as pd
+
+from orchestrator.hardware.gpus import get_gpu
 from orchestrator.measure.confidence import Interval, scaled
 from orchestrator.measure.metrics import UNIT_METRIC_NAMES
 
@@ -58,8 +61,6 @@ class GpuHourPrice:
 
 def default_price(gpu: Optional[str]) -> Optional[float]:
     """The table's price for a GPU name (catalog names and their aliases), or None."""
-    from orchestrator.hardware.gpus import get_gpu
-
     if not gpu:
         return None
     try:
@@ -123,8 +124,6 @@ def unit_metric_intervals(intervals: Mapping[str, Any], gpus: Optional[int],
 def unit_columns(frame: Any) -> list[str]:
     """The unit metrics a trials frame (or row) has values for, in :data:`UNIT_METRIC_NAMES` order:
     what ``show``, ``pareto``, ``recommend`` and the report add to the study's own metrics."""
-    import pandas as pd
-
     out = []
     for name in UNIT_METRIC_NAMES:
         if name in frame and pd.to_numeric(pd.Series(frame[name]), errors="coerce").notna().any():

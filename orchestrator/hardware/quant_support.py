@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.hardware.gpus import get_gpu
+
 # QuantizationConfig.get_min_capability() of each method.
 MIN_CAPABILITY = {"fp8": 75, "awq": 75, "awq_marlin": 75, "gptq": 60, "gptq_marlin": 75, "bitsandbytes": 70,
                   "compressed-tensors": 70, "modelopt": 80, "experts_int8": 80}
@@ -34,8 +36,6 @@ _TORCH = {"float32": "torch.float32", "float": "torch.float32", "bfloat16": "tor
 
 def _capability(gpu: Optional[str]) -> Optional[int]:
     """The catalog GPU's compute capability (None: the CPU build, or a GPU outside the catalog)."""
-    from orchestrator.hardware.gpus import get_gpu
-
     if gpu is None:
         return None
     try:
@@ -59,6 +59,7 @@ def checkpoint_method(model_dir: Optional[str], config_path: Optional[Path]) -> 
 
 def _cpu_has_fp8_kv() -> bool:
     try:
+        # deferred: torch is optional and takes ~2 s to import
         import torch
     except ImportError:  # no torch on this machine: let vLLM decide
         return True

@@ -33,6 +33,11 @@ from orchestrator.measure.warmup import SteadyJudge, WarmupOutcome
 from orchestrator.workload.request_set import RequestSet
 from orchestrator.workload.requests import Request
 
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX
+    resource = None
+
 __all__ = ["LoadMonitor", "ProgressFn", "run_load", "run_load_sync"]
 
 log = logging.getLogger(__name__)
@@ -42,9 +47,7 @@ ProgressFn = Callable[[int, int], None]  # (measured requests finished, measured
 
 def _raise_fd_limit(wanted: int) -> None:
     """Let the process open ``wanted`` sockets (soft RLIMIT_NOFILE up to the hard limit)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
+    if resource is None:  # pragma: no cover - not POSIX
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= wanted:

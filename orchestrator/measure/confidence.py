@@ -38,6 +38,7 @@ import numpy as np
 
 from orchestrator.measure.metrics import LATENCY_FAMILIES, PERCENTILES, RequestSLO
 from orchestrator.measure.records import RequestRecord
+from statistics import NormalDist
 
 __all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "INTERVAL_METRICS", "Interval", "interval_columns",
            "metric_intervals", "t_of", "z_of"]
@@ -94,7 +95,6 @@ class Interval:
 
 def z_of(confidence: float) -> float:
     """The two-sided normal quantile of ``confidence`` (0.90 -> 1.645)."""
-    from statistics import NormalDist
 
     return NormalDist().inv_cdf(0.5 + confidence / 2.0)
 

@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.failures import TrialStatus
 from orchestrator.numbers import finite_float
+import pandas as pd
 
 TTFT_RELATIVE = 0.10
 TTFT_FLOOR_MS = 20.0
@@ -96,7 +97,6 @@ def harness_verdict(metrics: Mapping[str, Any]) -> HarnessVerdict:
 def harness_bound_mask(trials):
     """Completed rows of a trials (or levels) frame flagged ``harness_bound``; False where the
     column is absent (results written before it existed) or null (not judged)."""
-    import pandas as pd
 
     if "harness_bound" not in trials.columns:
         return pd.Series(False, index=trials.index)

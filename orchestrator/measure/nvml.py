@@ -28,7 +28,7 @@ def _vllm_pynvml():
 def load_pynvml():
     """The pynvml module, initialised; raises if no NVIDIA driver is reachable."""
     try:
-        import pynvml
+        import pynvml  # deferred: optional (nvidia-ml-py); else the copy vLLM ships
     except ImportError:
         pynvml = _vllm_pynvml()
     pynvml.nvmlInit()

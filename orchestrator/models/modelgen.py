@@ -18,6 +18,9 @@ import os
 from pathlib import Path
 from typing import Literal, Optional
 
+from orchestrator.models import training
+from orchestrator.models.shapes import ModelShape, find_model_config
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
 )
@@ -32,6 +35,7 @@ def special_token_count(vocab_size: int) -> int:
 
 def build_tokenizer(vocab_size: int):
     """WordLevel tokenizer: ``t{i}`` for ordinary ids, special tokens at the top of the vocabulary."""
+    # deferred: tokenizers is optional (the [train] and [cpu] extras)
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     n_special = special_token_count(vocab_size)
@@ -53,14 +57,10 @@ def model_config(shape: str, *, max_position_embeddings: Optional[int] = None, r
                  base_dir: Optional[Path] = None) -> dict:
     """The ``config.json`` a model directory of ``shape`` gets: the tokenizer's special token ids,
     an optional context length, and a training recipe's architecture overrides."""
-    from orchestrator.models.shapes import ModelShape, find_model_config
-
     src = find_model_config(shape, base_dir)
     config = json.loads(Path(src).read_text())
     if recipe is not None:
-        from orchestrator.models.training import apply_arch
-
-        config = apply_arch(config, recipe)
+        config = training.apply_arch(config, recipe)
     first_special = ModelShape.from_config(config, name=Path(src).stem).vocab_size
     first_special -= special_token_count(first_special)
     config["bos_token_id"], config["eos_token_id"] = first_special, first_special + 1
@@ -78,12 +78,8 @@ def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", 
     starts (the study file's folder, ``Study.base_dir``). ``recipe``: the training recipe of
     ``weights="trained"`` (a name in :data:`orchestrator.models.training.RECIPES` or a Recipe); a
     directory that already holds that recipe's weights is kept as it is."""
-    from orchestrator.models.shapes import ModelShape
-
     trained = None
     if weights == "trained":
-        from orchestrator.models import training
-
         trained = training.get_recipe(recipe)
     config = model_config(shape, max_position_embeddings=max_position_embeddings, recipe=trained,
                           base_dir=base_dir)
@@ -145,6 +141,7 @@ def tokenizer_dir(model_dir: str | Path) -> Optional[Path]:
 
 
 def _write_random_weights(out: Path, seed: int) -> None:
+    # deferred: torch and transformers are optional (the [train] extra) and take seconds to import
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -172,8 +169,6 @@ def trained_model_dir(shape: str, recipe="tiny", root: Optional[Path] = None, ba
                       log=print) -> Path:
     """The trained model of ``shape`` and ``recipe`` under ``root`` (default: :func:`model_cache_root`),
     in a directory named by the recipe hash: trained once, then found."""
-    from orchestrator.models import training
-
     recipe = training.get_recipe(recipe)
     digest = training.recipe_hash(model_config(shape, recipe=recipe, base_dir=base_dir), recipe)
     name = f"{Path(shape).name.removesuffix('.json')}-{recipe.name}-{digest}"

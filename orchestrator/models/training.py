@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from orchestrator.models.corpus import Grammar, corpus_hash, heldout_sequences, training_sequences
 
 TRAINING_FILE = "training.json"
@@ -110,7 +112,7 @@ def _lr(recipe: Recipe, step: int) -> float:
 def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = print) -> dict:
     """Train the model whose ``config.json`` is in ``out``; write ``model.safetensors`` and
     ``training.json`` there. Returns the training record."""
-    import numpy as np
+    # deferred: torch and transformers are optional (the [train] extra) and take seconds to import
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -130,7 +130,8 @@ def param_importance(df: pd.DataFrame, objective: str, direction: Optional[str] 
     without it, from the values seen. Fixed parameters and parameters with one value
     are left out. Raises ``ValueError`` with fewer than two usable trials.
     """
-    import optuna  # slow to import; only this question needs it
+    # deferred: optuna is slow to import; only this question needs it (validate/show load this module)
+    import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     (name, resolved), = normalize_objectives([objective if direction is None else (objective, direction)])

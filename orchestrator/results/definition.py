@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pydantic import ValidationError
+
 from orchestrator.redaction import redact
+from orchestrator.results.query import ResultsPathError, cannot_write, resolve_location
+from orchestrator.study.spec import Study
 
 DEFINITION_FILE = "study.json"
 
@@ -23,8 +29,6 @@ class StudyDefinitionError(Exception):
 
 
 def _fs_and_path(uri: str):
-    from orchestrator.results.query import resolve_location
-
     return resolve_location(uri)
 
 
@@ -36,11 +40,6 @@ def write_study_definition(study) -> str:
     :class:`~orchestrator.results.query.ResultsPathError` where the folder cannot be written or a
     file stands where a table's folder belongs.
     """
-    import pyarrow as pa
-    import pyarrow.fs as pafs
-
-    from orchestrator.results.query import ResultsPathError, cannot_write
-
     fs, base = _fs_and_path(study.output)
     study_dir = f"{base.rstrip('/')}/{study.name}"
     read_study_definition(study_dir, parent=False)  # raises on an unreadable one
@@ -74,12 +73,6 @@ def read_study_definition(path: str, *, parent: bool = True):
     Raises :class:`StudyDefinitionError` where the file is there but cannot be read.
     ``parent=False``: look in ``path`` only.
     """
-    from pydantic import ValidationError
-
-    import pyarrow.fs as pafs
-
-    from orchestrator.study.spec import Study
-
     fs, base = _fs_and_path(path)
     base = base.rstrip("/")
     for candidate in (base, base.rsplit("/", 1)[0]) if parent else (base,):

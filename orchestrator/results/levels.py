@@ -44,6 +44,7 @@ import pyarrow.fs as pafs
 
 from orchestrator.measure.confidence import INTERVAL_METRICS, interval_columns
 from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES, LOAD_METRIC_NAMES, WARMUP_METRIC_NAMES
+from orchestrator.results.query import ResultsPathError, _read_files, empty_frame, list_data_files, resolve_location
 from orchestrator.results.schema import META_SCHEMA_VERSION, META_TABLE, SCHEMA_VERSION
 
 __all__ = ["LEVELS_SCHEMA", "levels_to_table", "load_levels"]
@@ -119,9 +120,6 @@ def load_levels(path: Union[str, os.PathLike], trial_ids: Optional[Iterable[str]
     A file that cannot be read, or whose column cannot be merged, is skipped with a warning naming
     it (as :func:`orchestrator.results.query.load_trials` does); every column of
     :data:`LEVELS_SCHEMA` is there (null where a file lacks it)."""
-    from orchestrator.results.query import (ResultsPathError, _read_files, empty_frame, list_data_files,
-                                            resolve_location)
-
     fs, base = resolve_location(path, filesystem)
     table_dir = base if base.rstrip("/").endswith("/levels") else f"{base.rstrip('/')}/levels"
     if fs.get_file_info(table_dir).type == pafs.FileType.File:

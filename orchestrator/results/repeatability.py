@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.failures import TrialStatus
+from orchestrator.results.query import load_trials
 
 __all__ = ["capacity_spread", "repeatability_table", "fixed_rate_table", "series_of"]
 
@@ -33,8 +34,6 @@ def series_of(study: str) -> tuple[str, Optional[float], Optional[int]]:
 
 
 def _frame(*dirs: Path) -> pd.DataFrame:
-    from orchestrator.results.query import load_trials
-
     frames = [load_trials(d) for d in dirs]
     df = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
     parts = df["study"].map(series_of)

@@ -42,8 +42,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from orchestrator.results.query import (DataFile, column_conflict, empty_frame, list_data_files, load_requests,
-                                        load_trials, resolve_location)
+from orchestrator.results.levels import LEVELS_SCHEMA, load_levels
+from orchestrator.results.query import (DataFile, _skip_unreadable, column_conflict, empty_frame, list_data_files,
+                                        load_requests, load_trials, resolve_location)
 from orchestrator.results.schema import REQUESTS_SCHEMA, trial_row_to_table, trials_schema
 
 log = logging.getLogger(__name__)
@@ -226,8 +227,6 @@ class ResultsStore:
             with self.filesystem.open_input_file(path) as f:
                 table = pq.read_table(f)
         except (OSError, pa.ArrowException) as e:
-            from orchestrator.results.query import _skip_unreadable
-
             _skip_unreadable(path, e)
             return
         if table.schema.equals(schema):
@@ -258,8 +257,6 @@ class ResultsStore:
         return requests
 
     def _check_levels(self, levels: pa.Table, run_id: str, trial_id: str) -> pa.Table:
-        from orchestrator.results.levels import LEVELS_SCHEMA
-
         if not isinstance(levels, pa.Table) or set(levels.schema.names) != set(LEVELS_SCHEMA.names):
             raise ValueError("levels must be a pyarrow.Table with LEVELS_SCHEMA's columns (see levels_to_table)")
         levels = levels.select(LEVELS_SCHEMA.names).cast(LEVELS_SCHEMA)
@@ -356,8 +353,6 @@ class ResultsStore:
 
     def read_levels(self, trial_ids: Optional[Iterable[str]] = None) -> pd.DataFrame:
         """Every capacity-search level row of the given trials, or of all."""
-        from orchestrator.results.levels import load_levels
-
         return load_levels(self.levels_dir, trial_ids, filesystem=self.filesystem)
 
     def _exists(self, path: str) -> bool:

@@ -31,6 +31,12 @@ from typing import Any, Optional
 
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs, ceil_div, engine_args_from_params, vllm_refusal
+from orchestrator.hardware.gpus import get_gpu
+from orchestrator.hardware.memory import plan_memory
+from orchestrator.hardware.memory import kv_bytes_per_token
+from orchestrator.hardware.quant_support import checkpoint_method, checkpoint_refusal
+from orchestrator.hardware.start import start_plan, start_refusal
+from orchestrator.models.shapes import find_model_config
 from orchestrator.study.space import pick_value, value_count
 
 # Real engines use a little memory the model cannot see (predicted KV caches are within 1%
@@ -86,8 +92,6 @@ def check(study, args: EngineArgs, *, cluster_units: Optional[int] = None,
           units_per_node: Optional[int] = None) -> FitVerdict:
     """Judge ``args`` (already resolved) against the study's model and GPU: vLLM's argument
     refusals, the cluster's shape, then the start-up memory plan the simulator starts with."""
-    from orchestrator.hardware.gpus import get_gpu
-    from orchestrator.hardware.start import start_plan, start_refusal
 
     model = study.model_shape
     cpu = study.on_cpu
@@ -122,8 +126,6 @@ _MEMORY_KINDS = (FailureKind.NO_KV_MEMORY, FailureKind.KV_CACHE_TOO_SMALL)
 def _checkpoint_refusal(study, args: EngineArgs) -> Optional[EngineStartError]:
     """vLLM's refusal of a quantization the checkpoint was not made with (the device's own
     refusals are :func:`~orchestrator.hardware.start.start_refusal`'s)."""
-    from orchestrator.hardware.quant_support import checkpoint_method, checkpoint_refusal
-    from orchestrator.models.shapes import find_model_config
 
     if args.quantization is None or study.engine.kind == "sim":  # a simulated checkpoint has no format
         return None
@@ -135,7 +137,6 @@ def _checkpoint_refusal(study, args: EngineArgs) -> Optional[EngineStartError]:
 
 def _within_margin(model, gpu, args: EngineArgs, dtype: str, share: float) -> bool:
     """Would the configuration start with ``share`` more of the requested memory? (then let it try)"""
-    from orchestrator.hardware.memory import plan_memory
 
     if share <= 0:
         return False
@@ -155,7 +156,6 @@ def cpu_kv_tokens(model, args: EngineArgs, kv_space_gib: float, dtype: str = "au
     cut into blocks of ``block_size`` tokens of the model's KV bytes per token (the
     compute dtype, float32 unless set; ``kv_cache_dtype`` overrides it).
     """
-    from orchestrator.hardware.memory import kv_bytes_per_token
 
     dname = dtype if dtype not in (None, "auto") else args.dtype
     dbytes = 4 if dname in (None, "auto", "float32", "float") else 2

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
 from orchestrator.search import fidelity_model as fm
-from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels,
-                                                  noise_columns,
+from orchestrator.search.feasibility import space_points
+from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels, noise_columns,
                                                   score_in_simulator, study_metrics)
 from orchestrator.study.judge import judge
 
@@ -115,8 +116,6 @@ class FidelitySearch:
 
     def prepare(self) -> None:
         """Score the candidates (the whole space, or a seeded sample of it)."""
-        from orchestrator.search.feasibility import space_points
-
         t0 = time.monotonic()
         points, size = space_points(self.study.space, self.study.seed,
                                     max_points=self.study.search.fidelity_candidates)
@@ -323,8 +322,6 @@ class FidelitySearch:
     # ---------------------------------------------------------------- the record
     def predictions_table(self):
         """Every scored configuration with its prediction (``fidelity`` sim), for ``predictions/``."""
-        import pyarrow as pa
-
         rows = []
         for k, c in self.candidates.items():
             j = judge(self.study, c.metrics, c.status)

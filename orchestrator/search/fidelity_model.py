@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from math import erf
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -212,8 +213,6 @@ class Residuals:
 
 # ------------------------------------------------------------------ expected gain
 def _phi(z: np.ndarray) -> np.ndarray:
-    from math import erf
-
     return 0.5 * (1.0 + np.vectorize(erf)(z / math.sqrt(2.0)))
 
 

@@ -15,6 +15,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from orchestrator.numbers import finite_float
 from orchestrator.results.levels import is_set, level_mark
 from orchestrator.search import fidelity_model as fm
+from orchestrator.search.trial_plan import load_plan, run_trial
+from orchestrator.study.engine import SimCalibration, SimEngineSpec
+from orchestrator.trial.capacity import level_workload
+from orchestrator.trial.run import TrialContext
 
 # A capacity trial's load levels the calibration is fitted to: those nearest its capacity (the knee
 # of its curve says most about the step costs; each level is one simulation per evaluation of the fit).
@@ -79,12 +83,6 @@ def score_in_simulator(study, points: Sequence[Mapping[str, Any]], calibration: 
                        rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
     """Each configuration's status and metrics from the virtual-time simulator under ``calibration``;
     with ``rates``, point i as one load window at ``rates[i]`` (a capacity study's level there)."""
-    from orchestrator.search.trial_plan import load_plan
-    from orchestrator.search.trial_plan import run_trial
-    from orchestrator.study.engine import SimCalibration, SimEngineSpec
-    from orchestrator.trial.capacity import level_workload
-    from orchestrator.trial.run import TrialContext
-
     engine = SimEngineSpec(kind="sim", mode="virtual", calibration=SimCalibration(**calibration))
     sim = study.model_copy(update={"engine": engine})
     ctx = TrialContext(run_id="fidelity")
@@ -126,6 +124,7 @@ class SimScorer:
         cpus = _free_ray_cpus() if len(points) >= self.PARALLEL_MIN else 0
         if cpus < 2:
             return score_in_simulator(self.study, points, calibration, rates)
+        # deferred: ray takes ~0.3 s to import; validate/show load this module
         import ray
 
         size = max(self.CHUNK // 4, min(self.CHUNK, -(-len(points) // cpus)))
@@ -139,6 +138,7 @@ class SimScorer:
 
 def _free_ray_cpus() -> int:
     try:
+        # deferred: ray takes ~0.3 s to import; validate/show load this module
         import ray
 
         return int(ray.available_resources().get("CPU", 0)) if ray.is_initialized() else 0

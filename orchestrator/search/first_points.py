@@ -34,6 +34,7 @@ def enqueue_warm_start(study: Study, searcher) -> int:
     """``search.warm_start``: earlier results' best points, mapped into this space, tried first."""
     if not study.search.warm_start:
         return 0
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.trial import TrialState
 
     ostudy = searcher._ot_study  # noqa: SLF001 - OptunaSearch keeps it there

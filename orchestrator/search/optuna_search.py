@@ -70,6 +70,7 @@ class SamplerReport:
 
 def tell_report(ostudy, trial, report: SamplerReport) -> None:
     """Tell Optuna a measured trial: constraints first (those not set yet), then values or FAIL."""
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.trial import TrialState
 
     have = trial.storage.get_trial(trial._trial_id).constraints  # noqa: SLF001 - live trials hide them
@@ -95,6 +96,7 @@ def tell(ostudy, trial, values=None, state=None) -> None:
 
 def _waiting(ostudy) -> bool:
     """A trial is queued (a retry, an initial point, a racing trial): it goes first."""
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.trial import TrialState
 
     return any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False))
@@ -102,6 +104,7 @@ def _waiting(ostudy) -> bool:
 
 def grid_exhausted(ostudy, space) -> bool:
     """Every grid point has been measured (grid sampler: nothing new left to propose)."""
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.samplers import BruteForceSampler
     from optuna.trial import TrialState
 
@@ -121,6 +124,7 @@ def queued_on_purpose(trial) -> bool:
 
 def find_duplicate(ostudy, trial) -> Optional[Any]:
     """A finished trial with exactly ``trial``'s parameters (its result is already known)."""
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.trial import TrialState
 
     params = trial.params
@@ -144,6 +148,7 @@ def proposing_with(ostudy, attempt: int):
     if attempt < MODEL_REPROPOSALS:
         yield
         return
+    # deferred: optuna is slow to import; validate/show load this module
     import optuna
 
     own = ostudy.sampler
@@ -196,6 +201,7 @@ def fidelity_ask(ostudy, fidelity: FidelitySearch, ask: Callable[[], Any],
     None when that search stops (:attr:`FidelitySearch.stop_reason`)."""
 
     def ask_pick():
+        # deferred: optuna is slow to import; validate/show load this module
         from optuna.trial import TrialState
 
         if not any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False)):
@@ -231,6 +237,7 @@ def ask_distinct(ostudy, space, staged: Optional[StagedSearch] = None):
 
 # ------------------------------------------------------------------ Tune's searcher
 def searcher_class():
+    # deferred: optuna and ray.tune (~0.7 s) are slow to import; validate/show load this module
     from optuna.trial import TrialState
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, Optional
 
+import pandas as pd
+
 from orchestrator.failures import TrialStatus, status_of, trial_lost
 from orchestrator.results.outcomes import outcome_summary
 from orchestrator.results.ties import bounds
@@ -65,7 +67,6 @@ class ProgressPrinter:
         """Count a resumed run's recorded trials (its ``trials`` rows): their failures and best value."""
         if trials is None or len(trials) == 0:
             return
-        import pandas as pd
 
 
         ok = feasible_mask(trials, self.study.constraints)
@@ -189,6 +190,7 @@ class ProgressPrinter:
         self._print(outcome_summary(trials))
 
     def tune_callback(self):
+        # deferred: ray.tune takes ~0.7 s to import; validate/show load this module
         from ray.tune import Callback
 
         printer = self

@@ -25,7 +25,7 @@ import numpy as np
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
-from orchestrator.results.ties import pool
+from orchestrator.results.ties import bounds, pool
 
 __all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "remeasure_trials"]
 
@@ -86,8 +86,6 @@ class Racer:
 
     def observe_rows(self, frame) -> None:
         """Trials recorded before (a resumed run): their rows."""
-        from orchestrator.results.ties import bounds
-
         if frame is None or len(frame) == 0 or self.metric not in frame.columns:
             return
         low, high = bounds(frame, self.metric)

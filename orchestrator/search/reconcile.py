@@ -28,6 +28,7 @@ class Reconciled:
 
 def reconcile(study, storage, ostudy_name: str, rows) -> Reconciled:
     """Bring the journal in line with the rows (see the module doc); ``rows``: the study's trials frame."""
+    # deferred: optuna is slow to import; validate/show load this module
     import optuna
     from optuna.trial import TrialState
 

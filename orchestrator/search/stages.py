@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.search.feasibility import resolve_args
+from orchestrator.search.warm_start import _DROP, snap_value
+
 # A trial answered from an earlier one with the same parameters (not measured; see optuna_search).
 DUPLICATE_ATTR = "duplicate_of"
 
@@ -40,10 +44,6 @@ def baseline_values(study) -> dict[str, Any]:
     yet" means "as vLLM would run it"; where the default is outside the space, its
     nearest value.)
     """
-    from orchestrator.hardware.engine_args import EngineArgs
-    from orchestrator.search.feasibility import resolve_args
-    from orchestrator.search.warm_start import _DROP, snap_value
-
     defaults = resolve_args(study, EngineArgs())
     out = {}
     for name in study.space.sampled_names():
@@ -58,6 +58,7 @@ def baseline_values(study) -> dict[str, Any]:
 def best_trial(study, trials: Sequence) -> Optional[Any]:
     """The best finished trial for holding parameters: meets every constraint and is best on
     the first objective; if none meets them, the one closest to meeting them."""
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.trial import TrialState
 
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
@@ -100,6 +101,7 @@ class StagedSearch:
 
     def fixed_params(self, trials: Sequence) -> Optional[tuple[int, dict[str, Any]]]:
         """The next trial's stage and the parameters it holds; None: wait for running trials."""
+        # deferred: optuna is slow to import; validate/show load this module
         from optuna.trial import TrialState
 
         counted = sorted((t for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING,
@@ -124,6 +126,7 @@ class StagedSearch:
 def enqueue_stage(ostudy, staged: StagedSearch) -> bool:
     """Queue the next trial's held parameters; False if it must wait. A queued (warm start,
     retry) trial goes first as it is."""
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.trial import TrialState
 
     trials = ostudy.get_trials(deepcopy=False)

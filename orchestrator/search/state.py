@@ -9,6 +9,7 @@ import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orchestrator.search.resume import JournalFlock, repair_journal
 from orchestrator.study.spec import Study
 from orchestrator.study.state_dir import local_state_dir  # noqa: F401 - part of the state API
 
@@ -31,10 +32,9 @@ def optuna_storage(state_dir: Path):
     """The study's Optuna journal: repaired if a killed writer tore its last record, locked with
     ``flock`` (released by the kernel when a driver dies, where Optuna's own lock files would make
     the next start wait out a 30 s grace period)."""
+    # deferred: optuna is slow to import; validate/show load this module
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
-
-    from orchestrator.search.resume import JournalFlock, repair_journal
 
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "optuna.journal"

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from orchestrator.failures import TrialStatus, not_recorded, root_message, status_of, trial_lost
 from orchestrator.results.levels import levels_to_table
+from orchestrator.results.probe_store import ProbeStore
 from orchestrator.results.schema import requests_to_table
 from orchestrator.results.store import ResultsStore
 from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns
@@ -121,7 +122,6 @@ class ResultsSinkActor:
 
     def keep_probe(self, probe_set: str, trial_id: str, record: dict, eligible: bool):
         """A trial's probe answers; the baseline's (see orchestrator.results.probe_store)."""
-        from orchestrator.results.probe_store import ProbeStore
 
         return ProbeStore(self.output, self.study_name).keep(probe_set, trial_id, record, eligible)
 

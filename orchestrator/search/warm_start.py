@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import pandas as pd
 
+from orchestrator.results import load_trials, pareto_front
 from orchestrator.study.space import CategoricalParam, FixedParam, FloatParam, IntParam, SearchSpace
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,6 @@ def front_params(study, trials: pd.DataFrame) -> list[dict[str, Any]]:
     without them (the best trade-offs seen, still better starts than random ones).
     Best first by the first objective.
     """
-    from orchestrator.results import pareto_front
-
     needed = [o.metric for o in study.objectives] + ["params_json"]
     if trials.empty or any(c not in trials.columns for c in needed):
         return []
@@ -143,8 +142,6 @@ def warm_start_points(study, frames: Sequence[pd.DataFrame], existing: Sequence[
 
 def load_frames(paths: Sequence[str]) -> list[pd.DataFrame]:
     """Trials of each earlier result dataset (unreadable ones are skipped with a warning)."""
-    from orchestrator.results import load_trials
-
     frames = []
     for path in paths:
         try:

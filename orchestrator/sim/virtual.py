@@ -17,10 +17,10 @@ import itertools
 from typing import Optional
 
 from orchestrator.measure.records import RequestErrorKind, RequestRecord
+from orchestrator.measure.warmup import SteadyJudge
 from orchestrator.sim.core import SimEngineCore, SimRequest
 from orchestrator.workload.request_set import RequestSet
 from orchestrator.workload.requests import Request
-
 
 # The steady warm-up sends at most this many requests, or a few times what its rate and max_s call
 # for: gaps that collapse to 0 s would otherwise send requests at one instant for ever.
@@ -168,8 +168,6 @@ def _warm_until_steady(drv: _Driver, stream) -> tuple[list[RequestRecord], str]:
     completion (virtual time costs nothing; no request is cut), so ``warmup_s_used``
     includes that drain.
     """
-    from orchestrator.measure.warmup import SteadyJudge
-
     start = drv.t
     judge = SteadyJudge(stream.settings, start)
     sent: list[RequestRecord] = []

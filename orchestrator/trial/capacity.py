@@ -36,6 +36,7 @@ from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, interv
 from orchestrator.measure.metrics import LoadMetrics
 from orchestrator.measure.records import RequestRecord
 from orchestrator.study import judge
+from orchestrator.workload.arrivals import with_rate
 
 __all__ = ["LevelVerdict", "judge_level", "LevelPoint", "next_rate",
            "capacity_index", "capacity_bracket", "CapacityBracket", "LevelResult", "CapacityResult", "search_capacity",
@@ -386,7 +387,6 @@ def level_workload(workload, rate: float, spec, base_rate: Optional[float]):
     replayed whole with its time scale multiplied by ``base_rate / rate`` (``base_rate``:
     the trace's own rate as the study replays it).
     """
-    from orchestrator.workload.arrivals import with_rate
 
     if workload.trace is not None:
         if not base_rate:

@@ -27,6 +27,10 @@ from orchestrator.measure.metrics import PERPLEXITY_METRIC_NAMES, PROBE_METRIC_N
 from orchestrator.redaction import redact
 from orchestrator.study.probe import ProbeSpec
 from orchestrator.trial.plan import ProbePlan
+from orchestrator.trial.probe_http import post_all
+from orchestrator.trial.probe_perplexity import (
+    perplexity_columns, perplexity_texts, run_perplexity, scored_from_json, scored_to_json,
+)
 from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab
 
 # The columns compare() computes from the answers (perplexity and the duration are measured apart).
@@ -90,7 +94,6 @@ def run_probe(base_url: str, model: str, prompts: Sequence[ProbePrompt], spec: P
               api_key: Optional[str] = None) -> tuple[list[ProbeAnswer], float]:
     """Send the probe set to an OpenAI-compatible completions endpoint: (answers in prompt order, seconds)."""
     t0 = time.monotonic()
-    from orchestrator.trial.probe_http import post_all
 
     answers = asyncio.run(post_all(base_url, model, [_body(model, p) for p in prompts], _answer,
                                    lambda e: ProbeAnswer(error=e), concurrency=spec.concurrency,
@@ -164,9 +167,6 @@ def probe_trial(plan: ProbePlan, *, base_url: str, model: str, api_key: Optional
     ``keep(probe_set, trial_id, record, eligible)`` stores the answers and returns the baseline's
     record (:meth:`orchestrator.results.probe_store.ProbeStore.keep`), or None while there is none.
     """
-    from orchestrator.trial.probe_perplexity import (
-        perplexity_columns, perplexity_texts, run_perplexity, scored_from_json, scored_to_json,
-    )
 
     spec: ProbeSpec = plan.spec
     vocab_size = plan.vocab_size

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any, Callable, Optional, Sequence
+import aiohttp
+from orchestrator.loadgen import Endpoint
 
 
 async def post_all(base_url: str, model: str, bodies: Sequence[dict], parse: Callable[[dict, dict], Any],
@@ -13,9 +15,7 @@ async def post_all(base_url: str, model: str, bodies: Sequence[dict], parse: Cal
                    api_key: Optional[str]) -> list:
     """POST every body to the completions endpoint, ``concurrency`` at a time: ``parse(payload, body)`` of
     each answer in the bodies' order, or ``failed(message)`` for a request that failed."""
-    import aiohttp
 
-    from orchestrator.loadgen import Endpoint
 
     endpoint = Endpoint(base_url, model, api="completions", api_key=api_key)  # its URL join, headers, scrub
     gate = asyncio.Semaphore(concurrency)

@@ -21,7 +21,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
+from orchestrator.models.corpus import Grammar, heldout_sequences
+from orchestrator.models.modelgen import special_token_count
 from orchestrator.study.probe import ProbeSpec
+from orchestrator.trial.probe_http import post_all
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,6 @@ class Scored:
 
 def perplexity_texts(spec: ProbeSpec, vocab_size: int) -> list[tuple[int, ...]]:
     """The held-out texts the probe scores (none when ``perplexity_sequences`` is 0)."""
-    from orchestrator.models.corpus import Grammar, heldout_sequences
-    from orchestrator.models.modelgen import special_token_count
 
     if spec.perplexity_sequences == 0:
         return []
@@ -69,7 +70,6 @@ def score(payload: dict, ids: Sequence[int]) -> Scored:
 def run_perplexity(base_url: str, model: str, texts: Sequence[Sequence[int]], spec: ProbeSpec,
                    api_key: Optional[str] = None) -> list[Scored]:
     """Score every held-out text through the engine, ``spec.concurrency`` at a time."""
-    from orchestrator.trial.probe_http import post_all
 
     return asyncio.run(post_all(base_url, model, [_body(model, t) for t in texts],
                                 lambda payload, body: score(payload, body["prompt"]),

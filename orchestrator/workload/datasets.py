@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -117,8 +118,6 @@ def read_dataset(fmt: str, path: Union[str, os.PathLike], output_len: Optional[i
     if fmt == "trace":
         entries = read_trace(path, need_timestamp=False)
         if output_len is not None:
-            from dataclasses import replace
-
             entries = [replace(e, output_len=output_len) for e in entries]
         return entries
     raise ValueError(f"unknown dataset format {fmt!r}; allowed: sharegpt, vllm-custom, trace")
