@@ -53,8 +53,7 @@ def h200_study(rate: float, duration: float, seed: int):
 
 def window(rate: float, duration: float, seed: int):
     from orchestrator.hardware.engine_args import engine_args_from_params
-    from orchestrator.search.trial_plan import engine_for
-    from orchestrator.search.trial_plan import load_plan
+    from orchestrator.search.trial_plan import engine_for, load_plan
 
     study = h200_study(rate, duration, seed)
     engine = engine_for(study)

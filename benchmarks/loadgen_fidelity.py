@@ -49,13 +49,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fidelity_servers import MODEL, Server, start_sim, start_stub, start_vllm, stub_truth  # noqa: E402
+
 from orchestrator.loadgen import Endpoint, run_load_sync  # noqa: E402
 from orchestrator.measure.metrics import summarise  # noqa: E402
 from orchestrator.workload.datasets import write_vllm_custom  # noqa: E402
 from orchestrator.workload.generate import build_requests  # noqa: E402
 from orchestrator.workload.spec import WorkloadSpec  # noqa: E402
-
-from fidelity_servers import MODEL, Server, start_sim, start_stub, start_vllm, stub_truth  # noqa: E402
 
 # (our metric, vLLM's key) compared per run.
 COMPARED = [

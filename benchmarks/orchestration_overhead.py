@@ -64,8 +64,7 @@ def baseline(study, trials: int, serve_port: int) -> list[dict]:
     from orchestrator.engines.base import EngineContext
     from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.loadgen import Endpoint, run_load_sync
-    from orchestrator.search.trial_plan import engine_for
-    from orchestrator.search.trial_plan import load_plan
+    from orchestrator.search.trial_plan import engine_for, load_plan
 
     engine = engine_for(study, EngineContext(serve_port=serve_port))
     requests = load_plan(study).requests()

@@ -61,6 +61,17 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: (_RANK.get(item.path.name, len(FIRST)), -LONG_MODULES.get(item.path.name, 0)))
 
 
+def sim_study(base: Optional[Mapping] = None, *, mode: str = "virtual", **sections):
+    """A study of the simulated engine (virtual time unless ``mode``): ``base`` (default
+    :data:`BASE_STUDY`) with the given top-level ``sections`` replaced, parsed."""
+    from orchestrator.study.spec import parse_study
+
+    doc = copy.deepcopy(dict(base if base is not None else BASE_STUDY))
+    doc["engine"] = {"kind": "sim", "mode": mode}
+    doc.update(copy.deepcopy(sections))
+    return parse_study(doc)
+
+
 @pytest.fixture
 def study_doc():
     """A fresh, valid study document to mutate in a test."""
@@ -73,21 +84,20 @@ def repo() -> Path:
 
 
 @contextmanager
-def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[int]:
-    """A Ray cluster of our own (``address="local"``: never one another job on the machine started)
-    with Serve's proxy on ``port``: 3 CPUs, 1 logical GPU, engine metrics reported every second.
-    ``env``: set in this process and in Ray's workers while it runs. Yields the proxy's port."""
+def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num_gpus: int = 0) -> Iterator[str]:
+    """A Ray cluster of our own (``address="local"``: never one another job on the machine started),
+    engine metrics reported every second. ``env``: set in this process and in Ray's workers while it
+    runs. Yields the session folder (Ray's logs)."""
     import ray
-
-    from orchestrator.cluster.connect import start_serve
 
     env = dict(env or {})
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
-             _system_config={"metrics_report_interval_ms": 1000}, runtime_env={"env_vars": env} if env else None)
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+             namespace="orchestrator", _system_config={"metrics_report_interval_ms": 1000},
+             runtime_env={"env_vars": env} if env else None)
     try:
-        yield start_serve(port)
+        yield ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - no public API
     finally:
         ray.shutdown()
         for k, v in saved.items():
@@ -95,6 +105,15 @@ def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[int]:
+    """:func:`local_ray` with 1 logical GPU and Serve's proxy on ``port``. Yields the proxy's port."""
+    from orchestrator.cluster.connect import start_serve
+
+    with local_ray(env, num_gpus=1):
+        yield start_serve(port)
 
 
 # Native libraries loaded by the Ray and vLLM tests (torch, grpc, vLLM's extensions) can abort

@@ -14,6 +14,7 @@ import sys
 import tomllib
 
 from packaging.requirements import Requirement
+
 from conftest import REPO
 
 TESTS = REPO / "tests"

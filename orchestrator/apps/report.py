@@ -32,13 +32,12 @@ import pandas as pd
 import pyarrow as pa
 
 from orchestrator.apps.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
-                                          importance_figure, level_figure, nightly_figure, pareto_figure,
-                                          timeline_figure)
+                                       importance_figure, level_figure, nightly_figure, pareto_figure, timeline_figure)
 from orchestrator.apps.nightly import load_summaries
 from orchestrator.apps.recommend import RecommendError, recommend
-from orchestrator.apps.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table,
-                                                curve_trials, front_of, front_table, importances,
-                                                level_curves, load_curves, point_categories)
+from orchestrator.apps.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table, curve_trials,
+                                             front_of, front_table, importances, level_curves, load_curves,
+                                             point_categories)
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.harness import harness_bound_mask
 from orchestrator.results.definition import read_study_definition

@@ -17,7 +17,6 @@ it (their trials are failing anyway); a node that joins adds room.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Optional

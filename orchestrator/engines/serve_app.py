@@ -9,7 +9,6 @@ polled here.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Callable, Optional
 

@@ -5,11 +5,11 @@ import asyncio
 import time
 
 from fastapi import Request  # a real annotation object below: Ray versions resolve string ones differently
-
-from orchestrator.engines.sim_http import NOT_JSON, build_sim_frontend, error_body, start_direct_server
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
 from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start, ingress_delay_s
+from orchestrator.engines.sim_http import NOT_JSON, build_sim_frontend, error_body, start_direct_server
 
 
 def build_ingress_class():

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
 from typing import Optional
+from urllib.parse import urlsplit
 
 from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
@@ -24,10 +26,7 @@ from orchestrator.engines.sim_faults import faults_for_trial
 from orchestrator.engines.sim_ingress import build_ingress_class
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs
-from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape, find_model_config
-import socket
-from urllib.parse import urlsplit
 
 
 def sim_resolve(target: EngineTarget, args: EngineArgs) -> EngineArgs:

@@ -18,8 +18,7 @@ from orchestrator.engines import serve_app
 from orchestrator.engines.base import EngineEndpoint
 from orchestrator.engines.serve_app import _app_status, _failure_text
 from orchestrator.engines.vllm_logs import replica_log_tail
-from orchestrator.engines.vllm_process import tail
-from orchestrator.engines.vllm_process import group_gone
+from orchestrator.engines.vllm_process import group_gone, tail
 from orchestrator.measure.nvml import load_pynvml
 
 log = logging.getLogger(__name__)

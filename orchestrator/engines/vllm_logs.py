@@ -11,6 +11,7 @@ import logging
 import re
 from pathlib import Path
 from typing import Optional
+
 from orchestrator.engines.vllm_process import ray_logs_dir
 
 log = logging.getLogger(__name__)

@@ -18,21 +18,22 @@ logs) show the command redacted: the real argv keeps the secrets (``--hf-token``
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import deque
 from pathlib import Path
 from typing import IO, Any, Iterable, Optional
 
-from orchestrator.redaction import argv_secrets, scrub, secret_values, shell_line
-import ctypes
-import tempfile
 import psutil
+
+from orchestrator.redaction import argv_secrets, scrub, secret_values, shell_line
 
 DEPLOYMENT_NAME = "VllmServer"
 

@@ -31,8 +31,7 @@ from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
-from orchestrator.models.modelgen import make_model_dir
-from orchestrator.models.modelgen import tokenizer_dir
+from orchestrator.models.modelgen import make_model_dir, tokenizer_dir
 from orchestrator.redaction import (MissingSecret, env_references, is_reference, redact, redact_argv,
                                     resolve_env_references, scrub, secret_values)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import shlex
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Literal, Optional
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
 from orchestrator.measure.metrics import LATENCY_FAMILIES, PERCENTILES, RequestSLO
 from orchestrator.measure.records import RequestRecord
-from statistics import NormalDist
 
 __all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "INTERVAL_METRICS", "Interval", "interval_columns",
            "metric_intervals", "t_of", "z_of"]

@@ -10,7 +10,6 @@ throughputs over the engine's active time. See docs/metrics.md.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 

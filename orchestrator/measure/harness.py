@@ -35,9 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+import pandas as pd
+
 from orchestrator.failures import TrialStatus
 from orchestrator.numbers import finite_float
-import pandas as pd
 
 TTFT_RELATIVE = 0.10
 TTFT_FLOOR_MS = 20.0

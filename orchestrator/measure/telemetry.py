@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from orchestrator.measure.engine_window import (EngineSnapshot, engine_segments_metrics, engine_snapshot,
-                                                 engine_window_metrics)
+                                                engine_window_metrics)
 from orchestrator.measure.nvml import NvmlSampler
 from orchestrator.measure.prometheus_text import fetch_metrics_text, iter_samples
 

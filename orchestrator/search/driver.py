@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from orchestrator.cluster.connect import NAMESPACE, cluster_info, engine_resource, ensure_ray, local_ray, start_serve
 from orchestrator.cluster.gpu_ledger import GpuLedgerActor
@@ -39,8 +39,8 @@ from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter
 from orchestrator.search.racing import Racer
 from orchestrator.search.reconcile import reconcile
-from orchestrator.search.resume import (RunInProgress, RunLock, RunState, check_state, drop_orphan_requests, process_identity,
-                                 stop_orphans)
+from orchestrator.search.resume import (RunInProgress, RunLock, RunState, check_state, drop_orphan_requests,
+                                        process_identity, stop_orphans)
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch

@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.failures import EngineStartError, FailureKind
-from orchestrator.hardware.engine_args import EngineArgs, ceil_div, engine_args_from_params, vllm_refusal
+from orchestrator.hardware.engine_args import EngineArgs, ceil_div, engine_args_from_params
 from orchestrator.hardware.gpus import get_gpu
-from orchestrator.hardware.memory import plan_memory
-from orchestrator.hardware.memory import kv_bytes_per_token
+from orchestrator.hardware.memory import kv_bytes_per_token, plan_memory
 from orchestrator.hardware.quant_support import checkpoint_method, checkpoint_refusal
 from orchestrator.hardware.start import start_plan, start_refusal
 from orchestrator.models.shapes import find_model_config

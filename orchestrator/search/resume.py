@@ -28,7 +28,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from orchestrator.results.query import list_data_files
 

@@ -14,13 +14,13 @@ import json
 import platform
 import socket
 from functools import lru_cache
+from importlib import metadata
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from orchestrator.failures import Failure, TrialStatus
 from orchestrator.redaction import redact, scrub, secret_values
 from orchestrator.search.fidelity import prediction_columns
 from orchestrator.study.judge import Judgement, judge
-from importlib import metadata
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.study.spec import Study

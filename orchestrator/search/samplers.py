@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
+
 def sampler_seed(study) -> int:
     return study.search.seed if study.search.seed is not None else study.seed
 

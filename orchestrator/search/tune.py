@@ -10,10 +10,10 @@ hands it to the searcher. A result that cannot be written stops the study
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import json
 import logging
 import os
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence

@@ -35,7 +35,7 @@ from typing import Optional
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import GpuSpec
 from orchestrator.hardware.memory import (cudagraph_capture_sizes, dtype_bytes, kv_bytes_per_token, layers_per_rank,
-                                     model_dtype)
+                                          model_dtype)
 from orchestrator.models.shapes import QUANT_WEIGHT_BITS, ModelShape
 from orchestrator.sim.scheduler import BatchShape
 

@@ -16,7 +16,6 @@ from orchestrator.strict_model import StrictModel
 from orchestrator.study.errors import Problem
 from orchestrator.study.space import SearchSpace
 
-
 MAX_GRID_POINTS = 100_000  # as budget.trials: a grid sampler lists (and checks off) every point
 
 

@@ -19,7 +19,8 @@ from orchestrator.loadgen import Endpoint, run_load_sync
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, metric_intervals
 from orchestrator.measure.harness import harness_verdict
 from orchestrator.measure.measurement import LevelMeasurement
-from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES, LoadMetrics, in_window, measurement_window, summarise
+from orchestrator.measure.metrics import (ENGINE_WINDOW_METRIC_NAMES, LoadMetrics, in_window, measurement_window,
+                                          summarise)
 from orchestrator.measure.nvml import try_nvml
 from orchestrator.measure.prometheus_text import fetch_metrics_text, parse_prometheus
 from orchestrator.measure.records import RequestErrorKind, RequestRecord

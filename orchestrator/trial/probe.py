@@ -28,9 +28,8 @@ from orchestrator.redaction import redact
 from orchestrator.study.probe import ProbeSpec
 from orchestrator.trial.plan import ProbePlan
 from orchestrator.trial.probe_http import post_all
-from orchestrator.trial.probe_perplexity import (
-    perplexity_columns, perplexity_texts, run_perplexity, scored_from_json, scored_to_json,
-)
+from orchestrator.trial.probe_perplexity import (perplexity_columns, perplexity_texts, run_perplexity, scored_from_json,
+                                                 scored_to_json)
 from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab
 
 # The columns compare() computes from the answers (perplexity and the duration are measured apart).

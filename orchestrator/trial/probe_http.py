@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any, Callable, Optional, Sequence
+
 import aiohttp
+
 from orchestrator.loadgen import Endpoint
 
 

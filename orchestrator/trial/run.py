@@ -11,7 +11,6 @@ trial that raises teaches the sampler nothing. What the result is worth is the j
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import traceback

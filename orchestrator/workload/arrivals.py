@@ -20,16 +20,8 @@ from typing import Optional
 
 import numpy as np
 
-from orchestrator.workload.spec import (
-    RATE_ARRIVALS,
-    BurstArrival,
-    ConcurrencyArrival,
-    ConstantArrival,
-    DiurnalArrival,
-    GammaArrival,
-    PoissonArrival,
-    RampArrival,
-)
+from orchestrator.workload.spec import (RATE_ARRIVALS, BurstArrival, ConcurrencyArrival, ConstantArrival,
+                                        DiurnalArrival, GammaArrival, PoissonArrival, RampArrival)
 
 __all__ = ["sample_arrivals", "nominal_rate", "with_rate", "ramp_rates", "diurnal_rate", "is_rate_driven"]
 

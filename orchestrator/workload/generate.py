@@ -83,16 +83,8 @@ from orchestrator.workload.request_set import RequestSet
 from orchestrator.workload.requests import Request
 from orchestrator.workload.sessions import build_session_requests
 from orchestrator.workload.spec import ConcurrencyArrival, WorkloadSpec
-from orchestrator.workload.synthesis import (
-    draw_prefixes,
-    entry_requests,
-    level_streams,
-    make_requests,
-    make_rng,
-    replicate_streams,
-    sample_lengths,
-    seed_streams,
-)
+from orchestrator.workload.synthesis import (draw_prefixes, entry_requests, level_streams, make_requests, make_rng,
+                                             replicate_streams, sample_lengths, seed_streams)
 from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab, text_token_ids, token_ids_to_text
 from orchestrator.workload.trace import TraceEntry, TraceError, read_trace, resolve_workload_file, select_window
 from orchestrator.workload.warmup_stream import WarmupStream, steady_stream

@@ -44,8 +44,8 @@ from orchestrator.workload.request_set import RequestSet
 from orchestrator.workload.requests import Request
 from orchestrator.workload.session_files import SessionShape, SessionTurn, read_session_file
 from orchestrator.workload.spec import WorkloadSpec
-from orchestrator.workload.synthesis import (draw_prefixes, level_streams, make_rng, replicate_streams,
-                                             sample_lengths, seed_streams, token_list)
+from orchestrator.workload.synthesis import (draw_prefixes, level_streams, make_rng, replicate_streams, sample_lengths,
+                                             seed_streams, token_list)
 from orchestrator.workload.tokens import MIN_TOKEN_ID, text_token_ids, token_ids_to_text
 from orchestrator.workload.trace import resolve_workload_file
 

@@ -12,7 +12,6 @@ from pydantic import AfterValidator, Field, Strict, model_validator
 
 from orchestrator.strict_model import StrictModel
 
-
 # A count given as true or "20" is a mistake, not 1 or 20.
 Count = Annotated[int, Strict()]
 

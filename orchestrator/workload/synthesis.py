@@ -22,15 +22,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from orchestrator.workload.requests import Request
-from orchestrator.workload.spec import (
-    ChoiceLength,
-    FixedLength,
-    LognormalLength,
-    NormalLength,
-    SharedPrefix,
-    UniformLength,
-    WorkloadSpec,
-)
+from orchestrator.workload.spec import (ChoiceLength, FixedLength, LognormalLength, NormalLength, SharedPrefix,
+                                        UniformLength, WorkloadSpec)
 from orchestrator.workload.tokens import MIN_TOKEN_ID, text_token_ids
 from orchestrator.workload.trace import TraceEntry
 

@@ -20,22 +20,10 @@ import numpy as np
 
 from orchestrator.workload.arrivals import diurnal_rate
 from orchestrator.workload.requests import Request
-from orchestrator.workload.spec import (
-    ConstantArrival,
-    DiurnalArrival,
-    GammaArrival,
-    PoissonArrival,
-    RampArrival,
-    WorkloadSpec,
-)
-from orchestrator.workload.synthesis import (
-    STEADY_KEY,
-    draw_prefixes,
-    entry_requests,
-    make_requests,
-    make_rng,
-    seed_streams,
-)
+from orchestrator.workload.spec import (ConstantArrival, DiurnalArrival, GammaArrival, PoissonArrival, RampArrival,
+                                        WorkloadSpec)
+from orchestrator.workload.synthesis import (STEADY_KEY, draw_prefixes, entry_requests, make_requests, make_rng,
+                                             seed_streams)
 
 __all__ = ["WarmupStream", "steady_stream"]
 

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from orchestrator.apps.docs_tables import (
-    COMMAND, TABLES, check_text, doc_files, marked_tables, rewrite_text, table_diff,
-)
+from orchestrator.apps.docs_tables import (COMMAND, TABLES, check_text, doc_files, marked_tables, rewrite_text,
+                                           table_diff)
 
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from conftest import REPO
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import REPO
 from support.kuberay_schema import validate_manifest
-
 
 
 def _raycluster() -> dict:

@@ -11,12 +11,11 @@ import yaml
 
 from conftest import REPO
 from orchestrator.apps.nightly import (NightlyPolicy, NightlySummary, compare_nights, front_points, load_summaries,
-                                  previous_run, summarise_night)
+                                       previous_run, summarise_night)
 from orchestrator.results.schema import trial_row_to_table, trials_schema
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
-
 
 
 def _study(slowdown: float = 1.0, **over):

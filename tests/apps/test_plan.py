@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.kuberay_schema import validate_manifest
 from conftest import REPO
 from orchestrator.apps.plan import Candidate, PlanError, check_rate, plan_fleet, replicas_for, target_ongoing_requests
 from orchestrator.cli import main
 from orchestrator.hardware.pricing import unit_metrics
+from support.kuberay_schema import validate_manifest
 
 H200 = REPO / "results" / "examples" / "llama3-8b-h200"
 INTERACTIVE = REPO / "results" / "examples" / "llama3-8b-h200-interactive"

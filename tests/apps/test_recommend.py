@@ -16,7 +16,6 @@ from orchestrator.apps.recommend import RecommendError, engine_args_of, recommen
 from orchestrator.hardware.engine_args import SPECULATIVE_ARGS, EngineArgs
 from orchestrator.study.spec import parse_study
 
-
 # vLLM's own `vllm serve` parser (the CPU build is enough): argv in, the parsed engine arguments out as JSON.
 VLLM_PARSE = r"""
 import json, shlex, sys

@@ -10,7 +10,6 @@ from conftest import REPO
 from orchestrator.cli import build_parser
 
 
-
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001

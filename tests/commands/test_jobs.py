@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
 from conftest import REPO
 
 BIN = Path(sys.executable).parent

@@ -31,14 +31,13 @@ from typing import Any, Callable, Optional, get_args
 
 import psutil
 import pytest
-from support.vllm_processes import engine_core_binding, vllm_processes
 
-from orchestrator.engines import ENGINES, Engine, EngineContext, engine_class, engine_kinds
-from orchestrator.engines import serve_app
+from orchestrator.engines import ENGINES, Engine, EngineContext, engine_class, engine_kinds, serve_app
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.search.trial_plan import engine_for
 from orchestrator.study.spec import EngineSpec, parse_study
+from support.vllm_processes import engine_core_binding, vllm_processes
 
 SERVE_PORT = 8233
 NUM_GPUS = 4  # logical: the simulator holds them as vLLM would hold real ones

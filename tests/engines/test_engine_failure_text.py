@@ -7,8 +7,9 @@ every start; on an H200 that warning used to become the trial's failure message.
 
 from pathlib import Path
 
-from orchestrator.failures import FailureKind, classify_start_error
+from orchestrator.failures import FailureKind
 from orchestrator.failures import best_message as _best_message
+from orchestrator.failures import classify_start_error
 
 LOG = (Path(__file__).resolve().parents[1] / "data" / "vllm_invalid_args.log").read_text()
 

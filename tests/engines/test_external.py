@@ -13,8 +13,8 @@ from orchestrator.results.definition import write_study_definition
 from orchestrator.results.schema import requests_to_table
 from orchestrator.study.spec import StudyFileError, parse_study
 from orchestrator.trial.run import TrialContext
-from support.recorded_trial import run_trial
 from support.fake_openai import API_KEY, fake, server  # noqa: F401 - the fake OpenAI server fixtures
+from support.recorded_trial import run_trial
 
 
 def external_study(base_url: str, tmp_path, **engine):

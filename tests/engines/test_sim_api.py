@@ -15,7 +15,6 @@ serves the sim trial's own front end. What vLLM does, the simulator does:
 
 from __future__ import annotations
 
-from conftest import REPO
 import json
 import math
 import os
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import openai
 import pytest
+
+from conftest import REPO
 
 MODEL = "tiny-llama"
 VOCAB = 4096  # tiny-llama's vocab_size: what "logprobs: -1" asks for

@@ -17,7 +17,6 @@ direct server and to the Serve (FastAPI) route.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from typing import Any, Optional
@@ -35,8 +34,7 @@ def doors(tmp_path_factory):
     import ray
 
     from orchestrator.cluster.connect import start_serve
-    from orchestrator.engines import serve_app
-    from orchestrator.engines import EngineContext
+    from orchestrator.engines import EngineContext, serve_app
     from orchestrator.engines.sim_served import ServedSimEngine
     from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.study.spec import parse_study

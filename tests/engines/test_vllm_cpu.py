@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support.vllm_processes import own_caches, vllm_processes
 
 from orchestrator.measure.harness import harness_verdict
+from support.vllm_processes import own_caches, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

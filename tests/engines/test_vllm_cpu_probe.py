@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from conftest import local_ray
 from support.vllm_processes import own_caches
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -22,7 +24,6 @@ KV_BYTES = 8 * 2**20
 
 def test_probe_agreement_on_cpu_vllm(tmp_path, monkeypatch):
     import optuna
-    import ray
 
     from orchestrator.models.modelgen import make_model_dir
     from orchestrator.results import load_trials
@@ -48,12 +49,8 @@ def test_probe_agreement_on_cpu_vllm(tmp_path, monkeypatch):
         "budget": {"trials": 2, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
-             runtime_env={"env_vars": caches})
-    try:
+    with local_ray(caches):
         run = run_study(study, quiet=True, serve_port=8133)
-    finally:
-        ray.shutdown()
 
     trials = load_trials(run.study_dir).set_index("dtype")
     assert set(trials.index) == {"float32", "bfloat16"}

@@ -16,13 +16,14 @@ import json
 import time
 
 import pytest
+
+from conftest import local_ray
 from support.vllm_processes import own_caches, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch):
-    import ray
     from ray import serve
 
     from orchestrator.apps.recommend import recommend
@@ -49,14 +50,9 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
         "budget": {"trials": 1, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
-             _system_config={"metrics_report_interval_ms": 1000},
-             runtime_env={"env_vars": caches})
-    try:
+    with local_ray(caches):
         run = run_study(study, quiet=True, serve_port=8132)
         leftover = [a for a in serve.status().applications if a.startswith("tune-")]
-    finally:
-        ray.shutdown()
     assert leftover == []
     time.sleep(2)
     assert vllm_processes(tmp_path / "cache") == [], "a vLLM process outlived its trial"

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.vllm_processes import own_caches
 
+from conftest import local_ray
 from orchestrator.results.schema import requests_to_table
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.vllm_processes import own_caches
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -26,7 +27,6 @@ KV_BYTES = 64 * 2**20
 
 
 def test_sessions_on_cpu_vllm(tmp_path, monkeypatch):
-    import ray
 
     from orchestrator.cluster.connect import start_serve
     from orchestrator.models.modelgen import make_model_dir
@@ -48,13 +48,9 @@ def test_sessions_on_cpu_vllm(tmp_path, monkeypatch):
         "objectives": ["maximize session_goodput"], "constraints": ["ttft_p99_ms <= 5000"],
         "search": {"preflight": False},
         "output": str(tmp_path / "out")})
-    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
-             _system_config={"metrics_report_interval_ms": 1000}, runtime_env={"env_vars": caches})
-    try:
+    with local_ray(caches):
         port = start_serve(8137)
         out = run_trial(study, {}, trial_id="t1", trial_number=0, ctx=TrialContext("r1", serve_port=port))
-    finally:
-        ray.shutdown()
     row = out.row
     assert row["status"] == "completed", row.get("failure_message")
     req = requests_to_table(out.records, study=study.name, run_id="r1", trial_id="t1").to_pandas()

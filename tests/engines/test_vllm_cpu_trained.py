@@ -18,6 +18,8 @@ import json
 import math
 
 import pytest
+
+from conftest import local_ray
 from support.vllm_processes import own_caches
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -26,7 +28,6 @@ KV_BYTES = 8 * 2**20
 
 
 def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
-    import ray
 
     from orchestrator.models.modelgen import trained_model_dir
     from orchestrator.results import load_trials
@@ -55,12 +56,8 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
         "budget": {"trials": 2, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
-             runtime_env={"env_vars": caches})
-    try:
+    with local_ray(caches):
         run = run_study(study, quiet=True, serve_port=8134)
-    finally:
-        ray.shutdown()
 
     trials = load_trials(run.study_dir).set_index("dtype")
     assert (trials["status"] == "completed").all(), trials[["status", "failure_message"]]

@@ -18,8 +18,8 @@ from orchestrator.measure.records import RequestErrorKind
 from orchestrator.measure.warmup import WarmupOutcome
 from orchestrator.workload.generate import build_requests, token_ids_to_text
 from orchestrator.workload.spec import WorkloadSpec
-
 from support.fake_openai import API_KEY, CHAT_TEMPLATE_TOKENS, endpoint, fake, make_set, server  # noqa: F401 - fixtures
+
 
 async def one_request(ep: Endpoint, req, timeout_s: float = 2.0):
     t0 = time.perf_counter()

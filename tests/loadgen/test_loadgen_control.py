@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from orchestrator.loadgen import run_load_sync

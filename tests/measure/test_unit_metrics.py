@@ -23,7 +23,7 @@ from orchestrator.hardware.gpus import GPUS
 from orchestrator.hardware.pricing import DEFAULT_PRICE_PER_GPU_HOUR, gpu_hour_price, unit_metrics
 from orchestrator.measure.limits import violation
 from orchestrator.results.pareto import pareto_front
-from orchestrator.study.spec import Constraint, StudyFileError, parse_study
+from orchestrator.study.spec import Constraint, parse_study
 
 PRICE = 3.6  # $/GPU-hour: one GPU for one second costs a thousandth of a dollar
 

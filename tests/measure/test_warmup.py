@@ -161,8 +161,7 @@ def test_a_virtual_warmup_whose_gaps_collapse_to_zero_still_ends(study_doc):
     import dataclasses
 
     from orchestrator.hardware.engine_args import engine_args_from_params
-    from orchestrator.search.trial_plan import engine_for
-    from orchestrator.search.trial_plan import load_plan
+    from orchestrator.search.trial_plan import engine_for, load_plan
     from orchestrator.sim.virtual import STEADY_FLOOR
     from orchestrator.workload.spec import GammaArrival
 

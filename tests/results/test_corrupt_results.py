@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # `orchestrator run` starts Ray

@@ -17,8 +17,8 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 import yaml
-from conftest import REPO
 
+from conftest import REPO
 
 QUICKSTART_TRIALS = 8
 

@@ -11,16 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from orchestrator.results import (
-    dominated_mask,
-    dominates,
-    feasible_mask,
-    is_dominated,
-    knee_point,
-    normalize_objectives,
-    pareto_front,
-    pareto_mask,
-)
+from orchestrator.results import (dominated_mask, dominates, feasible_mask, is_dominated, knee_point,
+                                  normalize_objectives, pareto_front, pareto_mask)
 from orchestrator.results.pareto import _front_nd, to_losses
 from orchestrator.study.spec import Constraint, Objective
 

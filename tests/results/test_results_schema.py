@@ -13,16 +13,8 @@ import pytest
 from orchestrator.failures import FailureKind, TrialStatus
 from orchestrator.measure.metrics import known_metric_names
 from orchestrator.measure.records import RequestErrorKind, RequestRecord
-from orchestrator.results import (
-    REQUESTS_SCHEMA,
-    SCHEMA_VERSION,
-    constraint_summary,
-    metric_columns,
-    param_types_of,
-    requests_to_table,
-    trial_row_to_table,
-    trials_schema,
-)
+from orchestrator.results import (REQUESTS_SCHEMA, SCHEMA_VERSION, constraint_summary, metric_columns, param_types_of,
+                                  requests_to_table, trial_row_to_table, trials_schema)
 from orchestrator.study.space import SearchSpace
 from orchestrator.study.spec import Constraint
 

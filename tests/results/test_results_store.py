@@ -15,15 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.measure.records import RequestRecord
-from orchestrator.results import (
-    REQUESTS_SCHEMA,
-    ResultsStore,
-    ResultsWriteError,
-    load_requests,
-    load_trials,
-    requests_to_table,
-    trials_schema,
-)
+from orchestrator.results import (REQUESTS_SCHEMA, ResultsStore, ResultsWriteError, load_requests, load_trials,
+                                  requests_to_table, trials_schema)
 
 T0 = datetime(2026, 3, 1, 23, 58, tzinfo=timezone.utc)
 PARAM_TYPES = {"max_num_seqs": "int", "gpu_memory_utilization": "float", "enable_chunked_prefill": "bool",

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.search import optuna_storage
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.resume import (INTERRUPTED_ATTR, DamagedState, RunInProgress, RunLock, RunState, check_state,
-                                 repair_journal, stop_orphans)
+                                        repair_journal, stop_orphans)
 from orchestrator.study.spec import parse_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

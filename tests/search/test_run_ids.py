@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow.dataset as ds
 import pytest
 import yaml
+from test_query_docs import _RUNNER, python_blocks
 
 from conftest import REPO
 from orchestrator.results import load_requests, load_trials, requests_to_table
@@ -27,7 +28,6 @@ from orchestrator.search import ResultsSinkActor, new_run_id
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
-from test_query_docs import _RUNNER, python_blocks
 
 LEGACY_RUN = "20261203T071410-2711"  # the old format with a suffix of digits only: Polars' worst case
 NEW_RUN = re.compile(r"r\d{8}-\d{6}-[a-z]{4}")

@@ -209,9 +209,8 @@ def test_measurements_far_from_any_calibration_keep_the_fit_within_its_bounds(tm
 def test_a_trial_run_as_the_trial_actor_runs_it_keeps_the_prediction_it_was_picked_on(endpoint, tmp_path):
     """The trial actor's own steps (``measure_trial``, as ``tune_trainable`` runs them): the row holds
     what the simulator predicted and how far the measurement was from it."""
-    from support.recorded_trial import run_trial
-
     from orchestrator.trial.run import TrialContext
+    from support.recorded_trial import run_trial
 
     study = parse_study(_doc(tmp_path, endpoint))
     predicted = {"output_throughput": 1000.0, "tpot_p50_ms": 20.0}

@@ -7,12 +7,12 @@ import copy
 import json
 
 import pandas as pd
+from test_search_screening import _run
 
 from orchestrator.apps.recommend import recommend
 from orchestrator.results.ties import combine_repeats
 from orchestrator.search.racing import Racer
 from orchestrator.study.spec import parse_study
-from test_search_screening import _run
 
 
 def _study(study_doc, tmp_path, remeasure: int):

@@ -13,8 +13,7 @@ import copy
 import optuna
 import pytest
 
-from orchestrator.search.optuna_search import ask_distinct, tell
-from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.search.optuna_search import SamplerReport, ask_distinct, tell, tell_report
 from orchestrator.search.row import trial_row
 from orchestrator.search.samplers import make_sampler, sampler_seed
 from orchestrator.search.trial_plan import judge_result, run_trial

@@ -11,7 +11,6 @@ that ran is a configuration that can start.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from contextlib import redirect_stdout
@@ -19,25 +18,21 @@ from contextlib import redirect_stdout
 import optuna
 import pytest
 
+from conftest import sim_study
 from orchestrator.results import load_trials
 from orchestrator.search import optuna_storage, optuna_study_name, run_study
-from orchestrator.study.spec import parse_study
 from orchestrator.study.state_dir import local_state_dir
 
 pytestmark = pytest.mark.slow
 
 
 def _study(study_doc, tmp_path, trials: int, memory=0.25):
-    doc = copy.deepcopy(study_doc)
-    doc.update(name="screen", seed=3)
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 12, "output_len": 8}
-    doc["space"] = {"max_model_len": [4096, 131072], "max_num_seqs": [8, 16, 32, 64, 128, 256],
-                    "gpu_memory_utilization": memory}
-    doc["search"] = {"sampler": "random", "preflight": True}
-    doc["budget"] = {"trials": trials, "max_concurrent_trials": 1}
-    doc["output"] = str(tmp_path / "out")
-    return parse_study(doc)
+    return sim_study(study_doc, name="screen", seed=3,
+                     workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 12, "output_len": 8},
+                     space={"max_model_len": [4096, 131072], "max_num_seqs": [8, 16, 32, 64, 128, 256],
+                            "gpu_memory_utilization": memory},
+                     search={"sampler": "random", "preflight": True},
+                     budget={"trials": trials, "max_concurrent_trials": 1}, output=str(tmp_path / "out"))
 
 
 def _tune_trials(study) -> list[dict]:

@@ -11,11 +11,11 @@ import pytest
 from orchestrator.results import ResultsStore, load_trials
 from orchestrator.search.optuna_search import ask_distinct
 from orchestrator.search.samplers import make_sampler
+from orchestrator.search.warm_start import front_params, map_point, warm_start_points
 from orchestrator.study.space import SearchSpace
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
-from orchestrator.search.warm_start import front_params, map_point, warm_start_points
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 
+from conftest import sim_study
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
@@ -33,9 +34,7 @@ GRID = {
 
 
 def _study(study_doc, model: str, gpu: str):
-    doc = dict(study_doc, engine={"kind": "sim", "mode": "virtual"}, model={"name": model},
-               hardware={"gpu": gpu, "gpus_per_node": 4})
-    return parse_study(doc)
+    return sim_study(study_doc, model={"name": model}, hardware={"gpu": gpu, "gpus_per_node": 4})
 
 
 @pytest.mark.parametrize("model,gpu", [("llama-3.1-8b", "L40S"), ("qwen2.5-32b", "L40S"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from sim_reference import OFFLINE, ONLINE, WARM_RUNS, engine, run_offline, run_online, run_warm, warm_point, workload
 
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
@@ -13,9 +14,6 @@ from orchestrator.sim.core import SimEngineCore, SimRequest
 from orchestrator.sim.virtual import simulate
 from orchestrator.workload.request_set import RequestSet
 from orchestrator.workload.requests import Request
-
-from sim_reference import (OFFLINE, ONLINE, WARM_RUNS, engine, run_offline, run_online, run_warm, warm_point,
-                           workload)
 
 
 def small_core(**kw) -> SimEngineCore:

@@ -17,9 +17,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
-
 from conftest import BASE_STUDY
+from orchestrator.cli import main
 
 LEAVES = st.one_of(
     st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True, allow_infinity=True),

@@ -9,7 +9,6 @@ and ``<``/``>`` are not.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import sim_study
 from orchestrator.apps.recommend import RecommendError, select_trial
 from orchestrator.measure import limits
 from orchestrator.measure.metrics import summarise
@@ -36,12 +36,9 @@ OPS = ("<=", "<", ">=", ">")
 
 
 def _study(base_doc, op: str, limit: float):
-    doc = copy.deepcopy(base_doc)
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 16, "output_len": 16}
-    doc["objectives"] = ["maximize output_throughput"]
-    doc["constraints"] = [f"ttft_p99_ms {op} {limit!r}"]
-    return parse_study(doc)
+    return sim_study(base_doc, workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 16,
+                                         "output_len": 16},
+                     objectives=["maximize output_throughput"], constraints=[f"ttft_p99_ms {op} {limit!r}"])
 
 
 @pytest.fixture(scope="module")

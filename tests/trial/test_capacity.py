@@ -198,8 +198,7 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
     (The sweep starts at 8 req/s to keep the test short; from 6 req/s, 38 levels, it finds the
     same boundary.)"""
     from orchestrator.hardware.engine_args import engine_args_from_params
-    from orchestrator.search.trial_plan import engine_for
-    from orchestrator.search.trial_plan import load_plan
+    from orchestrator.search.trial_plan import engine_for, load_plan
     from orchestrator.trial.load_phase import summarise_records as _summarise
     from orchestrator.trial.run import TrialContext
     from support.recorded_trial import run_trial

@@ -13,6 +13,7 @@ import copy
 import pandas as pd
 import pytest
 
+from conftest import sim_study
 from orchestrator.apps.recommend import RecommendError, select_trial
 from orchestrator.results.pareto import pareto_front
 from orchestrator.search.optuna_search import SamplerReport
@@ -23,15 +24,11 @@ from support.recorded_trial import run_trial
 
 
 def _study(study_doc, **top):
-    doc = copy.deepcopy(study_doc)
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 40,
-                       "input_len": {"kind": "uniform", "min": 100, "max": 3000}, "output_len": 1500}
-    doc["space"] = {"max_num_seqs": 16, "max_model_len": 4096}
-    doc["objectives"] = ["maximize output_throughput"]
-    doc["constraints"] = []
-    doc.update(top)
-    return parse_study(doc)
+    sections = {"workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 40,
+                             "input_len": {"kind": "uniform", "min": 100, "max": 3000}, "output_len": 1500},
+                "space": {"max_num_seqs": 16, "max_model_len": 4096},
+                "objectives": ["maximize output_throughput"], "constraints": [], **top}
+    return sim_study(study_doc, **sections)
 
 
 def test_too_many_failed_requests_degrade_the_trial(study_doc):

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from conftest import local_serve
 from orchestrator.results import ResultsStore, load_requests
 from orchestrator.results.schema import requests_to_table
 from orchestrator.study.spec import parse_study
@@ -26,16 +27,8 @@ SERVE_PORT = 8231
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    import ray
-
-    from orchestrator.cluster.connect import start_serve
-
-    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, namespace="orchestrator",
-             _system_config={"metrics_report_interval_ms": 1000})
-    try:
-        yield start_serve(SERVE_PORT)
-    finally:
-        ray.shutdown()
+    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
+        yield port
 
 
 def test_served_sim_sessions(tmp_path, ray_serve):

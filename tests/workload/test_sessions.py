@@ -11,7 +11,6 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from support.fake_openai import endpoint, fake, server  # noqa: F401 - fixtures
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.loadgen import APIS, Endpoint, run_load_sync
@@ -28,6 +27,7 @@ from orchestrator.workload.session_files import read_session_trace, read_sharegp
 from orchestrator.workload.sessions import expected_prefix_hit_rate
 from orchestrator.workload.spec import WorkloadSpec
 from orchestrator.workload.trace import TraceError
+from support.fake_openai import endpoint, fake, server  # noqa: F401 - fixtures
 from support.recorded_trial import run_trial
 
 VOCAB = 32000
