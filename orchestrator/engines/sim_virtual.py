@@ -48,4 +48,4 @@ class VirtualSimEngine(Engine):
             "prefix_cache_hit_rate": (s.prefix_cache_hits_total / queries) if queries else None,
             "startup_s": 0.0,
         }
-        return LevelMeasurement(records, engine=telemetry, warmup=warmup.columns())
+        return LevelMeasurement(records, engine=telemetry, warmup=warmup)

@@ -85,6 +85,19 @@ def _positive(value: Any) -> Optional[float]:
     return x if x > 0 and x < float("inf") else None
 
 
+@dataclass(frozen=True)
+class UnitMetrics:
+    """What people rank deployments by (:func:`unit_metrics`); None where an input is missing."""
+
+    goodput_per_gpu: Optional[float] = None
+    capacity_rps_per_gpu: Optional[float] = None
+    cost_per_mtok: Optional[float] = None
+
+    def columns(self) -> dict[str, Optional[float]]:
+        return {"goodput_per_gpu": self.goodput_per_gpu, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
+                "cost_per_mtok": self.cost_per_mtok}
+
+
 def unit_metrics(values: Mapping[str, Any], gpus: Optional[int], price_per_gpu_hour: Optional[float]) -> dict:
     """``goodput_per_gpu``, ``capacity_rps_per_gpu`` and ``cost_per_mtok`` from a row's own columns.
 

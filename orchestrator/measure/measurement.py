@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from orchestrator.measure.records import RequestRecord
+from orchestrator.measure.warmup import WarmupOutcome
 
 __all__ = ["LevelMeasurement"]
 
@@ -16,9 +17,8 @@ class LevelMeasurement:
 
     ``engine``: the engine's side, by column name: its histograms over the measured requests
     (``engine_*``), its gauges and counters, and facts a virtual engine knows (its KV cache);
-    ``warmup``: the ``warmup_*`` columns of the warm-up that preceded the window (empty when
-    none ran)."""
+    ``warmup``: the warm-up that preceded the window (none ran: zero seconds, zero requests)."""
 
     records: list[RequestRecord]
     engine: Mapping[str, Optional[float]] = field(default_factory=dict)
-    warmup: Mapping[str, Any] = field(default_factory=dict)
+    warmup: WarmupOutcome = field(default_factory=WarmupOutcome)

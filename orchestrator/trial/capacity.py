@@ -35,6 +35,7 @@ from orchestrator.measure import limits
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, intervals_to_columns, t_of, z_of
 from orchestrator.measure.metrics import LoadMetrics
 from orchestrator.measure.records import RequestRecord
+from orchestrator.measure.warmup import WarmupOutcome
 from orchestrator.study import judge
 from orchestrator.workload.arrivals import with_rate
 
@@ -320,7 +321,7 @@ class LevelResult:
     saturated_at_s: Optional[float] = None
     stopped_early: bool = False
     telemetry: dict = field(default_factory=dict)
-    warmup: dict = field(default_factory=dict)  # the warm-up before it: warmup_* columns (orchestrator.measure.warmup)
+    warmup: Optional[WarmupOutcome] = None  # the warm-up before it (orchestrator.measure.warmup)
     windows: int = 1  # windows measured at this rate (an undecided level is measured again)
     intervals: Mapping[str, Interval] = field(default_factory=dict)
     confidence: Optional[float] = None
@@ -338,7 +339,7 @@ class LevelResult:
                 "stopped_early": self.stopped_early, "slo_met": self.verdict.ok,
                 "slo_decided": self.verdict.decided, "windows": self.windows, "confidence": self.confidence,
                 "slo_violation": v if math.isfinite(v) else None,
-                "slo_failures": "; ".join(self.verdict.reasons) or None, **self.metrics.as_dict(), **self.warmup,
+                "slo_failures": "; ".join(self.verdict.reasons) or None, **self.metrics.as_dict(), **(self.warmup.columns() if self.warmup else {}),
                 **intervals_to_columns(self.intervals)}
 
 

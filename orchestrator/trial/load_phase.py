@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from orchestrator.loadgen import Endpoint, run_load_sync
+from orchestrator.measure.columns import SessionColumns
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, metric_intervals
 from orchestrator.measure.harness import harness_verdict
 from orchestrator.measure.measurement import LevelMeasurement
@@ -62,7 +63,7 @@ class LoadPhase:
     telemetry: dict
     requested_rate: Optional[float] = None
     capacity: Optional[Any] = None  # orchestrator.trial.capacity.CapacityResult
-    warmup: dict = field(default_factory=dict)  # warmup_* columns of the (first level's) warm-up
+    warmup: Optional[WarmupOutcome] = None  # the (first level's) warm-up
     levels_base_rate: Optional[float] = None  # the workload's own rate, which levels scale from
 
     def level_rows(self) -> list[dict[str, Any]]:
@@ -107,8 +108,7 @@ def served_load(plan: LoadPlan, deployment, requests) -> LoadPhase:
                                 if plan.capacity else 0.5, on_measure_start=measure_start, warmup_report=warmup)
         if monitor is not None and monitor.saturated_at is not None:
             _wait_idle(ep)  # the next level must not inherit this one's queue
-        return LevelMeasurement(records, engine=window.finish(records),
-                                warmup=warmup.columns() if not again else {})
+        return LevelMeasurement(records, engine=window.finish(records), warmup=warmup)
 
     with TelemetrySampler(ep.metrics_url, prefix=ep.metric_prefix, labels=ep.metric_labels, nvml=nvml) as sampler:
         phase = measure(plan, requests, run_level, served=True)
@@ -124,7 +124,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
 
     if plan.capacity is None:
         got = run_level(requests, None, False)
-        return LoadPhase(got.records, dict(got.engine), requests.requested_rate, warmup=dict(got.warmup))
+        return LoadPhase(got.records, dict(got.engine), requests.requested_rate, warmup=got.warmup)
 
     spec = plan.capacity
     slo = list(plan.capacity_slo)
@@ -144,7 +144,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
         scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / rate
         mine: list[RequestRecord] = []
         telemetry: dict = {}
-        warm: dict = {}
+        warm: Optional[WarmupOutcome] = None
         planned = 0
         for window in range(spec.repeats + 1):
             # The level measured again is a fresh draw (arrivals, lengths, prompts): an undecided
@@ -163,7 +163,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
             telemetry = dict(got.engine) if window == 0 else {
                 **telemetry, **{k: v for k, v in got.engine.items() if v is not None}}
             if window == 0:
-                warm, planned = dict(got.warmup), len(rs.measured)
+                warm, planned = got.warmup, len(rs.measured)
             saturated_at = monitor.saturated_at if monitor is not None else \
                 detect_saturation(recs, spec.saturation, floor)
             m = summarise_records(plan, mine, rs.requested_rate, window_scale=scale)
@@ -246,12 +246,12 @@ def phase_metrics(plan: LoadPlan, phase: LoadPhase, gpus: int):
     return m, outcome, intervals, spec.confidence
 
 
-def session_results(plan: LoadPlan, phase: LoadPhase, metrics) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def session_results(plan: LoadPlan, phase: LoadPhase, metrics) -> tuple[SessionColumns, list[dict[str, Any]]]:
     """A session workload's columns (:mod:`orchestrator.measure.session_metrics`) and per-turn table, over
     the requests the row's metrics measure (the load window's, or the capacity level's); empty for
     workloads of single requests."""
     if plan.workload.sessions is None:
-        return {}, []
+        return SessionColumns(), []
     records, scale = phase.records, 1.0
     cap = phase.capacity
     if cap is not None:
@@ -261,5 +261,5 @@ def session_results(plan: LoadPlan, phase: LoadPhase, metrics) -> tuple[dict[str
         scale = 1.0 if plan.capacity.level_duration_s or not base_rate else base_rate / chosen.rate
     wl, slo = plan.workload, plan.request_slo
     window = measurement_window(records, wl.warmup_s * scale, wl.cooldown_s * scale)
-    return (session_columns(records, slo=slo, duration_s=metrics.duration_s, window=window),
+    return (SessionColumns(session_columns(records, slo=slo, duration_s=metrics.duration_s, window=window)),
             turn_table(records, slo=slo, window=window))

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.measure.columns import ProbeColumns
 from orchestrator.measure.metrics import PERPLEXITY_METRIC_NAMES, PROBE_METRIC_NAMES
 from orchestrator.redaction import redact
 from orchestrator.study.probe import ProbeSpec
@@ -160,7 +161,7 @@ def is_baseline(spec: ProbeSpec, args: Any) -> bool:
 
 
 def probe_trial(plan: ProbePlan, *, base_url: str, model: str, api_key: Optional[str], trial_id: str,
-                params: dict, args: Any, keep) -> tuple[dict[str, Any], Optional[str]]:
+                params: dict, args: Any, keep) -> tuple[ProbeColumns, Optional[str]]:
     """Probe a deployed engine and compare with the baseline: (the probe columns, a note on failed requests).
 
     ``keep(probe_set, trial_id, record, eligible)`` stores the answers and returns the baseline's
@@ -194,4 +195,4 @@ def probe_trial(plan: ProbePlan, *, base_url: str, model: str, api_key: Optional
     notes = [f"{len(failed)} of {len(answers)} probe requests failed; first: {failed[0]}" if failed else "",
              f"{len(failed_ppl)} of {len(scored)} perplexity requests failed; first: {failed_ppl[0]}"
              if failed_ppl else ""]
-    return columns, "; ".join(n for n in notes if n) or None
+    return ProbeColumns(columns), "; ".join(n for n in notes if n) or None

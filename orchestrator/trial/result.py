@@ -14,9 +14,13 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.failures import Failure, TrialStatus
 from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.pricing import UnitMetrics
+from orchestrator.measure.columns import EngineColumns, ProbeColumns, SessionColumns
 from orchestrator.measure.confidence import Interval, intervals_to_columns
+from orchestrator.measure.harness import HarnessVerdict
 from orchestrator.measure.metrics import LoadMetrics
 from orchestrator.measure.records import RequestRecord
+from orchestrator.measure.warmup import WarmupOutcome
 
 
 @dataclass(frozen=True)
@@ -75,20 +79,22 @@ class TrialResult:
     failure: Optional[Failure] = None  # for a completed trial: a warning (e.g. a teardown leak)
     # measurements (a trial that never ran a load has none)
     metrics: Optional[LoadMetrics] = None
-    telemetry: Mapping[str, Any] = field(default_factory=dict)  # engine histograms/gauges, NVML
-    warmup: Mapping[str, Any] = field(default_factory=dict)  # warmup_* columns
-    harness: Mapping[str, Any] = field(default_factory=dict)  # harness_bound, harness_bound_reason
-    engine_facts: Mapping[str, Any] = field(default_factory=dict)  # endpoint, KV-cache size, ...
+    telemetry: EngineColumns = field(default_factory=EngineColumns)  # engine histograms/gauges, NVML
+    warmup: Optional[WarmupOutcome] = None  # the warm-up before the (first) measured window
+    harness: Optional[HarnessVerdict] = None  # was the serving path or the client the limit?
+    # What the engine said of its start (endpoint, command line, KV-cache size, ...): recorded in the
+    # row's extra_json as the engine gave it; only the KV-cache size is a column.
+    engine_facts: Mapping[str, Any] = field(default_factory=dict)
     timings: PhaseTimings = PhaseTimings()
     capacity: Optional[CapacityOutcome] = None
     records: tuple[RequestRecord, ...] = ()
     levels: tuple[Mapping[str, Any], ...] = ()  # capacity search: one levels-table row per level
-    unit_metrics: Mapping[str, Any] = field(default_factory=dict)  # per GPU and per dollar (pricing.py)
-    probe: Mapping[str, Any] = field(default_factory=dict)  # agreement with the baseline (orchestrator.trial.probe)
+    unit_metrics: Optional[UnitMetrics] = None  # per GPU and per dollar (orchestrator.hardware.pricing)
+    probe: ProbeColumns = field(default_factory=ProbeColumns)  # agreement with the baseline (orchestrator.trial.probe)
     intervals: Mapping[str, Interval] = field(default_factory=dict)  # where each metric's true value lies
     confidence: Optional[float] = None  # ... at this confidence (orchestrator.measure.confidence)
     measurement: int = 0  # which measurement of its configuration (> 0: measured again, racing)
-    sessions: Mapping[str, Any] = field(default_factory=dict)  # multi-turn session columns (session_metrics)
+    sessions: SessionColumns = field(default_factory=SessionColumns)  # multi-turn session columns (session_metrics)
     turns: tuple[Mapping[str, Any], ...] = ()  # multi-turn: one row per turn index (session_metrics.turn_table)
 
     @property
@@ -106,9 +112,12 @@ class TrialResult:
             if self.engine_facts.get(k) is not None:
                 out[k] = float(self.engine_facts[k])
         out.update(self.timings.columns())
-        out.update(self.warmup)
-        out.update(self.harness)
-        out.update(self.unit_metrics)
+        if self.warmup is not None:
+            out.update(self.warmup.columns())
+        if self.harness is not None:
+            out.update(self.harness.columns())
+        if self.unit_metrics is not None:
+            out.update(self.unit_metrics.columns())
         out.update(self.probe)
         out.update(self.sessions)
         out.update(intervals_to_columns(self.intervals))

@@ -22,8 +22,10 @@ from orchestrator.engines import Engine, EngineContext
 from orchestrator.failures import (EngineStartError, Failure, FailureKind, TrialStatus, classify_load, empty_window,
                                    request_failures, start_failure, status_of, teardown_warning)
 from orchestrator.hardware.engine_args import EngineArgs
-from orchestrator.hardware.pricing import unit_metric_intervals, unit_metrics
-from orchestrator.measure.harness import harness_verdict
+from orchestrator.hardware.pricing import UnitMetrics, unit_metric_intervals, unit_metrics
+from orchestrator.measure.columns import EngineColumns, ProbeColumns, SessionColumns
+from orchestrator.measure.harness import HarnessVerdict, harness_verdict
+from orchestrator.measure.warmup import WarmupOutcome
 from orchestrator.results.probe_store import ProbeStore
 from orchestrator.trial.load_phase import LoadPhase, measure, phase_metrics, served_load, session_results
 from orchestrator.trial.plan import ProbePlan, TrialPlan
@@ -72,7 +74,7 @@ class _Builder:
     failure: Optional[Failure] = None
     phase: Optional[LoadPhase] = None
     engine_facts: Optional[dict] = None
-    probe: Optional[dict] = None
+    probe: Optional[ProbeColumns] = None
     queue_s: Optional[float] = None
     startup_s: Optional[float] = None
     load_window_s: Optional[float] = None
@@ -86,13 +88,13 @@ class _Builder:
         timings = PhaseTimings(queue_s=self.queue_s, startup_s=self.startup_s, load_window_s=self.load_window_s,
                                teardown_s=self.teardown_s, wall_time_s=time.monotonic() - self.t0)
         metrics = capacity = None
-        telemetry: dict[str, Any] = {}
-        warmup: dict[str, Any] = {}
-        harness: dict[str, Any] = {}
+        telemetry = EngineColumns()
+        warmup: Optional[WarmupOutcome] = None
+        harness: Optional[HarnessVerdict] = None
         records: tuple = ()
         levels: tuple = ()
-        unit: dict[str, Any] = {}
-        sessions: dict[str, Any] = {}
+        unit: Optional[UnitMetrics] = None
+        sessions = SessionColumns()
         turns: list = []
         intervals: dict = {}
         confidence = None
@@ -108,12 +110,13 @@ class _Builder:
                     or request_failures(metrics, load.max_error_rate, first)
                 if failure is not None:
                     self.fail(failure)
-            telemetry, warmup, records, levels = dict(phase.telemetry), dict(phase.warmup), tuple(phase.records), \
-                tuple(phase.level_rows())
-            harness = harness_verdict({**metrics.as_dict(), **telemetry}).columns()
+            telemetry, warmup = EngineColumns(phase.telemetry), phase.warmup
+            records, levels = tuple(phase.records), tuple(phase.level_rows())
+            harness = harness_verdict({**metrics.as_dict(), **telemetry})
             gpus, price = self.args.gpus if self.args else None, plan.price_per_gpu_hour
-            unit = unit_metrics({**metrics.as_dict(), "capacity_rps": capacity.capacity_rps if capacity else None},
-                                gpus, price)
+            unit = UnitMetrics(**unit_metrics({**metrics.as_dict(),
+                                               "capacity_rps": capacity.capacity_rps if capacity else None},
+                                              gpus, price))
             intervals = {**intervals, **unit_metric_intervals(intervals, gpus, price)}
             if metrics.loadgen_overloaded:
                 log.warning("trial %s: the load generator lagged (p99 send lag %.1f ms > %.1f ms): latencies "
@@ -124,7 +127,7 @@ class _Builder:
             args=self.args, started_at=self.started_at, finished_at=_utc_now(), status=self.status,
             failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
             engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
-            levels=levels, unit_metrics=unit, probe=dict(self.probe or {}), intervals=intervals,
+            levels=levels, unit_metrics=unit, probe=self.probe or ProbeColumns(), intervals=intervals,
             confidence=confidence, measurement=self.measurement, sessions=sessions, turns=tuple(turns))
 
 

@@ -172,6 +172,6 @@ def test_a_virtual_warmup_whose_gaps_collapse_to_zero_still_ends(study_doc):
     engine = engine_for(study)
     got = engine.measure(engine.resolve(engine_args_from_params({"max_num_seqs": 32})), rs)
     records = got.records
-    steady = got.warmup["warmup_requests_used"] - study.workload.warmup_requests
+    steady = got.warmup.requests - study.workload.warmup_requests
     assert 0 < steady <= max(STEADY_FLOOR, 4 * 8 * study.workload.warmup.max_s)
     assert sum(not r.warmup and r.success for r in records) == study.workload.num_requests
