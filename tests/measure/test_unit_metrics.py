@@ -120,12 +120,10 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
 
     show = cli("show", str(study_dir))
     assert show.returncode == 0, show.stderr
-    best_goodput = trials.loc[trials["goodput_per_gpu"].idxmax()]  # best completed trial per objective
     assert f"price ${PRICE:.2f} per GPU-hour" in show.stdout
-    _assert_best_line(show.stdout, "maximize", "goodput_per_gpu", best_goodput)
+    _assert_best_line(show.stdout, "maximize", "goodput_per_gpu", trials)  # best completed trial per objective
     ok = trials[trials["feasible"]]
-    cheapest = ok.loc[ok["cost_per_mtok"].idxmin()]
-    _assert_best_line(show.stdout, "minimize", "cost_per_mtok", cheapest)
+    _assert_best_line(show.stdout, "minimize", "cost_per_mtok", ok)
 
     pareto = cli("pareto", str(study_dir))
     assert pareto.returncode == 0, pareto.stderr
@@ -137,9 +135,10 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
     rec = cli("recommend", str(study_dir), "--objective", "minimize cost_per_mtok")
     assert rec.returncode == 0, rec.stderr
     first = rec.stdout.splitlines()[0]
-    assert first.startswith(f"trial {cheapest['trial_id']} ")
-    assert f"cost_per_mtok {cheapest['cost_per_mtok']:,.4g}" in first
-    assert f"goodput_per_gpu {cheapest['goodput_per_gpu']:,.4g}" in first
+    chosen = ok[ok["trial_id"] == first.split()[1]]  # "trial <id> ..."
+    assert len(chosen) == 1 and chosen.iloc[0]["cost_per_mtok"] == ok["cost_per_mtok"].min(), first
+    assert f"cost_per_mtok {chosen.iloc[0]['cost_per_mtok']:,.4g}" in first
+    assert f"goodput_per_gpu {chosen.iloc[0]['goodput_per_gpu']:,.4g}" in first
 
     report = cli("report", str(study_dir), "--output", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr
@@ -162,14 +161,12 @@ def test_capacity_per_gpu_as_objective_and_constraint(tmp_path):
     _check_definitions(trials, DEFAULT_PRICE_PER_GPU_HOUR["H100-80GB"])
     _check_judged(trials, constraints)
     show = cli("show", str(study_dir))
-    best = trials.loc[trials["capacity_rps_per_gpu"].idxmax()]
-    _assert_best_line(show.stdout, "maximize", "capacity_rps_per_gpu", best)
+    _assert_best_line(show.stdout, "maximize", "capacity_rps_per_gpu", trials)
     # The metrics that are not objectives: the best trial meeting the SLOs by each, and in the front table.
     ok = trials[trials["feasible"]]
     assert len(ok), trials[["gpus", "capacity_rps_per_gpu", "constraint_violation"]]
-    cheapest = ok.loc[ok["cost_per_mtok"].idxmin()]
     assert "per GPU and per dollar, best trial meeting the SLOs:" in show.stdout
-    _assert_best_line(show.stdout, "minimize", "cost_per_mtok", cheapest)
+    _assert_best_line(show.stdout, "minimize", "cost_per_mtok", ok)
     header = next(line for line in show.stdout.splitlines() if line.lstrip().startswith("trial_id"))
     assert {"capacity_rps_per_gpu", "goodput_per_gpu", "cost_per_mtok"} <= set(header.split())
 
@@ -238,15 +235,22 @@ def test_imported_vllm_bench_results_get_them_from_their_gpu():
     assert imported(gpus=2, gpu="H200")["goodput_per_gpu"] == 20.0
 
 
-def _assert_best_line(out: str, direction: str, metric: str, row) -> None:
-    """``show``'s best line for ``metric`` names ``row``'s trial, its value and, where the row has
-    one, its interval (``value [low, high]``)."""
+def _assert_best_line(out: str, direction: str, metric: str, candidates) -> None:
+    """``show``'s best line for ``metric`` names a trial of ``candidates`` with the best value (several
+    may share it: a rate-bound workload gives equal configurations equal goodput), that value and,
+    where the row has one, its interval (``value [low, high]``)."""
     import math
     import re
 
     line = re.search(rf"^  {direction} {metric}: (.*)$", out, flags=re.M)
     assert line, out
     text = line.group(1)
+    named = re.search(r"\(([^;,)]+)", text)
+    assert named, text
+    best = candidates[metric].max() if direction == "maximize" else candidates[metric].min()
+    rows = candidates[candidates["trial_id"] == named.group(1)]
+    assert len(rows) == 1 and rows.iloc[0][metric] == best, (text, candidates[["trial_id", metric]])
+    row = rows.iloc[0]
     low, high = row.get(f"{metric}_low"), row.get(f"{metric}_high")
     shown = f"{row[metric]:,.4g}"
     if low is not None and not (isinstance(low, float) and math.isnan(low)):
