@@ -8,7 +8,7 @@ frozen and picklable: what a trial does is decided before it starts, in one plac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Optional
 
@@ -84,4 +84,3 @@ class TrialPlan:
     refusal: Optional[str] = None  # the pre-flight's "[kind] reason" when the configuration cannot start
     probe: Optional[ProbePlan] = None
     price_per_gpu_hour: Optional[float] = None
-    extra: Mapping[str, Any] = field(default_factory=dict)  # reserved for engine-specific facts

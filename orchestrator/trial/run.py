@@ -131,12 +131,12 @@ class _Builder:
             confidence=confidence, measurement=self.measurement, sessions=sessions, turns=tuple(turns))
 
 
-def execute_trial(plan: TrialPlan, engine: Engine, ctx: TrialContext, *, run_id: Optional[str] = None) -> TrialResult:
+def execute_trial(plan: TrialPlan, engine: Engine, ctx: TrialContext) -> TrialResult:
     """Run one planned configuration end to end; never raises for configuration or engine problems.
 
     ``plan.measurement`` k > 0: the configuration measured again (racing); its plan's workload seed
     is its own (:func:`orchestrator.workload.synthesis.measurement_seed`): other arrivals and prompts."""
-    b = _Builder(run_id or ctx.run_id, plan.trial_id, plan.trial_number, dict(plan.params), _utc_now(),
+    b = _Builder(ctx.run_id, plan.trial_id, plan.trial_number, dict(plan.params), _utc_now(),
                  time.monotonic(), measurement=plan.measurement, args=plan.args)
     try:
         _run(plan, engine, b, ctx)
