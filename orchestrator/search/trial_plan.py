@@ -91,7 +91,7 @@ def plan_trial(study: Study, params: Mapping[str, Any], engine: Engine, *, trial
             refusal = f"[{verdict.kind.value}] {verdict.reason}"
     return TrialPlan(
         trial_id=trial_id, trial_number=trial_number, params=dict(params), args=args, model=study.model_shape,
-        device=study.device(), load=load_plan(study, measurement), measurement=measurement, refusal=refusal,
+        device=study.device_defaults, load=load_plan(study, measurement), measurement=measurement, refusal=refusal,
         probe=_probe_plan(study), price_per_gpu_hour=study.price.value)
 
 

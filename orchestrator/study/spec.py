@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from orchestrator.hardware.accelerator import CPU, DeviceDefaults, runs_on_cpu
 from orchestrator.hardware.engine_args import EngineArgs
-from orchestrator.hardware.gpus import GPUS, GpuSpec, get_gpu
+from orchestrator.hardware.gpus import GPUS, get_gpu
 from orchestrator.hardware.pricing import GpuHourPrice, gpu_hour_price
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES, REQUEST_SLO_FAMILIES, RequestSLO
 from orchestrator.models.shapes import ModelShape, find_model_config
@@ -256,10 +256,6 @@ class Study(StrictModel):
         """The model on the study's device: the one resolver of engine arguments."""
         gpu = None if self.hardware.gpu.upper() == CPU else get_gpu(self.hardware.gpu)
         return DeviceDefaults(gpu, self.on_cpu, self.model_shape.max_position_embeddings, self.model.dtype)
-
-    def device(self, cpu: Optional[bool] = None) -> Optional[GpuSpec]:
-        """The study's GPU from the catalog; None on CPUs (``cpu`` overrides :attr:`on_cpu`)."""
-        return None if (self.on_cpu if cpu is None else cpu) else get_gpu(self.hardware.gpu)
 
     def with_device_defaults(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
         """``args`` resolved for the study's model and device (:meth:`DeviceDefaults.resolve`)."""

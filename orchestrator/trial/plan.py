@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Optional
 
+from orchestrator.hardware.accelerator import DeviceDefaults
 from orchestrator.hardware.engine_args import EngineArgs
-from orchestrator.hardware.gpus import GpuSpec
 from orchestrator.measure.metrics import RequestSLO
 from orchestrator.models.shapes import ModelShape
 from orchestrator.study.capacity import CapacitySpec
@@ -78,7 +78,7 @@ class TrialPlan:
     params: Mapping[str, Any]
     args: EngineArgs  # resolved: vLLM's defaults on the device filled in
     model: ModelShape
-    device: Optional[GpuSpec]  # None: vLLM's CPU build
+    device: DeviceDefaults  # the GPU (None: vLLM's CPU build) and the defaults that resolved ``args``
     load: LoadPlan
     measurement: int = 0  # > 0: the configuration measured again (racing), with a seed of its own
     refusal: Optional[str] = None  # the pre-flight's "[kind] reason" when the configuration cannot start
