@@ -67,6 +67,8 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
              h200.calibration_table),
     DocTable("h200-kv-fp8", (_EX + "llama3-8b-h200-kv-fp8",), h200.kv_dtype_table),
     DocTable("h200-interactive", (_EX + "llama3-8b-h200-interactive",), h200.interactive_table),
+    DocTable("h200-multiturn", (_EX + "multiturn-h200-fixed",), h200.multiturn_table),
+    DocTable("h200-multiturn-turns", (_EX + "multiturn-h200-fixed",), h200.multiturn_turns_table),
     DocTable("repeatability-capacity", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm",
                                         _EX + "repeatability-h200"), repeatability.repeatability_table),
     DocTable("repeatability-fixed-rate", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm"),

@@ -341,3 +341,42 @@ def interactive_table(study_dir: str | Path) -> str:
     return markdown(["real trial", "pick", "max_num_batched_tokens", "max_num_seqs", "predicted capacity req/s",
                      "**measured capacity req/s [low, high]**", "TTFT p99 ms at capacity", "ITL p99 ms at capacity",
                      "trial wall s"], "llrrrrrrr", rows)
+
+
+def multiturn_table(study_dir: str | Path) -> str:
+    """A fixed-rate multi-turn study's trials: the searched knobs, session goodput and attainment,
+    TTFT of first and later turns, TPOT, the prefix cache's hit rate beside the sessions' share."""
+    rows = []
+    for _, t in trials_of(study_dir).iterrows():
+        if not ran(t):
+            continue
+        rows.append([short_id(t["trial_id"]), param("enable_prefix_caching", t["enable_prefix_caching"]),
+                     param("max_num_seqs", t["max_num_seqs"]), fmt(t["session_goodput"], ".2f"),
+                     fmt(100 * t["session_slo_attainment"], ".0f") + "%",
+                     f"{fmt(t['ttft_p50_ms_first_turn'], ',.0f')} / {fmt(t['ttft_p99_ms_first_turn'], ',.0f')}",
+                     f"{fmt(t['ttft_p50_ms_later_turns'], ',.0f')} / {fmt(t['ttft_p99_ms_later_turns'], ',.0f')}",
+                     fmt(t["tpot_p50_ms"], ".1f"),
+                     f"{fmt(t['prefix_cache_hit_rate'], '.2f')} ({fmt(t['expected_prefix_hit_rate'], '.2f')})",
+                     fmt(t["num_requests_running_peak"], ".0f"), fmt(t["wall_time_s"], ".0f")])
+    return markdown(["trial", "enable_prefix_caching", "max_num_seqs", "session goodput sessions/s",
+                     "sessions meeting the SLOs", "TTFT p50 / p99 ms, first turns",
+                     "TTFT p50 / p99 ms, later turns", "TPOT p50 ms", "prefix-cache hit rate (sessions share)",
+                     "peak running requests", "trial wall s"], "llrrrrrrrrr", rows)
+
+
+def multiturn_turns_table(study_dir: str | Path) -> str:
+    """TTFT p50 by turn index, one column per trial (the row's per-turn table, ``extra_json["turns"]``),
+    with the workload's mean prompt length at that turn."""
+    trials = [t for _, t in trials_of(study_dir).iterrows() if ran(t)]
+    turns = {short_id(t["trial_id"]): {r["turn"]: r for r in json.loads(t["extra_json"]).get("turns", [])}
+             for t in trials}
+    indexes = sorted({i for by_turn in turns.values() for i in by_turn})
+    rows = []
+    for i in indexes:
+        first = next(by_turn[i] for by_turn in turns.values() if i in by_turn)
+        rows.append([str(i), fmt(first["requests"], "d"), fmt(first["prompt_tokens_mean"], ",.0f")]
+                    + [fmt(by_turn.get(i, {}).get("ttft_p50_ms"), ",.0f") for by_turn in turns.values()])
+    header = [f"trial {k}: prefix cache {'on' if bool(t['enable_prefix_caching']) else 'off'}, "
+              f"{param('max_num_seqs', t['max_num_seqs'])} seqs" for k, t in zip(turns, trials)]
+    return markdown(["turn", "requests", "prompt tokens (mean)", *(f"TTFT p50 ms, {h}" for h in header)],
+                    "r" * (3 + len(header)), rows)
