@@ -25,7 +25,7 @@ KV_TOLERANCE = 0.03
 # Every dataset with vLLM's logged KV cache sizes (relative to the repository root).
 KV_DATASETS = tuple("results/examples/" + d for d in (
     "llama3-8b-h200", "llama3-8b-h200-interactive", "llama3-8b-h200-kv-fp8", "llama3-8b-h200-fidelity",
-    "llama3-8b-h200-fidelity-levels", "repeatability-cpu-vllm"))
+    "llama3-8b-h200-fidelity-levels", "multiturn-h200-fixed", "repeatability-cpu-vllm"))
 
 
 def _study_dirs(path: Path) -> list[Path]:
