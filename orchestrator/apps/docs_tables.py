@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from orchestrator.apps import h200_tables as h200
-from orchestrator.apps import kv_tables
+from orchestrator.apps import kv_tables, window_noise
 from orchestrator.results import repeatability
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +71,8 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
     DocTable("h200-multiturn-turns", (_EX + "multiturn-h200-fixed",), h200.multiturn_turns_table),
     DocTable("repeatability-capacity", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm",
                                         _EX + "repeatability-h200"), repeatability.repeatability_table),
+    DocTable("window-noise", (_EX + "repeatability-h200", _EX + "repeatability-cpu-vllm", _EX + "repeatability-sim"),
+             window_noise.docs_window_noise_table),
     DocTable("repeatability-fixed-rate", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm"),
              repeatability.fixed_rate_table),
     # docs/simulator.md: the datasets replayed by the simulator with its current constants

@@ -40,8 +40,9 @@ import numpy as np
 from orchestrator.measure.metrics import LATENCY_FAMILIES, PERCENTILES, RequestSLO
 from orchestrator.measure.records import RequestRecord
 
-__all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "INTERVAL_METRICS", "Interval", "interval_columns",
-           "metric_intervals", "t_of", "z_of"]
+__all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "GPU_WINDOW_NOISE", "CPU_WINDOW_NOISE",
+           "INTERVAL_METRICS", "Interval", "NO_WINDOW_NOISE", "WindowNoise", "interval_columns", "metric_intervals",
+           "t_of", "z_of"]
 
 DEFAULT_CONFIDENCE = 0.90
 BOOTSTRAP_SAMPLES = 400
@@ -67,6 +68,38 @@ MIN_TAIL = 5.0
 # and the numbers only grow absurd. A band stops at a tenth and ten times the value.
 MAX_RATIO = 10.0
 _ITL_CAP = 200_000  # token gaps kept for the ITL interval (a seeded subsample beyond: memory, not accuracy)
+
+
+
+@dataclass(frozen=True)
+class WindowNoise:
+    """How far a latency statistic moves between windows measured apart at one rate, beyond what one
+    window's own requests show: a log-scale standard deviation per metric (``ttft_p99_ms``: 0.27),
+    none for a metric not named. A real engine's state and the machine beside it change from one
+    window to the next; the block bootstrap of one window cannot see that, so each interval of a
+    named metric is widened by it (in quadrature, both sides, divided by the square root of the
+    windows pooled). Measured by ``benchmarks/window_noise.py`` (docs/benchmarks.md, "Window noise")."""
+
+    sd: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, sd: Mapping[str, float]) -> "WindowNoise":
+        return cls(tuple(sorted((k, float(v)) for k, v in sd.items() if v > 0)))
+
+    def sd_of(self, metric: str) -> float:
+        return dict(self.sd).get(metric, 0.0)
+
+
+NO_WINDOW_NOISE = WindowNoise()
+# benchmarks/window_noise.py on results/examples/repeatability-h200/windows.parquet: capacity levels of
+# vLLM 0.26 on one H200 measured in two windows (7 levels, 14 windows, near the knee). Tails of TTFT
+# move between windows by more than their requests show; medians, TPOT's p50, ITL and E2E latency do
+# not. p95 is not measured: between p90's and p99's; TPOT p90/p95 as its p99.
+GPU_WINDOW_NOISE = WindowNoise.of({"ttft_p90_ms": 0.18, "ttft_p95_ms": 0.22, "ttft_p99_ms": 0.27,
+                                   "tpot_p90_ms": 0.12, "tpot_p95_ms": 0.12, "tpot_p99_ms": 0.12})
+# The same on vLLM's CPU build, one configuration at a fixed rate over five seeds (each its own engine
+# start; results/examples/repeatability-cpu-vllm): only TTFT's median moved beyond its intervals.
+CPU_WINDOW_NOISE = WindowNoise.of({"ttft_mean_ms": 0.17, "ttft_p50_ms": 0.17})
 
 _STATS = ("mean",) + tuple(f"p{p}" for p in PERCENTILES)
 LATENCY_INTERVAL_METRICS = tuple(f"{fam}_{s}_ms" for fam in LATENCY_FAMILIES for s in _STATS)
@@ -195,17 +228,30 @@ def _band(draws: np.ndarray, confidence: float, point: float, inflation: tuple[f
 
 
 # ------------------------------------------------------------------ the intervals
+def _with_window_noise(band: Interval, point: float, half_width: float) -> Interval:
+    """``band`` widened on both sides by ``half_width`` (log units) in quadrature."""
+    if half_width <= 0 or point <= 0 or band.low is None or band.high is None or band.low <= 0:
+        return band
+    below = math.hypot(math.log(point / band.low), half_width)
+    above = math.hypot(math.log(band.high / point), half_width)
+    cap = math.log(MAX_RATIO)
+    return Interval(point * math.exp(-min(below, cap)), point * math.exp(min(above, cap)))
+
+
 def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *, confidence: float = DEFAULT_CONFIDENCE,
                      gpus: int = 1, slo: RequestSLO = RequestSLO(), block_s: float = BLOCK_S,
-                     samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict[str, Interval]:
+                     samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
+                     window_noise: WindowNoise = NO_WINDOW_NOISE) -> dict[str, Interval]:
     """Intervals of ``metrics`` (those of :data:`INTERVAL_METRICS` a window has; the rest are left
     out) over the measured ``records`` of one or more windows (``RequestRecord.window``), already
-    restricted to the measurement window as :func:`orchestrator.measure.metrics.summarise` does."""
+    restricted to the measurement window as :func:`orchestrator.measure.metrics.summarise` does.
+    ``window_noise``: the engine's between-window noise, added to the latency metrics it names."""
     wanted = [m for m in dict.fromkeys(metrics) if m in LATENCY_INTERVAL_METRICS or m in THROUGHPUT_INTERVAL_METRICS]
     measured = [r for r in records if not r.warmup and r.sent_s is not None]
     if not wanted or not measured:
         return {}
     blocks = _blocks(measured, block_s)
+    noise_scale = z_of(confidence) / math.sqrt(len({r.window for r in measured}))  # pooled windows average it
     rng = np.random.default_rng(seed)
     k = blocks.count
     counts = rng.multinomial(k, np.full(k, 1.0 / k), size=samples).astype(float)  # (B, k)
@@ -250,7 +296,7 @@ def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *
                 widen = (widen[0] * few, widen[1] * few)
             band = _band(draws, confidence, point, widen)
             if band is not None:
-                out[m] = band
+                out[m] = _with_window_noise(band, point, window_noise.sd_of(m) * noise_scale)
 
     through = [m for m in wanted if m in THROUGHPUT_INTERVAL_METRICS]
     if through:

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 from orchestrator.engines import Engine, EngineContext, EngineTarget, create_engine
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.hardware.engine_args import engine_args_from_params
-from orchestrator.measure.confidence import INTERVAL_METRICS
+from orchestrator.measure.confidence import CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, INTERVAL_METRICS, NO_WINDOW_NOISE, WindowNoise
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES
 from orchestrator.search import feasibility
 from orchestrator.study.judge import Judgement, judge
@@ -30,7 +30,8 @@ from orchestrator.workload.synthesis import measurement_seed
 
 log = logging.getLogger(__name__)
 
-__all__ = ["engine_for", "engine_target", "judge_result", "load_plan", "plan_trial", "row_interval_metrics", "run_trial"]
+__all__ = ["engine_for", "engine_target", "judge_result", "load_plan", "plan_trial", "row_interval_metrics", "run_trial",
+           "window_noise"]
 
 
 def engine_target(study: Study) -> EngineTarget:
@@ -63,7 +64,19 @@ def load_plan(study: Study, measurement: int = 0) -> LoadPlan:
         capacity=study.capacity,
         capacity_slo=tuple(study.capacity_slo()) if study.capacity is not None else (),
         interval_metrics=row_interval_metrics(study),
-        max_error_rate=study.max_error_rate)
+        max_error_rate=study.max_error_rate,
+        window_noise=window_noise(study))
+
+
+def window_noise(study: Study) -> WindowNoise:
+    """The between-window noise of the study's engine: the study's own (``capacity.window_noise``),
+    else the one measured for its kind (docs/benchmarks.md, "Window noise"): none for the simulator,
+    whose windows differ only by the workload; vLLM's on CPU or on a GPU otherwise."""
+    if study.capacity is not None and study.capacity.window_noise is not None:
+        return WindowNoise.of(study.capacity.window_noise)
+    if study.engine.kind == "sim":
+        return NO_WINDOW_NOISE
+    return CPU_WINDOW_NOISE if study.on_cpu else GPU_WINDOW_NOISE
 
 
 def _probe_plan(study: Study) -> Optional[ProbePlan]:

@@ -6,7 +6,7 @@ from typing import Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, LATENCY_INTERVAL_METRICS
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES
 from orchestrator.strict_model import StrictModel
 from orchestrator.study.goals import Constraint
@@ -56,6 +56,10 @@ class CapacitySpec(StrictModel):
     max_windows: Optional[int] = Field(default=None, ge=1, le=1000,
                                        description="load windows (levels and their measurements again) a search "
                                                    "may spend in all; default: max_levels x (1 + repeats)")
+    window_noise: Optional[dict[str, float]] = Field(
+        default=None, description="a latency metric's log-scale standard deviation between windows at one rate "
+                                  "beyond what a window's requests show (e.g. {ttft_p99_ms: 0.27}); widens its "
+                                  "intervals. Default: measured for the engine (none for the simulator); {}: none")
     slo: Optional[list[Constraint]] = Field(
         default=None, description="what a level must meet; default: the study's constraints on load metrics")
     saturation: SaturationSettings = SaturationSettings()
@@ -67,6 +71,17 @@ class CapacitySpec(StrictModel):
             if c.metric not in LOAD_METRIC_NAMES:
                 raise ValueError(f"{c.metric} is not measured per level; use a load metric "
                                  f"(e.g. ttft_p99_ms, tpot_p50_ms, e2el_p99_ms, goodput)")
+        return v
+
+    @field_validator("window_noise")
+    @classmethod
+    def _latency_metrics_only(cls, v):
+        for metric, sd in (v or {}).items():
+            if metric not in LATENCY_INTERVAL_METRICS:
+                raise ValueError(f"{metric!r} has no interval to widen; use one of "
+                                 f"{', '.join(LATENCY_INTERVAL_METRICS)}")
+            if not 0 <= sd <= 2:
+                raise ValueError(f"{metric}: {sd:g} is not a log-scale standard deviation in [0, 2]")
         return v
 
     @model_validator(mode="after")
@@ -86,4 +101,5 @@ class CapacitySpec(StrictModel):
 
 # Keys added after studies were recorded: a fingerprint hashes them only when set away from these,
 # so that a study recorded before them still resumes.
-CAPACITY_DEFAULTS_ADDED_LATER = {"confidence": DEFAULT_CONFIDENCE, "repeats": 1, "max_windows": None}
+CAPACITY_DEFAULTS_ADDED_LATER = {"confidence": DEFAULT_CONFIDENCE, "repeats": 1, "max_windows": None,
+                                 "window_noise": None}

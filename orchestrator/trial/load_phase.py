@@ -52,7 +52,7 @@ def record_intervals(plan: LoadPlan, records: list[RequestRecord], metrics, *, c
     wl = plan.workload
     measured = in_window(records, measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale))
     return metric_intervals(measured, metrics, confidence=confidence, gpus=gpus, slo=plan.request_slo,
-                            seed=plan.seed)
+                            seed=plan.seed, window_noise=plan.window_noise)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.hardware.accelerator import DeviceDefaults
 from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.measure.confidence import NO_WINDOW_NOISE, WindowNoise
 from orchestrator.measure.metrics import RequestSLO
 from orchestrator.models.shapes import ModelShape
 from orchestrator.study.capacity import CapacitySpec
@@ -47,6 +48,7 @@ class LoadPlan:
     capacity_slo: tuple[Constraint, ...] = ()
     interval_metrics: tuple[str, ...] = ()  # the load metrics the row gets an interval of
     max_error_rate: float = 0.0
+    window_noise: WindowNoise = NO_WINDOW_NOISE  # the engine's, added to every latency interval
 
     def requests(self, workload: Optional[WorkloadSpec] = None, *, level: int = 0,
                  replicate: int = 0) -> RequestSet:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from orchestrator.hardware.engine_args import engine_args_from_params
@@ -68,3 +70,20 @@ def test_only_metrics_with_an_interval_method_get_one():
 def test_student_t_quantiles(confidence, dof, expected):
     assert t_of(confidence, dof) == pytest.approx(expected, rel=0.01)
     assert t_of(confidence, 1e7) == pytest.approx(z_of(confidence))
+
+
+def test_window_noise_widens_the_metrics_it_names_in_quadrature_and_less_when_windows_are_pooled():
+    from orchestrator.measure.confidence import WindowNoise
+
+    first, again = window(12, seed=1), window(12, seed=2, replicate_as=1)
+    noise = WindowNoise.of({"ttft_p99_ms": 0.3})
+    names = ["ttft_p99_ms", "tpot_p50_ms"]
+    for recs, windows in ((first, 1), (first + again, 2)):
+        bare = metric_intervals(recs, names)
+        noisy = metric_intervals(recs, names, window_noise=noise)
+        assert noisy["tpot_p50_ms"] == bare["tpot_p50_ms"]  # not named: as drawn
+        value = summarise(recs).as_dict()["ttft_p99_ms"]
+        half = z_of(0.9) * 0.3 / math.sqrt(windows)
+        for side, (b, n) in {"below": (value / bare["ttft_p99_ms"].low, value / noisy["ttft_p99_ms"].low),
+                             "above": (bare["ttft_p99_ms"].high / value, noisy["ttft_p99_ms"].high / value)}.items():
+            assert math.log(n) == pytest.approx(math.hypot(math.log(b), half), rel=1e-9), side

@@ -266,6 +266,30 @@ def test_capacity_trial_row_levels_and_records():
         assert lv["slo_decided"] or lv["windows"] == 2  # capacity.repeats (1): measured again until decided
 
 
+def test_window_noise_widens_the_row_and_the_capacity_a_trial_reports():
+    """The same trial (same seed, same requests) measured by an engine said to move between windows
+    (``capacity.window_noise``): its latency intervals are wider, fewer of its levels are decided,
+    and its capacity interval is no narrower than the one measured as the simulator is (no noise)."""
+    from orchestrator.trial.run import TrialContext
+    from support.recorded_trial import run_trial
+
+    out = {}
+    for name, noise in (("quiet", {}), ("noisy", {"ttft_p99_ms": 0.4})):
+        out[name] = run_trial(capacity_study(window_noise=noise, repeats=0), {"max_num_seqs": 64}, trial_id="t",
+                              trial_number=0, ctx=TrialContext("r"))
+    quiet, noisy = out["quiet"].levels[0], out["noisy"].levels[0]
+    assert quiet["rate"] == noisy["rate"] and quiet["ttft_p99_ms"] == noisy["ttft_p99_ms"]  # the same window
+    assert noisy["ttft_p99_ms_low"] < quiet["ttft_p99_ms_low"] and noisy["ttft_p99_ms_high"] > quiet["ttft_p99_ms_high"]
+    assert noisy["tpot_p50_ms_low"] == quiet["tpot_p50_ms_low"]  # not named: as drawn
+
+    def decided(o):
+        return sum(lv["slo_decided"] for lv in o.levels) / len(o.levels)
+
+    assert decided(out["noisy"]) < decided(out["quiet"])
+    width = {k: (o.row["capacity_rps_high"] or math.inf) - o.row["capacity_rps_low"] for k, o in out.items()}
+    assert width["noisy"] >= width["quiet"], width
+
+
 def test_capacity_over_a_trace_scales_its_time():
     from orchestrator.trial.run import TrialContext
     from support.recorded_trial import run_trial
@@ -312,6 +336,10 @@ def test_levels_are_written_and_replaced_with_their_trial(tmp_path):
     ({}, {"min_rate": 5, "max_rate": 1}, "min_rate (5) must be < max_rate (1)"),
     ({}, {"growth": 1.0}, "capacity.growth"),
     ({}, {"saturation": {"windo_s": 1}}, "did you mean 'window_s'"),
+    ({}, {"window_noise": {"ttft_p99": 0.3}}, "capacity.window_noise: 'ttft_p99' has no interval to widen; use one of "
+                                              "ttft_mean_ms, ttft_p50_ms"),
+    ({}, {"window_noise": {"ttft_p99_ms": -1}}, "capacity.window_noise: ttft_p99_ms: -1 is not a log-scale standard "
+                                                "deviation in [0, 2]"),
 ])
 def test_capacity_problems_are_reported_one_line_each(study_doc, workload, capacity, message):
     study_doc["workload"].update(workload)
