@@ -49,10 +49,9 @@ FIT_ITERATIONS = 2  # from the last fit: each real trial moves it little
 PRIOR_LOG_SD = {"throughput": 0.05, "tpot": 0.15, "ttft": 0.2}
 PRIOR_LOG_SD_OTHER = 0.2
 PRIOR_WEIGHT = 1.0
-# The run-to-run spread of one real measurement (log sd) when its row carries no interval: one
-# configuration's capacity measured again on an H200 spread 47.5-57.5 req/s (log sd ~0.065,
-# docs/benchmarks.md, "Repeatability"). A row with an interval (orchestrator.measure.confidence) gives
-# its own: noise_log_sd.
+# The run-to-run spread of one real measurement (log sd) when its row carries no interval: vLLM's
+# defaults' capacity on an H200 over five seeds, 54.7-62.4 req/s (log sd 0.0665; docs/benchmarks.md,
+# "Repeatability"). A row with an interval (orchestrator.measure.confidence) gives its own: noise_log_sd.
 NOISE_LOG_SD = 0.065
 MIN_LOG_SD = 0.005  # a configuration's value is never known more closely than this
 LENGTH_SCALE = 0.35  # of the residual model, in normalised parameter units
