@@ -50,7 +50,7 @@ PRIOR_LOG_SD = {"throughput": 0.05, "tpot": 0.15, "ttft": 0.2}
 PRIOR_LOG_SD_OTHER = 0.2
 PRIOR_WEIGHT = 1.0
 # The run-to-run spread of one real measurement (log sd) when its row carries no interval: vLLM's
-# defaults' capacity on an H200 over five seeds, 54.7-62.4 req/s (log sd 0.0665; docs/benchmarks.md,
+# defaults' capacity on an H200 over five seeds, 54.7-62.4 req/s (log sd 0.064; docs/benchmarks.md,
 # "Repeatability"). A row with an interval (orchestrator.measure.confidence) gives its own: noise_log_sd.
 NOISE_LOG_SD = 0.065
 MIN_LOG_SD = 0.005  # a configuration's value is never known more closely than this
