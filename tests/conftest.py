@@ -39,7 +39,7 @@ BASE_STUDY = {
 LONG_MODULES = {
     "test_vllm_cpu.py": 225, "test_vllm_cpu_trained.py": 170, "test_faults_cluster.py": 155,
     "test_study_e2e.py": 120, "test_jobs.py": 110, "test_search_fidelity.py": 110,
-    "test_engine_conformance.py": 95, "test_vllm_cpu_probe.py": 95, "test_vllm_cpu_serve_llm.py": 90,
+    "test_engine_conformance.py": 95, "test_vllm_cpu_serve_llm.py": 90,
     "test_ties.py": 90, "test_resume_kill.py": 85, "test_vllm_cpu_sessions.py": 55, "test_unit_metrics.py": 50,
     "test_corrupt_results.py": 45, "test_capacity_served.py": 40, "test_faults_disk.py": 35,
     "test_harness_served.py": 35, "test_warmup_served.py": 35, "test_nightly.py": 35,
@@ -51,7 +51,7 @@ LONG_MODULES = {
 # two vLLM modules never run at once (an engine starting beside another takes twice as long on
 # two cores). Modelled with the durations above: both workers end within seconds of each other.
 FIRST = ["test_vllm_cpu.py", "test_study_e2e.py", "test_vllm_cpu_trained.py", "test_faults_cluster.py",
-         "test_jobs.py", "test_search_fidelity.py", "test_ties.py", "test_vllm_cpu_probe.py", "test_resume_kill.py",
+         "test_jobs.py", "test_search_fidelity.py", "test_ties.py", "test_resume_kill.py",
          "test_vllm_cpu_serve_llm.py", "test_engine_conformance.py", "test_vllm_cpu_sessions.py"]
 _RANK = {name: i for i, name in enumerate(FIRST)}
 

@@ -9,7 +9,10 @@ loaded with ``load_format: auto``): the baseline ``dtype: float32`` without spec
   answers depend on the prompt;
 * bfloat16 moves the numbers: logprobs drift, greedy tokens may flip, perplexity moves;
 * speculation has something to accept: greedy answers of the trained model fall into the
-  grammar's favourite-successor cycles, which the prompt lookup finds in the text so far.
+  grammar's favourite-successor cycles, which the prompt lookup finds in the text so far;
+* the probe is judged like any SLO (``logprob_diff_mean <= 0``: only the baseline's own numerics
+  meet it): the baseline is feasible, the bfloat16 trial is not, and the sampler was told so;
+  every trial's answers are kept beside the results, the baseline's as the reference.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ KV_BYTES = 8 * 2**20
 
 def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
 
+    import optuna
+
     from orchestrator.models.modelgen import trained_model_dir
     from orchestrator.results import load_trials
-    from orchestrator.search import run_study
+    from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
     from orchestrator.study.spec import parse_study
 
     caches = own_caches(monkeypatch, tmp_path / "cache")
@@ -49,6 +54,7 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
         "space": {"dtype": ["float32", "bfloat16"], "num_speculative_tokens": [0, 3], "prompt_lookup_max": 3,
                   "prompt_lookup_min": 2, "max_model_len": 1024, "enforce_eager": True},
         "objectives": ["maximize output_throughput"],
+        "constraints": ["logprob_diff_mean <= 0"],
         "probe": {"prompts": 64, "max_input_tokens": 128, "output_tokens": 16,
                   "baseline": {"dtype": "float32", "num_speculative_tokens": 0}},
         "search": {"sampler": "random", "initial_points": [{"dtype": "bfloat16", "num_speculative_tokens": 3}],
@@ -69,6 +75,11 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
           f"mean {bf16['logprob_diff_mean']:.5f} p95 {bf16['logprob_diff_p95']:.5f}; speculation: acceptance "
           f"{bf16['engine_spec_acceptance_rate']}, accepted per draft {bf16['engine_spec_accepted_per_draft']}")
 
+    # The baseline ran first (the study enqueues it ahead of the initial points) and is its own reference.
+    assert base["trial_number"] == 0 and base["probe_baseline"] == base["trial_id"]
+    assert base["prefix_agreement"] == 1.0 and base["logprob_diff_mean"] == 0.0 and base["first_divergence_mean"] == 16
+    assert base["probe_s"] > 0 and bf16["probe_s"] > 0 and bf16["probe_reference"] == "weights"
+
     # vLLM in float32 scores the held-out text as torch did after training (same weights, same text).
     assert base["heldout_perplexity"] == pytest.approx(training["heldout_perplexity"], rel=2e-3)
     assert base["perplexity_delta"] == 0.0 and base["token_agreement"] == 1.0
@@ -86,6 +97,19 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
     assert bf16["logprob_diff_mean"] > 0 and bf16["token_agreement"] <= 1.0
     assert bf16["perplexity_delta"] != 0.0
     assert abs(bf16["perplexity_delta"]) < 0.5 * base["heldout_perplexity"]  # drift, not a broken model
+
+    assert bf16["prefix_agreement"] <= bf16["token_agreement"] and bf16["first_divergence_mean"] <= 16
+    assert bf16["logprob_diff_p95"] >= 0
+
+    # The SLO on the probe decides feasibility, for the rows and for the sampler.
+    assert bool(base["feasible"]) and not bool(bf16["feasible"])
+    ostudy = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(local_state_dir(study)))
+    told = {t.params.get("dtype"): t.constraints for t in ostudy.get_trials()}
+    assert max(told["float32"].values()) <= 0 < max(told["bfloat16"].values())
+    # Every trial's answers are kept; the baseline's are the reference.
+    reference = json.loads((probe_set / "baseline.json").read_text())
+    assert reference["trial_id"] == base["trial_id"] and len(reference["answers"]) == 64
+    assert {p.stem for p in probe_set.glob("*.json")} == {"baseline", base["trial_id"], bf16["trial_id"]}
 
     # Speculation: the engine's counters say how much of what the prompt lookup proposed was accepted.
     assert bf16["num_speculative_tokens"] == 3 and "--speculative-config" in bf16["vllm_command"]
