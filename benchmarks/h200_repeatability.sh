@@ -11,6 +11,8 @@ source benchmarks/bare_vllm.sh
 model=$1 out=$2 seeds=$3 rate=${4:-}
 mkdir -p "$out"
 start_bare_vllm "$model" 1024 "$out/server.log"
+# A call that ends early (its time limit) must not leave the server holding the GPU.
+trap 'kill $server 2>/dev/null' EXIT INT TERM
 python3 benchmarks/repeatability.py run search_spaces/repeatability-h200.yaml --seeds "$seeds" --output "$out"
 rc=$?
 if [ -n "$rate" ]; then
