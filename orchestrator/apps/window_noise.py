@@ -35,7 +35,7 @@ from orchestrator.measure.metrics import summarise
 from orchestrator.results.query import load_requests, load_trials
 from orchestrator.results.repeatability import series_of
 
-__all__ = ["NOISE_METRICS", "docs_window_noise_table", "fixed_rate_windows", "window_noise", "window_noise_table",
+__all__ = ["NOISE_METRICS", "docs_window_noise_table", "estimate_window_noise", "fixed_rate_windows", "window_noise_table",
            "windows_frame"]
 
 NOISE_METRICS = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p99_ms",
@@ -98,7 +98,7 @@ def fixed_rate_windows(*dirs: str | Path, source: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def window_noise(windows: pd.DataFrame, metric: str, confidence: float = DEFAULT_CONFIDENCE) -> dict:
+def estimate_window_noise(windows: pd.DataFrame, metric: str, confidence: float = DEFAULT_CONFIDENCE) -> dict:
     """For one metric over ``windows`` (rows of :func:`windows_frame` / :func:`fixed_rate_windows`):
     groups, windows, the between-window and within-window log standard deviations, and the noise."""
     z = z_of(confidence)
@@ -132,7 +132,7 @@ def window_noise_table(frames: Sequence[pd.DataFrame], metrics: Iterable[str] = 
             continue
         for source, f in frame.groupby("source", sort=False):
             for m in metrics:
-                r = window_noise(f, m)
+                r = estimate_window_noise(f, m)
                 if not r["groups"]:
                     continue
                 lines.append(f"| {source} | {m} | {r['groups']} | {r['windows']} | {r['between']:.2f} "

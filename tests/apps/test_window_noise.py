@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.apps.window_noise import window_noise
+from orchestrator.apps.window_noise import estimate_window_noise
 from orchestrator.measure.confidence import z_of
 
 
@@ -29,7 +29,7 @@ def windows(between_sd: float, within_sd: float, groups: int = 400, per_group: i
 
 @pytest.mark.parametrize("between, within, noise", [(0.35, 0.2, math.sqrt(0.35**2 - 0.2**2)), (0.2, 0.3, 0.0)])
 def test_the_noise_is_the_spread_between_windows_less_what_their_intervals_explain(between, within, noise):
-    r = window_noise(windows(between, within), "ttft_p99_ms")
+    r = estimate_window_noise(windows(between, within), "ttft_p99_ms")
     assert r["groups"] == 400 and r["windows"] == 800
     assert r["between"] == pytest.approx(between, rel=0.08) and r["within"] == pytest.approx(within, rel=1e-9)
     assert r["noise"] == pytest.approx(noise, abs=0.03)
@@ -37,4 +37,5 @@ def test_the_noise_is_the_spread_between_windows_less_what_their_intervals_expla
 
 def test_a_group_of_one_window_says_nothing():
     one = windows(0.3, 0.1, groups=5, per_group=1)
-    assert window_noise(one, "ttft_p99_ms")["groups"] == 0 and math.isnan(window_noise(one, "ttft_p99_ms")["noise"])
+    r = estimate_window_noise(one, "ttft_p99_ms")
+    assert r["groups"] == 0 and math.isnan(r["noise"])
