@@ -70,7 +70,6 @@ MAX_RATIO = 10.0
 _ITL_CAP = 200_000  # token gaps kept for the ITL interval (a seeded subsample beyond: memory, not accuracy)
 
 
-
 @dataclass(frozen=True)
 class WindowNoise:
     """How far a latency statistic moves between windows measured apart at one rate, beyond what one

@@ -17,7 +17,8 @@ from typing import Any, Mapping, Optional
 from orchestrator.engines import Engine, EngineContext, EngineTarget, create_engine
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.hardware.engine_args import engine_args_from_params
-from orchestrator.measure.confidence import CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, INTERVAL_METRICS, NO_WINDOW_NOISE, WindowNoise
+from orchestrator.measure.confidence import (CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, INTERVAL_METRICS, NO_WINDOW_NOISE,
+                                             WindowNoise)
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES
 from orchestrator.search import feasibility
 from orchestrator.study.judge import Judgement, judge
