@@ -72,7 +72,7 @@ def rejudge(study_dir: Path) -> list[str]:
     from orchestrator.results.levels import load_levels
     from orchestrator.results.query import load_requests
     from orchestrator.search.trial_plan import window_noise
-    from orchestrator.trial.capacity import LevelPoint, capacity_bracket, judge_level
+    from orchestrator.trial.capacity import LevelResult, capacity_bracket, judge_level
     from orchestrator.trial.load_phase import level_confidence
 
     study = read_study_definition(str(study_dir))
@@ -86,10 +86,12 @@ def rejudge(study_dir: Path) -> list[str]:
             records = records_from_request_rows(requests[requests["level"] == lv["level"]])
             intervals = metric_intervals(records, [c.metric for c in slo], confidence=decide_at, seed=study.seed,
                                          window_noise=noise)
-            v = judge_level(summarise(records), slo, intervals=intervals, confidence=decide_at,
-                            saturated=bool(lv["saturated"]))
-            points.append(LevelPoint(float(lv["rate"]), v.ok, v.violation, bool(lv["saturated"]), v.decided,
-                                     v.margin, v.margin_sd, int(lv["windows"])))
+            metrics = summarise(records)
+            verdict = judge_level(metrics, slo, intervals=intervals, confidence=decide_at,
+                                  saturated=bool(lv["saturated"]))
+            points.append(LevelResult(int(lv["level"]), float(lv["rate"]), len(records), records, metrics, verdict,
+                                      saturated_at_s=lv["saturated_at_s"] if lv["saturated"] else None,
+                                      windows=int(lv["windows"])).point)
         b = capacity_bracket(points, confidence)
         high = "none" if b.high is None else f"{b.high:.1f}"
         verdicts = " ".join(f"{p.rate:.1f}:{'met' if p.ok else 'missed'}{'' if p.decided else '?'}" for p in points)

@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.apps.h200_tables import markdown, params_of, trials_of
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.results.definition import read_study_definition
+from orchestrator.results.query import study_dirs
 from orchestrator.search import feasibility
 
 # Predicted within this share of the logged size (docs/simulator.md states it).
@@ -26,13 +27,6 @@ KV_TOLERANCE = 0.03
 KV_DATASETS = tuple("results/examples/" + d for d in (
     "llama3-8b-h200", "llama3-8b-h200-interactive", "llama3-8b-h200-kv-fp8", "llama3-8b-h200-fidelity",
     "llama3-8b-h200-fidelity-levels", "multiturn-h200-fixed", "repeatability-cpu-vllm"))
-
-
-def _study_dirs(path: Path) -> list[Path]:
-    """A study result folder, or the study folders inside a dataset of several."""
-    if (path / "trials").is_dir():
-        return [path]
-    return sorted(p for p in path.iterdir() if (p / "trials").is_dir())
 
 
 def _config(args: EngineArgs) -> str:
@@ -51,7 +45,7 @@ def predictions(*paths: Path) -> list[dict[str, Any]]:
     seen: Counter = Counter()
     found: dict[tuple, dict[str, Any]] = {}
     for path in map(Path, paths):
-        for study_dir in _study_dirs(path):
+        for study_dir in study_dirs(path):
             study = read_study_definition(str(study_dir))
             fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
             rows = trials_of(study_dir)

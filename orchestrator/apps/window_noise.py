@@ -32,7 +32,7 @@ from orchestrator.apps.interchange import records_from_request_rows
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, metric_intervals, z_of
 from orchestrator.measure.metrics import summarise
-from orchestrator.results.query import load_requests, load_trials
+from orchestrator.results.query import load_requests, load_trials, study_dirs
 from orchestrator.results.repeatability import series_of
 
 __all__ = ["NOISE_METRICS", "docs_window_noise_table", "estimate_window_noise", "fixed_rate_windows", "window_noise_table",
@@ -42,20 +42,13 @@ NOISE_METRICS = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tp
                  "e2el_p50_ms", "e2el_p99_ms")
 
 
-def _study_dirs(root: Path) -> list[Path]:
-    root = Path(root)
-    if (root / "trials").is_dir():
-        return [root]
-    return sorted(p for p in root.iterdir() if (p / "trials").is_dir())
-
-
 def windows_frame(root: str | Path, *, source: str) -> pd.DataFrame:
     """One row per measured window of every capacity level measured in two windows or more, under
     ``root`` (a study folder or a folder of them): its rate, requests, and each of
     :data:`NOISE_METRICS` with its interval (no window noise: the requests' own). Needs the
     requests table."""
     rows = []
-    for study_dir in _study_dirs(Path(root)):
+    for study_dir in study_dirs(Path(root)):
         trials = load_trials(study_dir)
         for trial_id in trials["trial_id"]:
             requests = load_requests(study_dir, trial_ids=[trial_id])
@@ -84,7 +77,7 @@ def fixed_rate_windows(*dirs: str | Path, source: str) -> pd.DataFrame:
     values and intervals, grouped by series and rate."""
     rows = []
     for d in dirs:
-        for study_dir in _study_dirs(Path(d)):
+        for study_dir in study_dirs(Path(d)):
             series, rate, seed = series_of(study_dir.name)
             if rate is None:
                 continue

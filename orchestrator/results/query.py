@@ -294,6 +294,14 @@ def _warn_without_status(df: pd.DataFrame) -> None:
                    "as '%s', never as completed", len(lost), ids, NO_STATUS)
 
 
+def study_dirs(path: Union[str, os.PathLike]) -> list[Path]:
+    """A local study result folder (it holds ``trials``), or the study folders inside a folder of several."""
+    path = Path(path)
+    if (path / "trials").is_dir():
+        return [path]
+    return sorted(p for p in path.iterdir() if (p / "trials").is_dir())
+
+
 def load_trials(path: Union[str, os.PathLike], study: Optional[str] = None, since: Optional[DateLike] = None,
                 status: Union[str, Sequence[str], None] = None, run: Union[str, Sequence[str], None] = None,
                 *, filesystem: Optional[pafs.FileSystem] = None) -> pd.DataFrame:
