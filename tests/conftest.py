@@ -10,6 +10,8 @@ from typing import Iterator, Mapping, Optional
 
 import pytest
 
+from support.scheduling import make_scheduler, order_key
+
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,33 +34,15 @@ BASE_STUDY = {
 }
 
 
-# Rough wall time of the long modules in a two-worker run on a 2-core machine (seconds; a fresh
-# clone's `./dev test`). The suite runs on two xdist workers, a module per worker at a time
-# (``--dist loadfile --no-loadscope-reorder``): handing out the longest modules first keeps both
-# workers busy to the end instead of one finishing alone.
-LONG_MODULES = {
-    "test_vllm_cpu.py": 225, "test_vllm_cpu_trained.py": 170, "test_faults_cluster.py": 155,
-    "test_study_e2e.py": 120, "test_jobs.py": 110, "test_search_fidelity.py": 110,
-    "test_engine_conformance.py": 95, "test_vllm_cpu_serve_llm.py": 90,
-    "test_ties.py": 90, "test_resume_kill.py": 85, "test_vllm_cpu_sessions.py": 55, "test_unit_metrics.py": 50,
-    "test_corrupt_results.py": 45, "test_capacity_served.py": 40, "test_faults_disk.py": 35,
-    "test_harness_served.py": 35, "test_warmup_served.py": 35, "test_nightly.py": 35,
-    "test_plan.py": 25, "test_study_inputs.py": 25, "test_preflight_default.py": 20, "test_query_docs.py": 20,
-}
-# The order the long modules are handed out in. xdist gives a worker its next module as soon as it
-# has two tests or fewer pending, so a one-test module is followed on its worker by the next in
-# line: the CPU vLLM modules alternate with served-simulator ones so that, with the times above,
-# two vLLM modules never run at once (an engine starting beside another takes twice as long on
-# two cores). Modelled with the durations above: both workers end within seconds of each other.
-FIRST = ["test_vllm_cpu.py", "test_study_e2e.py", "test_vllm_cpu_trained.py", "test_faults_cluster.py",
-         "test_jobs.py", "test_search_fidelity.py", "test_ties.py", "test_resume_kill.py",
-         "test_vllm_cpu_serve_llm.py", "test_engine_conformance.py", "test_vllm_cpu_sessions.py"]
-_RANK = {name: i for i, name in enumerate(FIRST)}
-
-
 def pytest_collection_modifyitems(session, config, items):
-    # Stable sort: the same order on every worker (xdist requires it); other modules keep theirs.
-    items.sort(key=lambda item: (_RANK.get(item.path.name, len(FIRST)), -LONG_MODULES.get(item.path.name, 0)))
+    # Stable sort, the same order on every worker (xdist requires it): see support.scheduling.
+    items.sort(key=lambda item: order_key(str(item.path)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``./dev test``): a module per worker at a time, the CPU vLLM modules
+    one after another on one worker (support.scheduling)."""
+    return make_scheduler(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def sim_study(base: Optional[Mapping] = None, *, mode: str = "virtual", **sections):
@@ -81,6 +65,26 @@ def study_doc():
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+def shared_model_infos(config, tmp_path_factory) -> Path:
+    """A folder for vLLM's model inspection results shared by the suite's vLLM tests
+    (:func:`support.vllm_processes.own_caches`): in pytest's cache folder of the checkout, or
+    this run's temporary folder without the cache plugin."""
+    cache = getattr(config, "cache", None)
+    shared = cache.mkdir("vllm-modelinfos") if cache is not None else \
+        tmp_path_factory.getbasetemp().parent / "vllm-modelinfos"
+    shared.mkdir(parents=True, exist_ok=True)
+    return shared
+
+
+@pytest.fixture
+def vllm_caches(monkeypatch, tmp_path, tmp_path_factory, request) -> dict[str, str]:
+    """This test's own vLLM caches under ``tmp_path / "cache"`` (its engine processes are found by
+    them), the model inspection results shared."""
+    from support.vllm_processes import own_caches
+
+    return own_caches(monkeypatch, tmp_path / "cache", shared_model_infos(request.config, tmp_path_factory))
 
 
 @contextmanager

@@ -37,7 +37,8 @@ from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.search.trial_plan import engine_for
 from orchestrator.study.spec import EngineSpec, parse_study
-from support.vllm_processes import engine_core_binding, vllm_processes
+from conftest import shared_model_infos
+from support.vllm_processes import own_caches, vllm_processes
 
 SERVE_PORT = 8233
 NUM_GPUS = 4  # logical: the simulator holds them as vLLM would hold real ones
@@ -90,19 +91,15 @@ def make_study(engine: dict, tmp_path: Path, *, model: str = "tiny-llama", gpu: 
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, request):
     import ray
 
     from orchestrator.cluster.connect import start_serve
 
     cache = tmp_path_factory.mktemp("cache")
-    # vLLM's caches under the test's folder: its processes are found by them (vllm_processes).
-    env = {var: str(cache / sub) for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-                                                  ("HF_HOME", "hf"))}
-    env.update(engine_core_binding())
     with pytest.MonkeyPatch.context() as mp:
-        for var, value in env.items():
-            mp.setenv(var, value)
+        # vLLM's caches under the module's folder: its processes are found by them (vllm_processes).
+        env = own_caches(mp, cache, shared_model_infos(request.config, tmp_path_factory))
         ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=NUM_GPUS, include_dashboard=False,
                  namespace="orchestrator", runtime_env={"env_vars": env})
         try:

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.measure.harness import harness_verdict
-from support.vllm_processes import own_caches, vllm_processes
+from support.vllm_processes import vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -80,7 +80,7 @@ class EngineKiller(threading.Thread):
         return 0
 
 
-def test_cpu_vllm_study(tmp_path, monkeypatch):
+def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
     import ray
     from ray import serve
 
@@ -90,7 +90,6 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     from orchestrator.search import run_study
     from orchestrator.study.spec import parse_study
 
-    caches = own_caches(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", PLANTED_REFERENCED)
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=8192)
     ok_a = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "enable_prefix_caching": True, "max_model_len": 1024}
@@ -125,7 +124,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch):
     })
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
              _system_config={"metrics_report_interval_ms": 1000},
-             runtime_env={"env_vars": {**caches, "ORCH_TEST_HF_TOKEN": PLANTED_REFERENCED}})
+             runtime_env={"env_vars": {**vllm_caches, "ORCH_TEST_HF_TOKEN": PLANTED_REFERENCED}})
     session_dir = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001 - no public API
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
     # lands in the measured window of the first level.

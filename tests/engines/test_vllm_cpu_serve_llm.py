@@ -18,12 +18,12 @@ import time
 import pytest
 
 from conftest import local_ray
-from support.vllm_processes import own_caches, vllm_processes
+from support.vllm_processes import vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch):
+def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, vllm_caches):
     from ray import serve
 
     from orchestrator.apps.recommend import recommend
@@ -32,7 +32,6 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
     from orchestrator.search import run_study
     from orchestrator.study.spec import parse_study
 
-    caches = own_caches(monkeypatch, tmp_path / "cache")
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
     study = parse_study({
         "name": "cpu-serve-llm",
@@ -50,7 +49,7 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, monkeypatch)
         "budget": {"trials": 1, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    with local_ray(caches):
+    with local_ray(vllm_caches):
         run = run_study(study, quiet=True, serve_port=8132)
         leftover = [a for a in serve.status().applications if a.startswith("tune-")]
     assert leftover == []

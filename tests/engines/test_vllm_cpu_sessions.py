@@ -18,7 +18,6 @@ from conftest import local_ray
 from orchestrator.results.schema import requests_to_table
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
-from support.vllm_processes import own_caches
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -26,13 +25,12 @@ BLOCK = 128  # vLLM's CPU default block size
 KV_BYTES = 64 * 2**20
 
 
-def test_sessions_on_cpu_vllm(tmp_path, monkeypatch):
+def test_sessions_on_cpu_vllm(tmp_path, vllm_caches):
 
     from orchestrator.cluster.connect import start_serve
     from orchestrator.models.modelgen import make_model_dir
     from orchestrator.study.spec import parse_study
 
-    caches = own_caches(monkeypatch, tmp_path / "cache")
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=4096)
     study = parse_study({
         "name": "cpu-sessions", "seed": 1,
@@ -48,7 +46,7 @@ def test_sessions_on_cpu_vllm(tmp_path, monkeypatch):
         "objectives": ["maximize session_goodput"], "constraints": ["ttft_p99_ms <= 5000"],
         "search": {"preflight": False},
         "output": str(tmp_path / "out")})
-    with local_ray(caches):
+    with local_ray(vllm_caches):
         port = start_serve(8137)
         out = run_trial(study, {}, trial_id="t1", trial_number=0, ctx=TrialContext("r1", serve_port=port))
     row = out.row

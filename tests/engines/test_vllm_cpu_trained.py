@@ -23,14 +23,13 @@ import math
 import pytest
 
 from conftest import local_ray
-from support.vllm_processes import own_caches
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 KV_BYTES = 8 * 2**20
 
 
-def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
+def test_trained_model_drift_on_cpu_vllm(tmp_path, request, vllm_caches):
 
     import optuna
 
@@ -39,7 +38,6 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
     from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
     from orchestrator.study.spec import parse_study
 
-    caches = own_caches(monkeypatch, tmp_path / "cache")
     # Trained once per checkout (pytest's cache folder), then found by its recipe hash.
     model_dir = trained_model_dir("tiny-llama", "tiny", root=request.config.cache.mkdir("trained-models"))
     training = json.loads((model_dir / "training.json").read_text())
@@ -62,7 +60,7 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, monkeypatch, request):
         "budget": {"trials": 2, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    with local_ray(caches):
+    with local_ray(vllm_caches):
         run = run_study(study, quiet=True, serve_port=8134)
 
     trials = load_trials(run.study_dir).set_index("dtype")

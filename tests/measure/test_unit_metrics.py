@@ -10,8 +10,6 @@ the rows' ``feasible`` and ``constraint_violation`` and through the front.
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from support.cli import orchestrator
 from orchestrator.hardware.gpus import GPUS
 from orchestrator.hardware.pricing import DEFAULT_PRICE_PER_GPU_HOUR, gpu_hour_price, unit_metrics
 from orchestrator.measure.limits import violation
@@ -26,11 +25,6 @@ from orchestrator.results.pareto import pareto_front
 from orchestrator.study.spec import Constraint, parse_study
 
 PRICE = 3.6  # $/GPU-hour: one GPU for one second costs a thousandth of a dollar
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
 
 
 def _doc(base: Path, name: str, **top) -> dict:
@@ -50,7 +44,7 @@ def _doc(base: Path, name: str, **top) -> dict:
 def _run(base: Path, doc: dict) -> tuple[Path, pd.DataFrame, str]:
     path = base / f"{doc['name']}.yaml"
     path.write_text(yaml.safe_dump(doc))
-    r = cli("run", str(path))
+    r = orchestrator("run", str(path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     study_dir = base / "results" / doc["name"]
     return study_dir, pd.read_parquet(study_dir / "trials"), r.stdout
@@ -118,21 +112,21 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
     front = pareto_front(trials, study.objectives, study.constraints)
     assert len(front) and set(front["gpus"]) == {1}
 
-    show = cli("show", str(study_dir))
+    show = orchestrator("show", str(study_dir))
     assert show.returncode == 0, show.stderr
     assert f"price ${PRICE:.2f} per GPU-hour" in show.stdout
     _assert_best_line(show.stdout, "maximize", "goodput_per_gpu", trials)  # best completed trial per objective
     ok = trials[trials["feasible"]]
     _assert_best_line(show.stdout, "minimize", "cost_per_mtok", ok)
 
-    pareto = cli("pareto", str(study_dir))
+    pareto = orchestrator("pareto", str(study_dir))
     assert pareto.returncode == 0, pareto.stderr
     header = next(line for line in pareto.stdout.splitlines() if line.lstrip().startswith("trial_id"))
     assert "goodput_per_gpu" in header and "cost_per_mtok" in header
     for trial_id in front["trial_id"]:
         assert trial_id in pareto.stdout
 
-    rec = cli("recommend", str(study_dir), "--objective", "minimize cost_per_mtok")
+    rec = orchestrator("recommend", str(study_dir), "--objective", "minimize cost_per_mtok")
     assert rec.returncode == 0, rec.stderr
     first = rec.stdout.splitlines()[0]
     chosen = ok[ok["trial_id"] == first.split()[1]]  # "trial <id> ..."
@@ -140,7 +134,7 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
     assert f"cost_per_mtok {chosen.iloc[0]['cost_per_mtok']:,.4g}" in first
     assert f"goodput_per_gpu {chosen.iloc[0]['goodput_per_gpu']:,.4g}" in first
 
-    report = cli("report", str(study_dir), "--output", str(tmp_path / "report"))
+    report = orchestrator("report", str(study_dir), "--output", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr
     html = next((tmp_path / "report").rglob("*.html")).read_text()
     assert "cost_per_mtok" in html and "goodput_per_gpu" in html and "per GPU-hour" in html
@@ -160,7 +154,7 @@ def test_capacity_per_gpu_as_objective_and_constraint(tmp_path):
     assert (trials["status"] == "completed").all() and (trials["capacity_rps"] > 0).all()
     _check_definitions(trials, DEFAULT_PRICE_PER_GPU_HOUR["H100-80GB"])
     _check_judged(trials, constraints)
-    show = cli("show", str(study_dir))
+    show = orchestrator("show", str(study_dir))
     _assert_best_line(show.stdout, "maximize", "capacity_rps_per_gpu", trials)
     # The metrics that are not objectives: the best trial meeting the SLOs by each, and in the front table.
     ok = trials[trials["feasible"]]
@@ -176,7 +170,7 @@ def test_a_bad_price_is_one_line_naming_the_key(study_doc, tmp_path, value):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(study_doc).replace("gpus_per_node: 2", f"gpus_per_node: 2\n  price_per_gpu_hour: "
                                                                           f"{value}"))
-    r = cli("validate", str(path))
+    r = orchestrator("validate", str(path))
     assert r.returncode != 0
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "hardware.price_per_gpu_hour" in lines[0], r.stderr

@@ -24,15 +24,11 @@ import pytest
 import yaml
 
 from conftest import REPO
+from support.cli import orchestrator
 
 pytestmark = pytest.mark.slow  # `orchestrator run` starts Ray
 
 TRIALS = 4
-
-
-def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
 
 
 def write_study(base: Path) -> Path:
@@ -49,7 +45,7 @@ def write_study(base: Path) -> Path:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("corrupt-src")
-    r = cli("run", str(write_study(base)), "--quiet")
+    r = orchestrator("run", str(write_study(base)), "--quiet")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return base
 
@@ -90,7 +86,7 @@ def test_unreadable_data_files_are_skipped_with_a_warning(copy):
         "run": ["run", str(copy / "study.yaml"), "--trials", "2", "--quiet"],  # a new run of two trials
     }
     for name, args in commands.items():
-        r = cli(*args)
+        r = orchestrator(*args)
         assert_clean(r, codes=(0, 1) if name == "recommend" else (0,))  # recommend: 1 if nothing qualifies
         warned = [line for line in r.stderr.splitlines() if "skipped" in line]
         for path in (truncated, emptied):
@@ -116,7 +112,7 @@ def test_an_unreadable_study_json_is_one_line_and_exit_2(copy, garbage):
     for args in (["show", str(study_dir)], ["pareto", str(study_dir)],
                  ["report", str(study_dir), "--output", str(copy / "report")],
                  ["recommend", str(study_dir)], ["run", str(copy / "study.yaml"), "--quiet"]):
-        r = cli(*args)
+        r = orchestrator(*args)
         assert_clean(r, codes=(2,))
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and str(definition.resolve()) in lines[0], (args, r.stderr[-2000:])
@@ -154,7 +150,7 @@ def test_a_column_of_another_type_and_a_row_without_status(copy):
         "run": ["run", str(copy / "study.yaml"), "--trials", "1", "--quiet"],
     }
     for name, args in commands.items():
-        r = cli(*args)
+        r = orchestrator(*args)
         assert_clean(r, codes=(0, 1) if name == "recommend" else (0,))
         warned = r.stderr.splitlines()
         assert any(str(retyped.resolve()) in line and "column 'ttft_p99_ms' is string where double belongs" in line
@@ -177,7 +173,7 @@ def test_a_file_where_the_trials_folder_belongs_is_one_line(copy):
     for args in (["show", str(study_dir)], ["pareto", str(study_dir)],
                  ["report", str(study_dir), "--output", str(copy / "report")], ["recommend", str(study_dir)],
                  ["run", str(copy / "study.yaml"), "--quiet"]):
-        r = cli(*args)
+        r = orchestrator(*args)
         assert_clean(r, codes=(2,))
         (line,) = r.stderr.strip().splitlines()
         assert line.startswith(f"{(study_dir / 'trials').resolve()}: a file where the trials folder belongs"), \

@@ -1,15 +1,13 @@
 """Study files and command lines that used to validate but break (or silently bend) the run.
 
-Every case goes through the real command line (``python -m orchestrator ...``): one line per
+Every case goes through the real command line (``orchestrator ...``, :mod:`support.cli`): one line per
 problem naming the key path, exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,11 @@ import yaml
 
 from conftest import REPO
 from orchestrator.study.load import load_study
-
-
-def cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)  # this checkout's package, from any working directory
+from support.cli import orchestrator
 
 
 def validate(path: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    r = cli("validate", str(path), cwd=cwd)
+    r = orchestrator("validate", str(path), cwd=cwd)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     return r
 
@@ -165,7 +158,7 @@ def test_relative_model_path_runs_and_reads_back_from_another_folder(tmp_path, s
     f = _study_with_local_model(tmp_path, study_doc)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = cli("run", str(f), "--quiet", cwd=elsewhere, timeout=600)
+    r = orchestrator("run", str(f), "--quiet", cwd=elsewhere)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "1 trial(s)" in r.stdout
     third = tmp_path / "third"
@@ -174,7 +167,7 @@ def test_relative_model_path_runs_and_reads_back_from_another_folder(tmp_path, s
     for args in (["show", str(study_dir)], ["pareto", str(study_dir)],
                  ["report", str(study_dir), "--output", str(tmp_path / "rep")],
                  ["report", str(study_dir), "--out", str(tmp_path / "rep2")]):
-        r = cli(*args, cwd=third)
+        r = orchestrator(*args, cwd=third)
         assert r.returncode == 0, (args, r.stderr[-3000:])
         assert "Traceback" not in r.stderr
     for rep in ("rep", "rep2"):  # report --output (and its alias --out) is where the page goes
@@ -192,7 +185,7 @@ def test_trial_counts_must_be_positive(tmp_path, study_doc, args, option):
     study_doc["output"] = str(tmp_path / "results")
     f.write_text(yaml.safe_dump(study_doc))
     for command in ("run", "nightly") if option == "--trials" else ("run",):
-        r = cli(command, str(f), *args, "--quiet")
+        r = orchestrator(command, str(f), *args, "--quiet")
         assert r.returncode == 2, (command, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr
         last = r.stderr.strip().splitlines()[-1]
@@ -384,7 +377,7 @@ def test_an_output_that_cannot_hold_results_is_a_validate_error(tmp_path, study_
     study_doc["output"] = output.format(tmp=tmp_path)
     f, line = the_one_problem(tmp_path, study_doc)
     assert line.startswith(f"{f}: output: {expected.format(tmp=tmp_path)}"), line
-    r = cli("run", str(f), "--quiet")  # refused before anything starts
+    r = orchestrator("run", str(f), "--quiet")  # refused before anything starts
     assert r.returncode == 2 and r.stderr.strip() == line and "Traceback" not in r.stderr
 
 
@@ -394,7 +387,7 @@ def test_an_output_option_that_cannot_hold_results_is_refused(tmp_path, study_do
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump(study_doc))
     for value, expected in ((str(tmp_path / "a-file"), f"{tmp_path / 'a-file'} is a file"), ("", "empty")):
-        r = cli("run", str(f), "--output", value, "--quiet")
+        r = orchestrator("run", str(f), "--output", value, "--quiet")
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.strip().startswith(f"--output: {expected}"), r.stderr
     assert not (tmp_path / "results").exists()

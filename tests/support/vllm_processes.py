@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import psutil
 
@@ -40,12 +41,19 @@ def engine_core_binding() -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[int(worker[2:]) % len(cores)])}
 
 
-def own_caches(monkeypatch, cache_root: Path) -> dict[str, str]:
+def own_caches(monkeypatch, cache_root: Path, model_infos: Optional[Path] = None) -> dict[str, str]:
     """Give this test's vLLM its own compile and model caches under ``cache_root`` (set here, and
-    returned for the Ray runtime environment the engines inherit)."""
+    returned for the Ray runtime environment the engines inherit).
+
+    ``model_infos``: a folder shared by the tests for vLLM's model inspection results (its cache's
+    ``modelinfos``, keyed by the hash of the model's source): vLLM inspects an architecture in a
+    subprocess of its own the first time it sees it (about 5 s of imports), once per suite then."""
     env = {var: str(cache_root / sub) for var, sub in (("VLLM_CACHE_ROOT", "vllm"),
                                                        ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf"))}
     env.update(engine_core_binding())
+    if model_infos is not None:
+        (cache_root / "vllm").mkdir(parents=True, exist_ok=True)
+        (cache_root / "vllm" / "modelinfos").symlink_to(model_infos, target_is_directory=True)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     return env

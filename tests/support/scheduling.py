@@ -1,0 +1,55 @@
+"""How the suite's modules are spread over the xdist workers (``./dev test``: three workers, two cores).
+
+Two kinds of long module share the machine:
+* the CPU vLLM modules (:data:`ENGINE_MODULES`) keep a core busy while they run (an engine
+  start is ~20 s of imports; its worker process spins between steps). Two of them side by
+  side each take twice as long, and time-sensitive checks (harness verdicts) start to fail;
+* the served-simulator modules mostly wait: their engines answer in real time, so a study of
+  90 s uses ~30 s of CPU.
+
+So the engine modules are one unit of work (:data:`ENGINE_UNIT`), run one after another on
+one worker, while the other workers take the rest, longest first, each module whole (its
+module-scoped Ray cluster set up once). :data:`EXPECTED_S` holds rough wall times measured
+in a three-worker run of a fresh clone; a module missing from it is short.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+ENGINE_UNIT = "vllm-cpu-engines"
+ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu_serve_llm.py",
+                  "test_vllm_cpu_sessions.py", "test_engine_conformance.py")
+
+EXPECTED_S = {
+    "test_faults_cluster.py": 130, "test_study_e2e.py": 110, "test_search_fidelity.py": 90, "test_ties.py": 85,
+    "test_jobs.py": 80, "test_resume_kill.py": 65, "test_unit_metrics.py": 45, "test_corrupt_results.py": 45,
+    "test_capacity_served.py": 40, "test_harness_served.py": 40, "test_warmup_served.py": 40,
+    "test_faults_disk.py": 35, "test_nightly.py": 35, "test_damage_fuzz.py": 35, "test_study_inputs.py": 25,
+    "test_plan.py": 25, "test_preflight_default.py": 20, "test_query_docs.py": 20,
+}
+
+
+def unit_of(path: str) -> str:
+    """The unit of work a test module belongs to: the engine unit, or the module itself."""
+    return ENGINE_UNIT if PurePath(path).name in ENGINE_MODULES else path
+
+
+def order_key(path: str) -> tuple[int, float]:
+    """Collection order: the engine unit first, then the other modules longest first (stable:
+    modules of equal weight keep their order, the same on every worker as xdist requires)."""
+    name = PurePath(path).name
+    if name in ENGINE_MODULES:
+        return (0, ENGINE_MODULES.index(name))
+    return (1, -EXPECTED_S.get(name, 0))
+
+
+def make_scheduler(config, log):
+    """xdist's module-at-a-time scheduler with the engine modules as one unit."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class EngineUnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(super()._split_scope(nodeid))
+
+    return EngineUnitScheduling(config, log)
