@@ -87,6 +87,18 @@ def vllm_caches(monkeypatch, tmp_path, tmp_path_factory, request) -> dict[str, s
     return own_caches(monkeypatch, tmp_path / "cache", shared_model_infos(request.config, tmp_path_factory))
 
 
+@pytest.fixture
+def tiny_trained_model(request, tmp_path_factory) -> Path:
+    """``make-model tiny-llama --weights trained`` (the ``tiny`` recipe), trained once per checkout
+    in pytest's cache folder and then found by its recipe hash (whichever test asks first trains
+    it; one asking meanwhile waits for it)."""
+    from orchestrator.models.modelgen import trained_model_dir
+
+    cache = getattr(request.config, "cache", None)
+    root = cache.mkdir("trained-models") if cache is not None else tmp_path_factory.getbasetemp().parent / "trained-models"
+    return trained_model_dir("tiny-llama", "tiny", root=root)
+
+
 @contextmanager
 def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num_gpus: int = 0) -> Iterator[str]:
     """A Ray cluster of our own (``address="local"``: never one another job on the machine started),

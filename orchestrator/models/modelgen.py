@@ -13,10 +13,12 @@ exactly N tokens, so workloads control prompt lengths exactly on any model.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional
 
 from orchestrator.models import training
 from orchestrator.models.shapes import ModelShape, find_model_config
@@ -85,14 +87,34 @@ def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", 
                           base_dir=base_dir)
     shape_info = ModelShape.from_config(config, name=shape)
     out = Path(out_dir)
-    if trained is not None:
-        digest = training.recipe_hash(config, trained)
+    if trained is None:
+        return _write_model_dir(out, config, shape_info, weights, seed, force, None, log)
+    digest = training.recipe_hash(config, trained)
+    if shape_info.num_params > training.MAX_TRAINED_PARAMS:
+        raise ValueError(f"{shape} with recipe {trained.name} has {shape_info.num_params / 1e9:.1f} B parameters; "
+                         f"training is for models of at most {training.MAX_TRAINED_PARAMS / 1e6:.0f} M")
+    # Two studies (or trials) asking for the same model at once: one trains, the other waits and finds it.
+    out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out / ".make-model.lock"):
         if training.is_trained(out, digest):
             log(f"{out}: already trained by recipe {trained.name} ({digest})")
             return out
-        if shape_info.num_params > training.MAX_TRAINED_PARAMS:
-            raise ValueError(f"{shape} with recipe {trained.name} has {shape_info.num_params / 1e9:.1f} B parameters; "
-                             f"training is for models of at most {training.MAX_TRAINED_PARAMS / 1e6:.0f} M")
+        return _write_model_dir(out, config, shape_info, weights, seed, force, (trained, digest), log)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (created if missing) while the block runs."""
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_model_dir(out: Path, config: dict, shape_info: ModelShape, weights: str, seed: int, force: bool,
+                     trained: Optional[tuple[training.Recipe, str]], log) -> Path:
     out.mkdir(parents=True, exist_ok=True)
 
     tok, specials, _ = build_tokenizer(shape_info.vocab_size)
@@ -112,12 +134,13 @@ def make_model_dir(shape: str, out_dir: str | Path, *, weights: Literal["none", 
 
     if weights == "random":
         if shape_info.num_params > MAX_RANDOM_WEIGHT_PARAMS and not force:
-            raise ValueError(f"{shape} has {shape_info.num_params / 1e9:.1f} B parameters; random weights are "
+            raise ValueError(f"{shape_info.name} has {shape_info.num_params / 1e9:.1f} B parameters; random weights are "
                              "for small test models (use weights='none' and load_format=dummy, or force=True)")
         _write_random_weights(out, seed)
     elif trained is not None:
+        recipe, digest = trained
         (out / training.TRAINING_FILE).unlink(missing_ok=True)  # a half-written directory is trained again
-        training.train(out, trained, digest, log)
+        training.train(out, recipe, digest, log)
         _keep_token_ids(out, bos, eos)
     return out
 

@@ -23,29 +23,27 @@ import math
 import pytest
 
 from conftest import local_ray
+from support.vllm_processes import one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 KV_BYTES = 8 * 2**20
 
 
-def test_trained_model_drift_on_cpu_vllm(tmp_path, request, vllm_caches):
+def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_model):
 
     import optuna
 
-    from orchestrator.models.modelgen import trained_model_dir
     from orchestrator.results import load_trials
     from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
     from orchestrator.study.spec import parse_study
 
-    # Trained once per checkout (pytest's cache folder), then found by its recipe hash.
-    model_dir = trained_model_dir("tiny-llama", "tiny", root=request.config.cache.mkdir("trained-models"))
-    training = json.loads((model_dir / "training.json").read_text())
+    training = json.loads((tiny_trained_model / "training.json").read_text())
     study = parse_study({
         "name": "cpu-trained",
-        "engine": {"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
-                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}},
-        "model": {"name": str(model_dir), "dtype": "float32"},
+        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(tiny_trained_model), "start_timeout_s": 600,
+                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
+        "model": {"name": str(tiny_trained_model), "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
         "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "warmup_requests": 1,
                      "input_len": 32, "output_len": 96, "timeout_s": 120},

@@ -77,6 +77,40 @@ def test_the_cache_names_the_directory_by_recipe_hash(tmp_path):
     assert list(tmp_path.iterdir()) == [path]
 
 
+def _make_micro(out: str, log_path: str) -> None:
+    with open(log_path, "w") as log:
+        make_model_dir("tiny-llama", out, weights="trained", recipe=MICRO, log=lambda line: print(line, file=log))
+
+
+def test_two_processes_asking_for_one_model_at_once_train_it_once(tmp_path):
+    """Two studies starting together on one model cache: one trains, the other waits and finds it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    logs = [tmp_path / f"log{i}" for i in range(2)]
+    procs = [ctx.Process(target=_make_micro, args=(str(tmp_path / "m"), str(log))) for log in logs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    said = sorted(log.read_text() for log in logs)
+    assert sum("already trained" in text for text in said) == 1, said  # the other one trained
+    assert sum("step 4/4" in text for text in said) == 1, said
+
+
+def test_the_tiny_recipe_model_predicts_and_is_found_again(tiny_trained_model):
+    """The tests' trained model (the suite trains it once, in pytest's cache, for the CPU vLLM
+    test of the probe): its record, and a second request that finds it instead of training."""
+    record = json.loads((tiny_trained_model / "training.json").read_text())
+    assert record["recipe"] == RECIPES["tiny"].as_dict() and record["device"] == "cpu"
+    assert record["seconds"] > 0 and record["loss_last"] < 0.5 * record["loss_first"]
+    assert record["heldout_perplexity"] < 0.01 * record["uniform_perplexity"]  # peaked: far from uniform
+    said: list[str] = []
+    again = trained_model_dir("tiny-llama", "tiny", root=tiny_trained_model.parent, log=said.append)
+    assert again == tiny_trained_model and "already trained" in said[0]
+
+
 def test_base_recipe_is_over_100m_parameters_and_builds():
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
