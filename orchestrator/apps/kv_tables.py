@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.apps.h200_tables import markdown, params_of, trials_of
-from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
+from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.query import study_dirs
 from orchestrator.search import feasibility
@@ -47,10 +47,9 @@ def predictions(*paths: Path) -> list[dict[str, Any]]:
     for path in map(Path, paths):
         for study_dir in study_dirs(path):
             study = read_study_definition(str(study_dir))
-            fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
             rows = trials_of(study_dir)
             for _, row in rows[rows["kv_cache_tokens"].notna()].iterrows():
-                args = feasibility.resolve_args(study, engine_args_from_params(params_of(row), fixed=fixed))
+                args = feasibility.resolve_args(study, study.engine_args(params_of(row)))
                 verdict = feasibility.check(study, args)
                 key = (path.name, study.model.name, study.hardware.gpu, _config(args), int(row["kv_cache_tokens"]))
                 found.setdefault(key, {"predicted": verdict.kv_cache_tokens})

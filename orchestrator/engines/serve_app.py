@@ -75,6 +75,29 @@ def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
         time.sleep(poll_s)
 
 
+# Ray's words for a replica it cancelled before its constructor ran (a busy or changing cluster):
+# nothing is known about the configuration, so its start is tried once more.
+NEVER_RAN = "The actor never ran"
+
+
+def start_app(app, *, name: str, route_prefix: Optional[str], timeout_s: float, poll_s: float = 0.5) -> float:
+    """:func:`submit_app`, then :func:`wait_until_running` within ``timeout_s`` in all; return the
+    seconds waited. A deployment that failed only because Ray cancelled its replica before the
+    replica ran is deleted and submitted once more (its verdict would otherwise be that
+    cancellation's, a ``start_crash``, whatever the configuration)."""
+    t0 = time.monotonic()
+    for attempt in (1, 2):
+        submit_app(app, name=name, route_prefix=route_prefix)
+        try:
+            return wait_until_running(name, timeout_s=max(1.0, timeout_s - (time.monotonic() - t0)), poll_s=poll_s)
+        except EngineStartError as e:
+            if attempt == 2 or e.kind == FailureKind.START_TIMEOUT or NEVER_RAN not in e.message:
+                raise
+            log.warning("%s: Ray cancelled its replica before it ran; deploying it once more", name)
+            delete_app(name, timeout_s=60)
+    raise AssertionError("unreachable")
+
+
 def delete_app(name: str, *, timeout_s: float = 120) -> Optional[str]:
     """Delete the app and wait until it is gone; return a problem description or None."""
     from ray import serve

@@ -106,10 +106,9 @@ class ServedSimEngine(Engine):
             direct=target.engine.transport == "direct", faults=tuple(f.to_dict() for f in faults),
         )
         t0 = time.monotonic()
-        serve_app.submit_app(bound, name=name, route_prefix=route)
         try:
             timeout = target.engine.start_timeout_s or max(60.0, target.engine.startup_s * 3 + 60)
-            serve_app.wait_until_running(name, timeout_s=timeout)
+            serve_app.start_app(bound, name=name, route_prefix=route, timeout_s=timeout)
         except EngineStartError:
             serve_app.delete_app(name, timeout_s=60)
             raise

@@ -208,9 +208,8 @@ class VllmServeEngine(Engine):
         release = ReleaseCheck(self.resources(args).resource)
         local_log = local_logs_dir() / f"{log_name}.log"
         t0 = time.monotonic()
-        serve_app.submit_app(app, name=name, route_prefix=None)
         try:
-            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=1.0)
+            serve_app.start_app(app, name=name, route_prefix=None, timeout_s=spec.start_timeout_s, poll_s=1.0)
             handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=name)
             info = handle.info.remote().result(timeout_s=60)
         except EngineStartError as e:
@@ -260,9 +259,8 @@ class VllmServeEngine(Engine):
         served = cfg["model_loading_config"]["model_id"]
         t_wall = time.time()
         t0 = time.monotonic()
-        serve_app.submit_app(app, name=name, route_prefix=route)
         try:
-            serve_app.wait_until_running(name, timeout_s=spec.start_timeout_s, poll_s=2.0)
+            serve_app.start_app(app, name=name, route_prefix=route, timeout_s=spec.start_timeout_s, poll_s=2.0)
         except EngineStartError as e:
             logs = replica_log_tail(name, marker=served, since=t_wall)
             text = scrub(e.message + ("\n" + logs if logs else ""), secret_values(spec))

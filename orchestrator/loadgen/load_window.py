@@ -118,7 +118,8 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
 
     ``monitor`` (optional) sees every measured send and finish; once its ``should_stop``
     answers True, no further request is sent and those in flight are aborted (records
-    of kind ``ABORTED``); requests never sent get no record.
+    of kind ``ABORTED``); a request already due but not yet on the wire (a busy event loop)
+    is an ``ABORTED`` record without ``sent_s``; requests not yet due get no record.
 
     ``on_measure_start(warm-up records)`` is called once the warm-up requests are done,
     right before the measured clock starts (the engine-side telemetry snapshots its

@@ -29,7 +29,6 @@ from orchestrator.cluster.connect import NAMESPACE, cluster_info, engine_resourc
 from orchestrator.cluster.gpu_ledger import GpuLedgerActor
 from orchestrator.engines.serve_app import delete_app
 from orchestrator.failures import TrialStatus, root_message, storage_problem
-from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
 from orchestrator.search import feasibility
@@ -337,11 +336,10 @@ def _check_cluster_fits(study: Study, engine, info) -> None:
     """Stop before the first trial when no configuration of the space could ever be placed on this
     cluster (no GPUs at all, or TP x PP larger than every node): each trial would only wait out its
     start timeout."""
-    fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
     needs = []
     for params in feasibility.space_points(study.space, study.seed, max_points=512)[0]:
         try:
-            req = engine.resources(engine.resolve(engine_args_from_params(params, fixed=fixed)))
+            req = engine.resources(engine.resolve(study.engine_args(params)))
         except (ValueError, TypeError):
             continue
         needs.append(req.amount)

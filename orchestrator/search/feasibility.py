@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.failures import EngineStartError, FailureKind
-from orchestrator.hardware.engine_args import EngineArgs, ceil_div, engine_args_from_params
+from orchestrator.hardware.engine_args import EngineArgs, ceil_div
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.hardware.memory import kv_bytes_per_token, plan_memory
 from orchestrator.hardware.quant_support import checkpoint_method, checkpoint_refusal
@@ -289,7 +289,6 @@ def survey(study, *, cluster_units: Optional[int] = None, units_per_node: Option
            max_points: int = SURVEY_MAX_POINTS) -> SpaceSurvey:
     """Run :func:`check` over the study's space (pure arithmetic: milliseconds per point)."""
     points, size = space_points(study.space, study.seed, max_points)
-    fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
     feasible = 0
     failures: Counter = Counter()
     examples: dict[str, tuple[dict[str, Any], str]] = {}
@@ -298,7 +297,7 @@ def survey(study, *, cluster_units: Optional[int] = None, units_per_node: Option
     searched = {k for k, p in study.space.params.items() if value_count(p) > 1}
     for params in points:
         try:
-            args = resolve_args(study, engine_args_from_params(params, fixed=fixed))
+            args = resolve_args(study, study.engine_args(params))
             verdict = check(study, args, cluster_units=cluster_units, units_per_node=units_per_node)
         except (ValueError, TypeError) as e:  # arguments the engine could not even build
             verdict = FitVerdict(False, FailureKind.INVALID_ARGS, str(e))

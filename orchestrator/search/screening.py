@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from orchestrator.failures import Failure, FailureKind, TrialStatus
-from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.search import feasibility
 from orchestrator.search.optuna_search import SamplerReport, tell_report
 from orchestrator.search.row import trial_row
@@ -30,7 +29,6 @@ class PreflightScreen:
                  units_per_node: Optional[int] = None):
         self.study, self.engine, self.run_id, self.sink, self.printer = study, engine, run_id, sink, printer
         self.cluster_units, self.units_per_node = cluster_units, units_per_node
-        self.fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
 
     def __call__(self, trial, params: dict) -> bool:
         # deferred: ray takes ~0.3 s to import; validate/show load this module
@@ -38,7 +36,7 @@ class PreflightScreen:
 
         study = self.study
         try:
-            args = self.engine.resolve(engine_args_from_params(params, fixed=self.fixed))
+            args = self.engine.resolve(self.study.engine_args(params))
         except (ValueError, TypeError):
             return False  # the trial reports arguments that cannot even be built, with its own message
         verdict = feasibility.check(study, args, cluster_units=self.cluster_units, units_per_node=self.units_per_node)

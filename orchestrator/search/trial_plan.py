@@ -16,7 +16,6 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.engines import Engine, EngineContext, EngineTarget, create_engine
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.hardware.engine_args import engine_args_from_params
 from orchestrator.measure.confidence import (CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, INTERVAL_METRICS, NO_WINDOW_NOISE,
                                              WindowNoise)
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES
@@ -96,8 +95,7 @@ def plan_trial(study: Study, params: Mapping[str, Any], engine: Engine, *, trial
                measurement: int = 0, cluster_units: Optional[int] = None,
                units_per_node: Optional[int] = None) -> TrialPlan:
     """Decide one trial: its arguments resolved by ``engine``, the pre-flight's verdict, how it is measured."""
-    fixed = dict(getattr(study.engine, "engine_kwargs", {}) or {})
-    args = engine.resolve(engine_args_from_params(dict(params), fixed=fixed))
+    args = engine.resolve(study.engine_args(params))
     refusal = None
     if feasibility.preflight_on(study):
         verdict = feasibility.check(study, args, cluster_units=cluster_units, units_per_node=units_per_node)

@@ -20,12 +20,12 @@ import json
 import math
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.hardware.accelerator import CPU, DeviceDefaults, runs_on_cpu
-from orchestrator.hardware.engine_args import EngineArgs
+from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.hardware.gpus import GPUS, get_gpu
 from orchestrator.hardware.pricing import GpuHourPrice, gpu_hour_price
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES, REQUEST_SLO_FAMILIES, RequestSLO
@@ -256,6 +256,11 @@ class Study(StrictModel):
         """The model on the study's device: the one resolver of engine arguments."""
         gpu = None if self.hardware.gpu.upper() == CPU else get_gpu(self.hardware.gpu)
         return DeviceDefaults(gpu, self.on_cpu, self.model_shape.max_position_embeddings, self.model.dtype)
+
+    def engine_args(self, params: Mapping[str, Any]) -> EngineArgs:
+        """A point of the space as engine arguments, beside the engine section's fixed
+        ``engine_kwargs`` (not yet resolved for the device)."""
+        return engine_args_from_params(dict(params), fixed=dict(getattr(self.engine, "engine_kwargs", None) or {}))
 
     def with_device_defaults(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
         """``args`` resolved for the study's model and device (:meth:`DeviceDefaults.resolve`)."""
