@@ -95,7 +95,8 @@ def tiny_trained_model(request, tmp_path_factory) -> Path:
     from orchestrator.models.modelgen import trained_model_dir
 
     cache = getattr(request.config, "cache", None)
-    root = cache.mkdir("trained-models") if cache is not None else tmp_path_factory.getbasetemp().parent / "trained-models"
+    root = cache.mkdir("trained-models") if cache is not None else \
+        tmp_path_factory.getbasetemp().parent / "trained-models"
     return trained_model_dir("tiny-llama", "tiny", root=root)
 
 

@@ -51,9 +51,10 @@ def _failure_text(app_status) -> str:
 
 
 def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
-                       on_wait: Optional[Callable[[float], None]] = None) -> float:
-    """Wait for the app to be RUNNING; return seconds waited. Raise EngineStartError otherwise."""
-    t0 = time.monotonic()
+                       on_wait: Optional[Callable[[float], None]] = None, since: Optional[float] = None) -> float:
+    """Wait for the app to be RUNNING; return seconds waited. Raise EngineStartError otherwise.
+    ``since``: when the wait began (``time.monotonic()``), if earlier than now."""
+    t0 = time.monotonic() if since is None else since
     last = None
     while True:
         elapsed = time.monotonic() - t0
@@ -81,15 +82,16 @@ NEVER_RAN = "The actor never ran"
 
 
 def start_app(app, *, name: str, route_prefix: Optional[str], timeout_s: float, poll_s: float = 0.5) -> float:
-    """:func:`submit_app`, then :func:`wait_until_running` within ``timeout_s`` in all; return the
-    seconds waited. A deployment that failed only because Ray cancelled its replica before the
+    """:func:`submit_app`, then :func:`wait_until_running` within ``timeout_s`` (a retry included);
+    return the seconds waited. A deployment that failed only because Ray cancelled its replica before the
     replica ran is deleted and submitted once more (its verdict would otherwise be that
     cancellation's, a ``start_crash``, whatever the configuration)."""
-    t0 = time.monotonic()
+    since = None  # the first attempt's wait: a retry waits within what is left of it
     for attempt in (1, 2):
         submit_app(app, name=name, route_prefix=route_prefix)
+        since = time.monotonic() if since is None else since
         try:
-            return wait_until_running(name, timeout_s=max(1.0, timeout_s - (time.monotonic() - t0)), poll_s=poll_s)
+            return wait_until_running(name, timeout_s=timeout_s, poll_s=poll_s, since=since)
         except EngineStartError as e:
             if attempt == 2 or e.kind == FailureKind.START_TIMEOUT or NEVER_RAN not in e.message:
                 raise

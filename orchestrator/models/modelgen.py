@@ -134,8 +134,8 @@ def _write_model_dir(out: Path, config: dict, shape_info: ModelShape, weights: s
 
     if weights == "random":
         if shape_info.num_params > MAX_RANDOM_WEIGHT_PARAMS and not force:
-            raise ValueError(f"{shape_info.name} has {shape_info.num_params / 1e9:.1f} B parameters; random weights are "
-                             "for small test models (use weights='none' and load_format=dummy, or force=True)")
+            raise ValueError(f"{shape_info.name} has {shape_info.num_params / 1e9:.1f} B parameters; random weights "
+                             "are for small test models (use weights='none' and load_format=dummy, or force=True)")
         _write_random_weights(out, seed)
     elif trained is not None:
         recipe, digest = trained

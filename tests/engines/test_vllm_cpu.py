@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.measure.harness import harness_verdict
-from support.vllm_processes import vllm_processes
+from support.vllm_processes import one_process, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -101,9 +101,10 @@ def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
     study = parse_study({
         "name": "cpu-vllm",
         # Secrets, literal and by reference: used by the engine, never written anywhere (checked below).
-        "engine": {"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
-                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES, "hf_token_env": "ORCH_TEST_HF_TOKEN"},
-                   "env": {"ORCH_TEST_AUTH_TOKEN": PLANTED_LITERAL}},
+        "engine": one_process({
+            "kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
+            "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES, "hf_token_env": "ORCH_TEST_HF_TOKEN"},
+            "env": {"ORCH_TEST_AUTH_TOKEN": PLANTED_LITERAL}}),
         "model": {"name": "tiny-llama", "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
         "workload": {"arrival": {"kind": "poisson", "rate": 3}, "num_requests": 24, "warmup_requests": 2,

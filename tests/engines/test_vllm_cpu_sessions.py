@@ -35,8 +35,8 @@ def test_sessions_on_cpu_vllm(tmp_path, vllm_caches):
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=4096)
     study = parse_study({
         "name": "cpu-sessions", "seed": 1,
-        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
-                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
+        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(model_dir),
+                               "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
         "model": {"name": "tiny-llama", "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
         "workload": {"arrival": {"kind": "poisson", "rate": 2}, "num_requests": 4,

@@ -41,8 +41,8 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_mod
     training = json.loads((tiny_trained_model / "training.json").read_text())
     study = parse_study({
         "name": "cpu-trained",
-        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(tiny_trained_model), "start_timeout_s": 600,
-                   "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
+        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(tiny_trained_model),
+                               "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
         "model": {"name": str(tiny_trained_model), "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
         "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "warmup_requests": 1,

@@ -64,7 +64,8 @@ def one_process(engine: dict) -> dict:
     process (vLLM's one-process executor) instead of a worker process of its own (its CPU
     default, for OpenMP's thread setup): a start takes ~12 s instead of ~17 s on two cores, and no
     second process spins a core between steps. For the tests that are not about the engine's
-    processes; test_vllm_cpu keeps vLLM's default."""
+    processes; test_engine_conformance's vLLM-CPU engine keeps vLLM's default (a worker process,
+    found and gone after teardown)."""
     return {**engine, "engine_kwargs": {**engine.get("engine_kwargs", {}), "distributed_executor_backend": "uni"},
             "env": {**engine.get("env", {}), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 
