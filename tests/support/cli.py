@@ -22,7 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Mapping, Optional
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO
+
 OWN_PROCESS = ("run", "nightly", "serve-sim", "make-model")  # Ray, a server, torch training
 
 

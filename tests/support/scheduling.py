@@ -22,11 +22,11 @@ ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu
                   "test_vllm_cpu_sessions.py", "test_engine_conformance.py")
 
 EXPECTED_S = {
-    "test_faults_cluster.py": 130, "test_study_e2e.py": 110, "test_search_fidelity.py": 90, "test_ties.py": 85,
-    "test_jobs.py": 80, "test_resume_kill.py": 65, "test_unit_metrics.py": 45, "test_corrupt_results.py": 45,
-    "test_capacity_served.py": 40, "test_harness_served.py": 40, "test_warmup_served.py": 40,
-    "test_faults_disk.py": 35, "test_nightly.py": 35, "test_damage_fuzz.py": 35, "test_study_inputs.py": 25,
-    "test_plan.py": 25, "test_preflight_default.py": 20, "test_query_docs.py": 20,
+    "test_faults_cluster.py": 220, "test_study_e2e.py": 150, "test_jobs.py": 110, "test_search_fidelity.py": 110,
+    "test_resume_kill.py": 100, "test_ties.py": 90, "test_corrupt_results.py": 60, "test_capacity_served.py": 50,
+    "test_harness_served.py": 50, "test_warmup_served.py": 50, "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
+    "test_unit_metrics.py": 40, "test_faults_disk.py": 40, "test_plan.py": 30, "test_preflight_default.py": 30,
+    "test_nightly.py": 30, "test_search_screening.py": 30, "test_query_docs.py": 20,
 }
 
 
