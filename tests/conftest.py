@@ -67,15 +67,19 @@ def repo() -> Path:
     return REPO
 
 
-def shared_model_infos(config, tmp_path_factory) -> Path:
-    """A folder for vLLM's model inspection results shared by the suite's vLLM tests
-    (:func:`support.vllm_processes.own_caches`): in pytest's cache folder of the checkout, or
-    this run's temporary folder without the cache plugin."""
+def suite_cache(config, tmp_path_factory, name: str) -> Path:
+    """A folder shared by the suite's tests and workers: in pytest's cache folder of the
+    checkout, or this run's temporary folder without the cache plugin."""
     cache = getattr(config, "cache", None)
-    shared = cache.mkdir("vllm-modelinfos") if cache is not None else \
-        tmp_path_factory.getbasetemp().parent / "vllm-modelinfos"
-    shared.mkdir(parents=True, exist_ok=True)
-    return shared
+    folder = cache.mkdir(name) if cache is not None else tmp_path_factory.getbasetemp().parent / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def shared_model_infos(config, tmp_path_factory) -> Path:
+    """The folder for vLLM's model inspection results shared by the suite's vLLM tests
+    (:func:`support.vllm_processes.own_caches`)."""
+    return suite_cache(config, tmp_path_factory, "vllm-modelinfos")
 
 
 @pytest.fixture
@@ -94,10 +98,7 @@ def tiny_trained_model(request, tmp_path_factory) -> Path:
     it; one asking meanwhile waits for it)."""
     from orchestrator.models.modelgen import trained_model_dir
 
-    cache = getattr(request.config, "cache", None)
-    root = cache.mkdir("trained-models") if cache is not None else \
-        tmp_path_factory.getbasetemp().parent / "trained-models"
-    return trained_model_dir("tiny-llama", "tiny", root=root)
+    return trained_model_dir("tiny-llama", "tiny", root=suite_cache(request.config, tmp_path_factory, "trained-models"))
 
 
 @contextmanager
