@@ -133,9 +133,10 @@ def window_noise_table(frames: Sequence[pd.DataFrame], metrics: Iterable[str] = 
     return "\n".join(lines)
 
 
-def docs_window_noise_table(h200: Path, cpu: Path, sim: Path) -> str:
-    """docs/benchmarks.md's table: the H200's windows (``windows.parquet`` beside its repeatability
+def docs_window_noise_table(h200: Path, h100: Path, cpu: Path, sim: Path) -> str:
+    """docs/benchmarks.md's table: the GPUs' windows (``windows.parquet`` beside their repeatability
     runs), and the fixed-rate runs of CPU vLLM and the served simulator."""
     return window_noise_table([pd.read_parquet(Path(h200) / "windows.parquet"),
+                               pd.read_parquet(Path(h100) / "windows.parquet"),
                                fixed_rate_windows(cpu, source="CPU vLLM (fixed rate, 5 seeds)"),
                                fixed_rate_windows(sim, source="sim, served (fixed rate, 5 seeds)")])

@@ -37,7 +37,7 @@ def _frame(*dirs: Path) -> pd.DataFrame:
     frames = [load_trials(d) for d in dirs]
     df = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
     parts = df["study"].map(series_of)
-    df = df.assign(series=[p[0] for p in parts], fixed_rate=[p[1] for p in parts], seed=[p[2] for p in parts])
+    df = df.copy().assign(series=[p[0] for p in parts], fixed_rate=[p[1] for p in parts], seed=[p[2] for p in parts])
     return df[df["status"] == TrialStatus.COMPLETED]
 
 
