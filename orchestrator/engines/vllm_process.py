@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -117,8 +118,12 @@ class VllmServer:
         self.secrets = command_secrets(cmd, env)
         self.log_file = open(self.log_path, "ab")
         log_command(self.log_file, cmd, self.secrets)
+        # vLLM's ZMQ sockets (one file each, in the temporary folder by default) outlive a server that
+        # is stopped: a folder of the server's own, removed with it (the study's env may name another).
+        self.rpc_dir = tempfile.mkdtemp(prefix="vllm-rpc-")
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **env}, preexec_fn=_die_with_parent)
+                                     env={**os.environ, "VLLM_RPC_BASE_PATH": self.rpc_dir, **env},
+                                     preexec_fn=_die_with_parent)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + ready_timeout_s
         while True:
@@ -136,7 +141,8 @@ class VllmServer:
 
     def info(self) -> dict[str, Any]:
         return {"port": self.port, "node_ip": self.node_ip, "node_id": self.node_id, "pid": self.proc.pid,
-                "log_path": str(self.log_path), "accelerators": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "log_path": str(self.log_path), "rpc_dir": self.rpc_dir,
+                "accelerators": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def log_tail(self, lines: int = 400) -> str:
         return scrub(tail(self.log_path, lines), self.secrets) or ""
@@ -151,8 +157,14 @@ class VllmServer:
 
     def _stop(self, grace_s: float = 10.0) -> None:
         proc = getattr(self, "proc", None)
-        if proc is None:
-            return
+        if proc is not None:
+            self._stop_group(proc, grace_s)
+        rpc_dir = getattr(self, "rpc_dir", None)
+        if rpc_dir is not None:
+            shutil.rmtree(rpc_dir, ignore_errors=True)
+
+    @staticmethod
+    def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(proc.pid, sig)

@@ -293,6 +293,8 @@ def test_deploy_serves_completions_and_teardown_leaves_nothing(subject):
             _, text = _get(ep.metrics_url)
             assert f"{ep.metric_prefix}num_requests_running" in text
         assert deployment.health() is None
+        if s.cache_root is not None:  # vLLM put its sockets where the server told it to
+            assert any(p.is_socket() for p in Path(ep.facts["rpc_dir"]).iterdir())
     assert deployment.teardown_problems() == []
     if s.resource is None:  # not ours: the endpoint still runs
         assert _answers(ep.base_url.rstrip("/") + "/v1/models")
@@ -301,6 +303,9 @@ def test_deploy_serves_completions_and_teardown_leaves_nothing(subject):
     for pid in ep.pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     _leaves_nothing(s, app, free_before)
+    if s.cache_root is not None:  # vLLM's ZMQ sockets lived in the server's own folder, gone with it
+        rpc_dir = Path(ep.facts["rpc_dir"])
+        assert rpc_dir.name.startswith("vllm-rpc-") and not rpc_dir.exists()
 
 
 @pytest.mark.parametrize("subject", REFUSING, indirect=True)
