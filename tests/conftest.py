@@ -10,6 +10,7 @@ from typing import Iterator, Mapping, Optional
 
 import pytest
 
+from support import cpu_profile
 from support.scheduling import make_scheduler, order_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +33,10 @@ BASE_STUDY = {
     "objectives": ["maximize output_throughput_per_gpu", "ttft_p99_ms"],
     "constraints": ["ttft_p99_ms <= 2000"],
 }
+
+
+def pytest_configure(config):
+    cpu_profile.register(config)  # SUITE_CPU_PROFILE=DIR: CPU seconds per test, Ray and vLLM included
 
 
 def pytest_collection_modifyitems(session, config, items):
