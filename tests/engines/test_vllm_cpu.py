@@ -192,7 +192,8 @@ def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
     a = row(ok_a)
     mine = requests[requests["trial_id"] == a["trial_id"]]
     ok = mine["success"]
-    explained = ((((mine["prompt_tokens"] - 1).clip(upper=256) // 128) * 128 * (mine["prefix_group"].notna() & ok)).sum()
+    cached_blocks = (mine["prompt_tokens"] - 1).clip(upper=256) // 128
+    explained = ((cached_blocks * 128 * (mine["prefix_group"].notna() & ok)).sum()
                  / mine.loc[ok, "prompt_tokens"].sum())
     assert 0.5 * explained < a["prefix_cache_hit_rate"] <= explained + 0.01, (a["prefix_cache_hit_rate"], explained)
 
