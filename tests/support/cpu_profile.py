@@ -65,6 +65,17 @@ class CpuProfile:
         with open(self.out / f"{_worker()}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def pytest_unconfigure(self, config):
+        """Leave the group and remove it, and the run's folder once the last worker has left."""
+        if self.group is None:
+            return
+        try:
+            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+            self.group.rmdir()
+            self.group.parent.rmdir()
+        except OSError:
+            pass  # a process this worker started still runs in it, or another worker is still in its own
+
     def pytest_terminal_summary(self, terminalreporter):
         if os.environ.get("PYTEST_XDIST_WORKER"):
             return
