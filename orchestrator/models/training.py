@@ -121,6 +121,8 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
     device = recipe.device if recipe.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"recipe {recipe.name} trains on CUDA, and torch sees no CUDA device here")
+    if device == "cuda":  # cuBLAS is deterministic only with a fixed workspace, set before its first call
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # the tokenizer's special tokens start at bos (orchestrator.models.modelgen.model_config): never emitted
     grammar = Grammar(cfg.vocab_size, cfg.bos_token_id, recipe.grammar_seed)
     x, ok = training_sequences(grammar, recipe.steps * recipe.batch, recipe.seq_len + 1, recipe.seed)

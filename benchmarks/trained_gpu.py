@@ -1,0 +1,40 @@
+"""Learned weights on one GPU (docs/benchmarks.md, "Learned weights on one GPU").
+
+    python benchmarks/trained_gpu.py study STUDY_YAML MODEL_DIR GPU > OUT.yaml
+
+writes the study file with its model set to a trained model directory (``model.name`` and
+``engine.model_source``) and ``hardware.gpu`` to the GPU the machine has; ``bash
+benchmarks/trained_gpu.sh RESULTS`` runs the whole benchmark (train, then both studies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def study_for_model(study_yaml: Path, model_dir: Path, gpu: str) -> dict:
+    doc = yaml.safe_load(study_yaml.read_text())
+    doc["model"]["name"] = str(model_dir.resolve())
+    doc["engine"]["model_source"] = str(model_dir.resolve())
+    doc["hardware"]["gpu"] = gpu
+    return doc
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("study", help="the study file with the trained model and this GPU")
+    s.add_argument("study_yaml", type=Path)
+    s.add_argument("model_dir", type=Path)
+    s.add_argument("gpu")
+    args = p.parse_args(argv)
+    yaml.safe_dump(study_for_model(args.study_yaml, args.model_dir, args.gpu), sys.stdout, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Learned weights on one GPU (docs/benchmarks.md, "Learned weights on one GPU"): train the `base`
+# recipe, then the fp8 weights x fp8 KV x max_num_seqs study and the n-gram speculation study on it,
+# then train the recipe once more and compare the weights' bytes (determinism on this GPU).
+#   bash benchmarks/trained_gpu.sh RESULTS [STEPS]
+# STEPS: any of train,quant,spec,again (default: all, in that order).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+out=$1 steps=${2:-train,quant,spec,again}
+mkdir -p "$out"
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+  *H200*) gpu=H200 ;; *H100*) gpu=H100 ;; *) gpu=H200 ;;
+esac
+rc=0
+step() { [[ ",$steps," == *",$1,"* ]]; }
+if step train; then
+  python3 -m orchestrator make-model tiny-llama "$out/model" --weights trained --recipe base 2>&1 | tail -5 || rc=$?
+fi
+for name in quant spec; do
+  step $name || continue
+  python3 benchmarks/trained_gpu.py study search_spaces/trained-base-$name.yaml "$out/model" $gpu \
+    > "$out/trained-base-$name.yaml"
+  python3 -m orchestrator run "$out/trained-base-$name.yaml" --output "$out/results" || rc=$?
+done
+if step again; then
+  python3 -m orchestrator make-model tiny-llama "$out/model-again" --weights trained --recipe base 2>&1 | tail -3
+  sha256sum "$out/model/model.safetensors" "$out/model-again/model.safetensors" | tee "$out/determinism.txt"
+fi
+exit $rc
