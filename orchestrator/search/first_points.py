@@ -18,7 +18,19 @@ def enqueue_probe_baseline(study: Study, searcher, *, resumed: bool) -> None:
     point = {k: v for k, v in study.probe.reference().items()
              if k in study.space.params and study.space.params[k].allows(v)}
     if point:
-        searcher._ot_study.enqueue_trial(point, skip_if_exists=True)  # noqa: SLF001 - OptunaSearch keeps it there
+        searcher._ot_study.enqueue_trial(baseline_point(study, point), skip_if_exists=True)  # noqa: SLF001
+
+
+def baseline_point(study: Study, point: dict) -> dict:
+    """The first of ``search.initial_points`` that is the baseline (the same value for every
+    sampled argument of ``point``), else ``point``: an initial point that names the baseline runs
+    first as it is, and no second baseline with the other parameters drawn at random runs before it
+    (``enqueue_initial_points`` then skips it as already enqueued)."""
+    sampled = [k for k in point if k in study.space.sampled_names()]
+    for p in study.search.initial_points or ():
+        if all(k in p and p[k] == point[k] for k in sampled):
+            return dict(p)
+    return point
 
 
 def enqueue_initial_points(study: Study, searcher, *, resumed: bool) -> None:
