@@ -1,4 +1,4 @@
-"""Learned weights on one GPU (docs/benchmarks.md, "Learned weights on one GPU").
+"""Learned weights on one GPU (docs/trained-models.md).
 
     python benchmarks/trained_gpu.py study STUDY_YAML MODEL_DIR GPU > OUT.yaml
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Learned weights on one GPU (docs/benchmarks.md, "Learned weights on one GPU"): train the `base`
+# Learned weights on one GPU (docs/trained-models.md): train the `base`
 # recipe, then the fp8 weights x fp8 KV x max_num_seqs study and the n-gram speculation study on it,
 # then train the recipe once more and compare the weights' bytes (determinism on this GPU).
 #   bash benchmarks/trained_gpu.sh RESULTS [STEPS]

@@ -28,7 +28,7 @@ def register(sub) -> None:
                    help="none: for vLLM load_format=dummy; random: tiny random safetensors (small models); "
                         "trained: train on the generated grammar corpus (training.json records how)")
     m.add_argument("--recipe", choices=sorted(RECIPES), default="tiny",
-                   help="training recipe of --weights trained: tiny (CPU, minutes), base (~110 M parameters, "
+                   help="training recipe of --weights trained: tiny (CPU, minutes), base (~103 M parameters, "
                         "a GPU when there is one); a directory already trained by it is kept")
     m.add_argument("--max-len", type=int, help="override max_position_embeddings")
     m.add_argument("--seed", type=int, default=0)
