@@ -224,8 +224,9 @@ class Study(StrictModel):
             body["hardware"].pop("price_per_gpu_hour", None)
         if body.get("probe") is None:  # added later: hashed only when set
             body.pop("probe", None)
-        if (body.get("workload") or {}).get("sessions", 0) is None:  # added later: hashed only when set
-            body["workload"].pop("sessions")
+        for key in ("sessions", "repetition"):  # added later: hashed only when set
+            if (body.get("workload") or {}).get(key, 0) is None:
+                body["workload"].pop(key)
         capacity = body.get("capacity") or {}
         for key, default in CAPACITY_DEFAULTS_ADDED_LATER.items():  # hashed only when set
             if key in capacity and capacity[key] == default:

@@ -219,6 +219,15 @@ class SharedPrefix(StrictModel):
     fraction: float = Field(default=1.0, ge=0, le=1, description="share of requests that use a prefix")
 
 
+class Repetition(StrictModel):
+    """Prompts that repeat their own earlier text, as code edits and answers quoting their sources
+    do: what n-gram speculative decoding (prompt lookup) finds to propose."""
+
+    fraction: float = Field(gt=0, lt=1, description="chance that each span of a prompt's own tokens after its "
+                                                    "first is a copy of an earlier span of the prompt")
+    span: Count = Field(default=16, ge=2, le=4096, description="tokens per span")
+
+
 class SessionFileSpec(StrictModel):
     """Sessions read from a file (:mod:`.session_files`): every turn's user message and answer length."""
 
@@ -300,6 +309,8 @@ class WorkloadSpec(StrictModel):
     input_len: LengthSpec = FixedLength(value=512)
     output_len: LengthSpec = FixedLength(value=128)
     shared_prefix: Optional[SharedPrefix] = None
+    repetition: Optional[Repetition] = Field(default=None, description="synthetic prompts that repeat their own "
+                                                                       "earlier spans (code edits, quoting)")
     max_concurrency: Optional[Count] = Field(default=None, ge=1, description="client-side cap on in-flight requests")
     timeout_s: float = Field(default=300.0, gt=0, description="per-request timeout")
     ignore_eos: bool = True
@@ -339,6 +350,8 @@ class WorkloadSpec(StrictModel):
                 raise ValueError("sessions.file gives each turn's lengths; remove "
                                  f"{', '.join(changed('input_len', 'output_len'))} "
                                  "(sessions.file.output_len replaces the file's answer lengths)")
+        if self.repetition is not None and (self.trace, self.dataset, self.sessions) != (None, None, None):
+            raise ValueError("repetition shapes synthetic prompts; a trace, a dataset or sessions bring their own")
         if self.trace is not None and self.dataset is not None:
             raise ValueError("trace and dataset exclude each other; use one")
         if self.trace is not None:

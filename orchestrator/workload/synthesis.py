@@ -163,6 +163,8 @@ def make_requests(
             block_start, block_end = b[i], max(b[i + 1], b[i] + ID_BLOCK)
             block = token_list(ids[block_start:block_end], vocab_size)
         own = block[b[i] - block_start:b[i + 1] - block_start]
+        if spec.repetition is not None:
+            own = repeat_spans(own, spec.repetition.fraction, spec.repetition.span, prompt_rng)
         prompt = tuple(prefix_lists[g] + own) if g >= 0 else tuple(own)
         reqs.append(Request(
             index=first_index + index_step * i,
@@ -176,6 +178,23 @@ def make_requests(
 
 
 ID_BLOCK = 1 << 20  # prompt ids converted to ints at a time
+
+
+def repeat_spans(ids: list[int], fraction: float, span: int, rng: np.random.Generator) -> list[int]:
+    """``ids`` cut into spans of ``span`` tokens; each whole span after the first is, with chance
+    ``fraction``, replaced by a copy of ``span`` tokens that end before it (at a random offset),
+    so later text repeats earlier text. Draws from ``rng`` only for prompts of two spans or more."""
+    starts = range(span, len(ids) - span + 1, span)
+    if not starts:
+        return ids
+    out = list(ids)
+    copied = rng.random(len(starts)) < fraction
+    offsets = rng.random(len(starts))
+    for start, copy, u in zip(starts, copied.tolist(), offsets.tolist()):
+        if copy:
+            src = int(u * (start - span + 1))
+            out[start:start + span] = out[src:src + span]
+    return out
 
 
 @functools.lru_cache(maxsize=4)

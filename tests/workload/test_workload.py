@@ -229,3 +229,39 @@ def test_a_large_request_set_holds_a_pointer_per_prompt_token():
         tracemalloc.stop()
     per_token = held / sum(r.prompt_len for r in rs.measured)
     assert per_token < 16, per_token
+
+
+def _copied_spans(prompt, span):
+    """Spans of ``prompt`` after its first that equal some ``span`` tokens ending before them."""
+    out = 0
+    for start in range(span, len(prompt) - span + 1, span):
+        piece = prompt[start:start + span]
+        out += any(prompt[j:j + span] == piece for j in range(0, start - span + 1))
+    return out, len(range(span, len(prompt) - span + 1, span))
+
+
+def test_repetition_copies_earlier_spans_and_changes_nothing_else():
+    span = 8
+    plain = spec(num_requests=200, input_len={"kind": "uniform", "min": 40, "max": 200},
+                 shared_prefix={"groups": 2, "length": 16, "fraction": 0.5})
+    repeated = plain.model_copy(update={"repetition": spec(repetition={"fraction": 0.5, "span": span}).repetition})
+    a, b = build_requests(plain, 5, VOCAB), build_requests(repeated, 5, VOCAB)
+    assert build_requests(repeated, 5, VOCAB) == b  # seeded
+    assert np.array_equal(arrivals(a), arrivals(b)) and np.array_equal(input_lens(a), input_lens(b))
+    assert [r.prefix_group for r in a.measured] == [r.prefix_group for r in b.measured]
+    def own(rs):  # a prompt's own tokens, after its shared prefix
+        return [r.prompt_token_ids[16:] if r.prefix_group is not None else r.prompt_token_ids for r in rs.measured]
+
+    # The shared prefixes and each prompt's first span stay as drawn.
+    assert [r.prompt_token_ids[:16] for r in a.measured if r.prefix_group is not None] \
+        == [r.prompt_token_ids[:16] for r in b.measured if r.prefix_group is not None]
+    assert [p[:span] for p in own(a)] == [p[:span] for p in own(b)]
+    copied, spans = map(sum, zip(*(_copied_spans(p, span) for p in own(b))))
+    assert copied / spans == pytest.approx(0.5, abs=0.06)  # random ids never repeat 8 tokens by chance
+    assert sum(_copied_spans(p, span)[0] for p in own(a)) == 0
+
+
+@pytest.mark.parametrize("source", [{"sessions": {"turns": 2}}, {"dataset": {"format": "sharegpt", "path": "x"}}])
+def test_repetition_is_for_synthetic_prompts_only(source):
+    with pytest.raises(ValueError, match="repetition shapes synthetic prompts"):
+        spec(repetition={"fraction": 0.5}, **source)
