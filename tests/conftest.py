@@ -11,7 +11,7 @@ from typing import Iterator, Mapping, Optional
 import pytest
 
 from support import cpu_profile
-from support.scheduling import make_scheduler, order_key
+from support.scheduling import give_way_to_the_engine_unit, make_scheduler, order_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,6 +42,11 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     # Stable sort, the same order on every worker (xdist requires it): see support.scheduling.
     items.sort(key=lambda item: order_key(str(item.path)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    give_way_to_the_engine_unit(str(item.path))  # before the test's fixtures start Ray or servers
 
 
 def pytest_xdist_make_scheduler(config, log):

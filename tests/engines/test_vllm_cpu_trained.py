@@ -45,13 +45,16 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_mod
                                "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
         "model": {"name": str(tiny_trained_model), "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
+        # No steady warm-up: nothing here reads the load window's latencies.
         "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "warmup_requests": 1,
+                     "warmup": {"enabled": False},
                      "input_len": 32, "output_len": 96, "timeout_s": 120},
         "space": {"dtype": ["float32", "bfloat16"], "num_speculative_tokens": [0, 3], "prompt_lookup_max": 3,
                   "prompt_lookup_min": 2, "max_model_len": 1024, "enforce_eager": True},
         "objectives": ["maximize output_throughput"],
         "constraints": ["logprob_diff_mean <= 0"],
-        "probe": {"prompts": 64, "max_input_tokens": 128, "output_tokens": 16,
+        # 8 probe requests in flight: float32 on CPU gives each sequence the same numbers in any batch.
+        "probe": {"prompts": 64, "max_input_tokens": 128, "output_tokens": 16, "concurrency": 8,
                   "baseline": {"dtype": "float32", "num_speculative_tokens": 0}},
         "search": {"sampler": "random", "initial_points": [{"dtype": "bfloat16", "num_speculative_tokens": 3}],
                    "preflight": False},
