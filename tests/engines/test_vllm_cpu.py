@@ -116,8 +116,8 @@ def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
                   "enable_prefix_caching": [True, False], "max_model_len": [1024, 8192], "enforce_eager": True},
         "objectives": ["maximize capacity_rps", "minimize ttft_p99_ms"],
         "constraints": ["ttft_p99_ms <= 1000"],
-        # Levels of 3 s at 2, 4, 8, 16 req/s (bisecting once one fails the SLO).
-        "capacity": {"start_rate": 2, "growth": 2, "tolerance": 0.25, "max_levels": 4, "level_duration_s": 3,
+        # Levels of 3 s at 2, 4, 8 req/s (bisecting once one fails the SLO).
+        "capacity": {"start_rate": 2, "growth": 2, "tolerance": 0.25, "max_levels": 3, "level_duration_s": 3,
                      "min_requests": 8, "max_rate": 64, "saturation": {"window_s": 1.0, "check_interval_s": 0.25}},
         "search": {"sampler": "random", "initial_points": [ok_a, ok_b, too_long, killed], "preflight": False},
         "budget": {"trials": 4, "max_concurrent_trials": 1},
