@@ -113,12 +113,12 @@ def ray_session():
 
 @pytest.mark.slow
 def test_nightly_command_flags_a_slower_engine_only(ray_session, tmp_path_factory, tmp_path, capsys):
-    from test_query_docs import quickstart_results
+    from test_query_docs import shared_quickstart
 
     from orchestrator.cli import main
     from orchestrator.results import load_trials
 
-    baseline = quickstart_results(tmp_path_factory.getbasetemp() / "quickstart-virtual").parent
+    baseline = shared_quickstart(tmp_path_factory).parent
     output = tmp_path / "results"
     shutil.copytree(baseline, output, symlinks=True)  # the quickstart run is "last night"
     doc = yaml.safe_load((REPO / "search_spaces" / "quickstart.yaml").read_text())

@@ -101,12 +101,12 @@ def test_floats_are_written_as_typed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_factory, tmp_path):
-    from test_query_docs import quickstart_results
+    from test_query_docs import shared_quickstart
 
     from orchestrator.results import load_trials, pareto_front
     from orchestrator.results.definition import read_study_definition
 
-    study_dir = quickstart_results(tmp_path_factory.getbasetemp() / "quickstart-virtual")
+    study_dir = shared_quickstart(tmp_path_factory)
     study = read_study_definition(str(study_dir))
     trials = load_trials(study_dir)
     front = pareto_front(trials, study.objectives)  # the quickstart's SLOs may be out of reach in a short run

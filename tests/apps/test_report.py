@@ -228,13 +228,13 @@ def test_browser_check_catches_console_errors_and_network_loads(browser, tmp_pat
 @pytest.mark.slow
 def test_quickstart_report_renders_in_chromium(browser, tmp_path_factory, tmp_path):
     from matplotlib.image import imread
-    from test_query_docs import quickstart_results
+    from test_query_docs import shared_quickstart
 
     from orchestrator.apps.report import front_of
     from orchestrator.results import load_trials
     from orchestrator.results.definition import read_study_definition
 
-    study_dir = quickstart_results(tmp_path_factory.getbasetemp() / "quickstart-virtual")
+    study_dir = shared_quickstart(tmp_path_factory)
     out = tmp_path / "report"
     r = subprocess.run([sys.executable, "-m", "orchestrator", "report", str(study_dir), "--out", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -1,13 +1,15 @@
 """The quickstart's dataset: readable without project code, and every example of docs/querying.md runs on it.
 
 ``quickstart_results`` runs the real quickstart study (same space, workload, SLOs and
-seed) through ``orchestrator run`` once per test session, in virtual time so that it
-takes seconds; the report and recommend tests reuse it.
+seed) through ``orchestrator run`` once per test run (all xdist workers share it), in virtual
+time so that it takes seconds; the report, recommend and nightly tests reuse it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +23,19 @@ import yaml
 from conftest import REPO
 
 QUICKSTART_TRIALS = 8
+
+
+def shared_quickstart(tmp_path_factory) -> Path:
+    """The quickstart dataset of this test run (:func:`quickstart_results`), made once for all of its
+    xdist workers (in the run's temporary folder, which they share) and read by each."""
+    base = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        base = base.parent  # pytest-N/popen-gwK: pytest-N is this run's, shared by its workers
+    base = base / "quickstart-virtual"
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / "quickstart.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a worker asking meanwhile waits, then finds it made
+        return quickstart_results(base)
 
 
 def quickstart_results(base: Path) -> Path:
@@ -51,7 +66,7 @@ def quickstart_results(base: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory) -> Path:
-    return quickstart_results(tmp_path_factory.getbasetemp() / "quickstart-virtual")
+    return shared_quickstart(tmp_path_factory)
 
 
 pytestmark = pytest.mark.slow  # the fixture starts Ray (once per session)
