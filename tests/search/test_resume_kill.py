@@ -191,6 +191,9 @@ def _killed_and_resumed(tmp_path, repo, frozen: list[int]) -> None:
     interrupted = [t for t in ostudy.trials if "orchestrator:interrupted" in t.system_attrs]
     retries = [t for t in ostudy.trials if "retry_of" in t.user_attrs]
     assert interrupted, "the killed run had trials in flight"
-    assert sorted(t.user_attrs["retry_of"] for t in retries) == sorted(t.number for t in interrupted)
+    # A trial the searcher had created but not yet given its configuration when the driver died (the
+    # kill lands between Optuna's ask and its suggestions now and then) ran nothing: nothing to retry.
+    configured = [t.number for t in interrupted if t.params]
+    assert sorted(t.user_attrs["retry_of"] for t in retries) == sorted(configured)
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in retries)
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in ostudy.trials)
