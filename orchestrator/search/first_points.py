@@ -26,7 +26,8 @@ def baseline_point(study: Study, point: dict) -> dict:
     sampled argument of ``point``), else ``point``: an initial point that names the baseline runs
     first as it is, and no second baseline with the other parameters drawn at random runs before it
     (``enqueue_initial_points`` then skips it as already enqueued)."""
-    sampled = [k for k in point if k in study.space.sampled_names()]
+    sampled_names = set(study.space.sampled_names())
+    sampled = [k for k in point if k in sampled_names]
     for p in study.search.initial_points or ():
         if all(k in p and p[k] == point[k] for k in sampled):
             return dict(p)
