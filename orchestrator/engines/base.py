@@ -146,6 +146,9 @@ class Engine(abc.ABC):
     kind: ClassVar[str]  # the study file's engine.kind
     #: True: ``deploy`` gives an HTTP endpoint. False: ``measure`` computes records directly.
     serves_http: ClassVar[bool] = True
+    #: True: ``deploy`` runs a Ray Serve application (the run starts Serve first and deletes its
+    #: applications at the end). False: the endpoint is not ours (``external``): no Serve at all.
+    deploys_on_serve: ClassVar[bool] = True
 
     def __init__(self, target: EngineTarget, context: Optional[EngineContext] = None):
         self.target = target

@@ -63,6 +63,7 @@ def _get_json(url: str, api_key: Optional[str], timeout_s: float) -> dict:
 
 class ExternalEngine(Engine):
     kind = "external"
+    deploys_on_serve = False  # a study of an endpoint elsewhere starts no Serve controller or proxy
 
     def resolve(self, args: EngineArgs) -> EngineArgs:
         return args  # the endpoint's own configuration is whatever it runs: nothing to fill in

@@ -22,6 +22,7 @@ from orchestrator.sim.virtual import simulate
 class VirtualSimEngine(Engine):
     kind = "sim"
     serves_http = False
+    deploys_on_serve = False
 
     def __init__(self, target: EngineTarget, context=None):
         super().__init__(target, context)

@@ -191,7 +191,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
                         serve_port=serve_port)
     if engine.serves_http:
         _check_cluster_fits(study, engine, info)
-    if engine.serves_http:
+    if engine.deploys_on_serve:
         serve_port = start_serve(serve_port)
         _cleanup_apps(_dead_run_ids(state_dir, run.run_id))  # left by killed drivers on a cluster that outlived them
 
@@ -265,7 +265,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
                 out.gpu_peaks = ray.get(ledger.peaks.remote(), timeout=30)
             except Exception:  # noqa: BLE001
                 pass
-        if engine.serves_http:
+        if engine.deploys_on_serve:
             _cleanup_apps([run.run_id])
         for actor in (ledger, sink):
             if actor is not None:

@@ -235,6 +235,7 @@ def test_the_registry_builds_the_engine_the_study_names(subject):
     cls = engine_class(subject.study.engine)
     assert type(subject.engine) is cls and cls.kind == subject.study.engine.kind
     assert cls.serves_http is (subject.name != "sim-virtual")
+    assert cls.deploys_on_serve is (subject.name not in ("sim-virtual", "external"))
 
 
 # ---------------------------------------------------------------- resolve, resources

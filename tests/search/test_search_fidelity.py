@@ -1,7 +1,7 @@
 """``search.fidelity: sim`` end to end: the simulator screens, an external endpoint confirms.
 
-The endpoint is the served simulator (its OpenAI server over the engine loop, in real time)
-with hidden calibration multipliers, the study's search sees the shipped simulator only.
+The endpoint is the served simulator (``orchestrator serve-sim``: its OpenAI server over the engine
+loop, in real time) with hidden calibration multipliers, the study's search sees the shipped simulator only.
 The endpoint runs one configuration whose behaviour every configuration of the space shares
 (``max_num_seqs`` above the workload's concurrency), so the prediction error of a real trial
 is the simulator's error alone: after the calibration is fitted to the first real trial, the
@@ -10,7 +10,6 @@ next prediction must be closer. A real study: local Ray, Tune, Optuna, Parquet.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -27,17 +26,25 @@ HIDDEN = {"step_overhead": 1.6, "compute_efficiency": 1.0, "bandwidth_efficiency
 
 
 @pytest.fixture(scope="module")
-def endpoint():
-    from orchestrator.engines.sim_http import build_sim_frontend, start_direct_server
-    from orchestrator.models.shapes import find_model_config
+def endpoint(tmp_path_factory):
+    """``orchestrator serve-sim`` on a study of the hidden calibration, in its own process (as a
+    user serves an external endpoint): in this one it shared the interpreter with the study's
+    driver, and the driver's work between its steps once slowed a trial by a fifth."""
+    import yaml
 
-    with open(find_model_config("llama-3.1-8b")) as f:
-        config = json.load(f)
-    front = build_sim_frontend(model_config=config, model_name="llama-3.1-8b", gpu="H100-80GB",
-                               engine_args={"max_num_seqs": 64, "max_num_batched_tokens": 8192},
-                               calibration=HIDDEN, served_model_name="llama-3.1-8b")
-    port = asyncio.run_coroutine_threadsafe(start_direct_server(front), front.rt.loop).result(timeout=30)
-    yield f"http://127.0.0.1:{port}"
+    from support.serve_sim import start_serve_sim, stop
+
+    study_file = tmp_path_factory.mktemp("endpoint") / "endpoint.yaml"
+    study_file.write_text(yaml.safe_dump({
+        "name": "endpoint", "engine": {"kind": "sim", "calibration": HIDDEN}, "model": {"name": "llama-3.1-8b"},
+        "hardware": {"gpu": "H100-80GB"}, "space": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
+        "objectives": ["maximize output_throughput"]}))
+    proc, url = start_serve_sim(str(study_file))
+    try:
+        yield url.removesuffix("/v1")
+    finally:
+        if proc.poll() is None:
+            stop(proc)
 
 
 def _doc(tmp_path, url: str, **search) -> dict:
@@ -54,10 +61,15 @@ def _doc(tmp_path, url: str, **search) -> dict:
 
 
 def test_the_simulator_screens_and_real_trials_confirm(endpoint, tmp_path):
+    import ray
     from test_search_screening import _run, _tune_trials
 
     study = parse_study(_doc(tmp_path, endpoint))  # fidelity_min_gain: the default, 1%
-    rows, out = _run(study, serve_port=8133)
+    actors: list[str] = []
+    rows, out = _run(study, serve_port=8133, after=lambda: actors.extend(
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True)))
+    # Nothing is deployed for an endpoint that runs elsewhere: no Serve controller or proxy was started.
+    assert not any(name.startswith("SERVE_") for name in actors), actors
     rows = rows.sort_values("trial_number")
     tuned = _tune_trials(study)
     # Every real trial is a Tune trial and a row; the stop rule ended the run before the budget (every

@@ -45,8 +45,9 @@ def _tune_trials(study) -> list[dict]:
     return out
 
 
-def _run(study, serve_port: int = 8131) -> tuple:
-    """The study through ``run_study`` on a fresh local Ray: its rows and what it printed."""
+def _run(study, serve_port: int = 8131, after=None) -> tuple:
+    """The study through ``run_study`` on a fresh local Ray: its rows and what it printed
+    (``after``: called once the study is done, before Ray shuts down)."""
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="orchestrator")
@@ -54,6 +55,8 @@ def _run(study, serve_port: int = 8131) -> tuple:
     try:
         with redirect_stdout(printed):
             run = run_study(study, serve_port=serve_port)
+        if after is not None:
+            after()
     finally:
         ray.shutdown()
     return load_trials(run.study_dir), printed.getvalue()
