@@ -67,12 +67,7 @@ def give_way_to_the_engine_unit(path: str) -> None:
     stretched from ~350 s alone to ~630 s and ended last, with the other workers done a
     hundred seconds before. With the other workers a step back it gets a core whenever it
     asks, and they take the rest. The worker that runs the unit runs it first (it is handed
-    out first) and gives way after it. A run without xdist is left as it is.
-
-    Ray starts its worker processes (replicas, trials, the vLLM servers they launch) 15 nice
-    steps below the process that started the cluster unless ``RAY_worker_niceness`` says
-    otherwise: ``./dev test`` sets it to 0, so that the engine unit's servers run at its own
-    priority rather than below the other workers' drivers and Ray daemons."""
+    out first) and gives way after it. A run without xdist is left as it is."""
     global _gave_way
     if _gave_way or "PYTEST_XDIST_WORKER" not in os.environ or unit_of(path) == ENGINE_UNIT:
         return
