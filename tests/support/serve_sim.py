@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO
 
 
 def start_serve_sim(*args: str, cwd: Path = REPO) -> tuple[subprocess.Popen, str]:
