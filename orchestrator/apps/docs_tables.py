@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from orchestrator.apps import h200_tables as h200
-from orchestrator.apps import kv_tables, window_noise
+from orchestrator.apps import kv_tables, trained_tables, window_noise
 from orchestrator.results import repeatability
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +76,9 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
                               _EX + "repeatability-sim"), window_noise.docs_window_noise_table),
     DocTable("repeatability-fixed-rate", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm",
                                           _EX + "repeatability-h100"), repeatability.fixed_rate_table),
+    # docs/trained-models.md
+    DocTable("trained-quantization-h100", (_EX + "trained-base-quant-h100",), trained_tables.quantization_table),
+    DocTable("trained-speculation-h100", (_EX + "trained-base-spec-h100",), trained_tables.speculation_table),
     # docs/simulator.md: the datasets replayed by the simulator with its current constants
     DocTable("sim-vs-h200-ingress", (_EX + "h200-ingress",), h200.sim_ingress_table),
     DocTable("sim-vs-h200-capacity", (_EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"),

@@ -269,6 +269,9 @@ def engine_segments_metrics(segments: Sequence[tuple[EngineSnapshot, EngineSnaps
     if any(p.tokens is None for p in parts):
         return out
     tokens = sum(p.tokens for p in parts)
+    if all(p.spec is not None for p in parts) and tokens > 0:
+        # How much of the output speculation made: high acceptance of rare proposals buys nothing.
+        out["engine_spec_token_share"] = sum(p.spec[2] for p in parts) / tokens
     if tokens == 0:
         out["engine_output_throughput"] = 0.0
         out["engine_request_throughput"] = 0.0 if all(p.requests is not None for p in parts) else None

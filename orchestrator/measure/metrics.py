@@ -154,7 +154,7 @@ HIGHER_IS_BETTER = frozenset({
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
     "engine_output_throughput", "engine_request_throughput", "goodput_per_gpu", "capacity_rps_per_gpu",
     "token_agreement", "prefix_agreement", "first_divergence_mean", "engine_spec_acceptance_rate",
-    "engine_spec_accepted_per_draft",
+    "engine_spec_accepted_per_draft", "engine_spec_token_share",
     "sessions", "session_goodput", "session_slo_attainment", "expected_prefix_hit_rate",
 })
 DIRECTIONS = ("minimize", "maximize")
@@ -347,9 +347,9 @@ def _engine_window_fields() -> list[str]:
         names += [f"engine_{fam}_p{p}_ms" for p in ENGINE_PERCENTILES]
         if fam == "ttft":
             names.append("engine_ttft_p50_upper_ms")
-    # speculative decoding: accepted / proposed tokens, and accepted tokens per proposal
+    # speculative decoding: accepted / proposed tokens, accepted tokens per proposal, accepted / output tokens
     return names + ["engine_output_throughput", "engine_request_throughput", "engine_spec_acceptance_rate",
-                    "engine_spec_accepted_per_draft"]
+                    "engine_spec_accepted_per_draft", "engine_spec_token_share"]
 
 
 ENGINE_WINDOW_METRIC_NAMES: tuple[str, ...] = tuple(_engine_window_fields())
@@ -372,9 +372,9 @@ UNIT_METRIC_NAMES: tuple[str, ...] = ("goodput_per_gpu", "capacity_rps_per_gpu",
 # the study's baseline configuration; null where no probe ran or no baseline exists yet.
 # Perplexity of held-out text (orchestrator.trial.probe_perplexity): its value, and the trial's minus the baseline's.
 PERPLEXITY_METRIC_NAMES: tuple[str, ...] = ("heldout_perplexity", "perplexity_delta")
-PROBE_METRIC_NAMES: tuple[str, ...] = ("token_agreement", "prefix_agreement", "logprob_diff_mean",
-                                       "logprob_diff_p95", "first_divergence_mean") + PERPLEXITY_METRIC_NAMES + (
-                                       "probe_s",)
+PROBE_METRIC_NAMES: tuple[str, ...] = (
+    "token_agreement", "prefix_agreement", "logprob_diff_mean", "logprob_diff_p95", "first_divergence_mean",
+    "divergence_gap_max") + PERPLEXITY_METRIC_NAMES + ("probe_s",)
 
 
 # Multi-turn sessions (orchestrator.measure.session_metrics): null for workloads of single requests.

@@ -22,6 +22,8 @@ import math
 import os
 import platform
 import time
+import warnings
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -132,39 +134,51 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(recipe.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        torch.manual_seed(recipe.seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
-        params = sum(p.numel() for p in model.parameters())
-        opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        data, targets = torch.from_numpy(x), torch.from_numpy(labels)
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
-        losses: list[float] = []
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        model.train()
-        for step in range(recipe.steps):
-            rows = slice(step * recipe.batch, (step + 1) * recipe.batch)
-            for group in opt.param_groups:
-                group["lr"] = _lr(recipe, step)
-            with autocast:
-                loss = model(input_ids=data[rows].to(device), labels=targets[rows].to(device)).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(float(loss.detach()))
-            if step % max(1, recipe.steps // 8) == 0 or step == recipe.steps - 1:
-                log(f"step {step + 1}/{recipe.steps}: loss {losses[-1]:.3f}")
-        # wall seconds, and CPU seconds of this process (what a busy machine does not inflate)
-        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-        model.eval()
-        with torch.no_grad():
-            ids = torch.from_numpy(heldout).to(device)
-            heldout_loss = float(model(input_ids=ids, labels=ids).loss)
-        model.to("cpu").save_pretrained(str(out), safe_serialization=True)
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
+    # On CUDA the fused attention kernels' backward passes accumulate with atomics: two runs of one
+    # recipe wrote different bytes on an H100 (docs/trained-models.md). The math kernel is exact.
+    math_attention = nullcontext()
+    if device == "cuda":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        math_attention = sdpa_kernel(SDPBackend.MATH)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            torch.manual_seed(recipe.seed)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
+            params = sum(p.numel() for p in model.parameters())
+            opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
+            data, targets = torch.from_numpy(x), torch.from_numpy(labels)
+            autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+            losses: list[float] = []
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            model.train()
+            for step in range(recipe.steps):
+                rows = slice(step * recipe.batch, (step + 1) * recipe.batch)
+                for group in opt.param_groups:
+                    group["lr"] = _lr(recipe, step)
+                with autocast, math_attention:
+                    loss = model(input_ids=data[rows].to(device), labels=targets[rows].to(device)).loss
+                opt.zero_grad(set_to_none=True)
+                with math_attention:
+                    loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                losses.append(float(loss.detach()))
+                if step % max(1, recipe.steps // 8) == 0 or step == recipe.steps - 1:
+                    log(f"step {step + 1}/{recipe.steps}: loss {losses[-1]:.3f}")
+            # wall seconds, and CPU seconds of this process (what a busy machine does not inflate)
+            seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+            model.eval()
+            with torch.no_grad():
+                ids = torch.from_numpy(heldout).to(device)
+                heldout_loss = float(model(input_ids=ids, labels=ids).loss)
+            model.to("cpu").save_pretrained(str(out), safe_serialization=True)
+        finally:
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(deterministic)
+    # What torch reported as non-deterministic while training: empty where the bytes can repeat.
+    determinism_warnings = sorted({str(w.message).splitlines()[0][:200] for w in seen
+                                   if "determinis" in str(w.message)})
 
     record = {
         "recipe": recipe.as_dict(), "recipe_hash": digest, "training_version": TRAINING_VERSION,
@@ -176,6 +190,7 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
         "heldout_perplexity": round(math.exp(heldout_loss), 4),
         # the grammar's floor is above 1; a flat model reads about the vocabulary size
         "uniform_perplexity": int(cfg.vocab_size),
+        "determinism_warnings": determinism_warnings,
         "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "numpy": np.__version__},

@@ -121,13 +121,20 @@ def compare(reference: Sequence[ProbeAnswer], answers: Sequence[ProbeAnswer]) ->
     * ``logprob_diff_mean`` / ``_p95``: |logprob difference| of the chosen token at the
       positions before d (after it the contexts differ), pooled; null if there are none;
     * ``first_divergence_mean``: d averaged over prompts (an answer that never diverges counts
-      its full length).
+      its full length);
+    * ``divergence_gap_max``: the largest |logprob difference| of the two answers' chosen tokens
+      at d, over the prompts that diverge (each answer's own token, the same context); null if
+      none diverges. A flip between two tokens the model holds nearly equally likely, which
+      numerics alone can cause, reads about the size of ``logprob_diff``; a confident token
+      replaced by another (a changed model, or an engine that accepted a token it should not
+      have) reads large.
     """
     if len(reference) != len(answers):
         raise ValueError(f"{len(answers)} answers for {len(reference)} reference answers")
     same = prefix = total = 0
     firsts: list[int] = []
     diffs: list[float] = []
+    gaps: list[float] = []
     for ref, got in zip(reference, answers):
         n, m = max(len(ref.tokens), len(got.tokens)), min(len(ref.tokens), len(got.tokens))
         if n == 0:
@@ -136,6 +143,10 @@ def compare(reference: Sequence[ProbeAnswer], answers: Sequence[ProbeAnswer]) ->
         d = eq.index(False) if False in eq else m
         same, prefix, total = same + sum(eq), prefix + d, total + n
         firsts.append(d)
+        if d < m:
+            a, b = _lp(ref, d), _lp(got, d)
+            if a is not None and b is not None:
+                gaps.append(abs(a - b))
         for j in range(d):
             a, b = _lp(ref, j), _lp(got, j)
             if a is not None and b is not None:
@@ -146,6 +157,8 @@ def compare(reference: Sequence[ProbeAnswer], answers: Sequence[ProbeAnswer]) ->
                    first_divergence_mean=float(np.mean(firsts)))
     if diffs:
         out.update(logprob_diff_mean=float(np.mean(diffs)), logprob_diff_p95=float(np.percentile(diffs, 95)))
+    if gaps:
+        out.update(divergence_gap_max=max(gaps))
     return out
 
 

@@ -62,12 +62,16 @@ def test_acceptance_over_the_window_from_the_engines_counters():
     # In the window: 50 proposals of 200 tokens, 150 accepted.
     assert cols["engine_spec_acceptance_rate"] == pytest.approx(150 / 200)
     assert cols["engine_spec_accepted_per_draft"] == pytest.approx(150 / 50)
-    assert {"engine_spec_acceptance_rate", "engine_spec_accepted_per_draft"} <= set(ENGINE_WINDOW_METRIC_NAMES)
+    assert cols["engine_spec_token_share"] == pytest.approx(150 / 400)  # of the window's 400 output tokens
+    assert {"engine_spec_acceptance_rate", "engine_spec_accepted_per_draft",
+            "engine_spec_token_share"} <= set(ENGINE_WINDOW_METRIC_NAMES)
     assert default_direction("engine_spec_acceptance_rate") == "maximize"
+    assert default_direction("engine_spec_token_share") == "maximize"
     # Without speculation vLLM exports no such counters: null, not 0.
     plain = 'vllm:generation_tokens_total{model_name="m",engine="0"} 5\n'
     none = engine_window_metrics(_snap(plain, 0.0), _snap(plain.replace(" 5", " 9"), 1.0))
     assert none["engine_spec_acceptance_rate"] is None and none["engine_spec_accepted_per_draft"] is None
+    assert none["engine_spec_token_share"] is None
     # A counter that went down (the engine restarted): null.
     assert engine_window_metrics(end, start)["engine_spec_acceptance_rate"] is None
 

@@ -57,6 +57,7 @@ def test_same_recipe_same_bytes_and_a_trained_directory_is_kept(tmp_path):
     assert record["recipe"] == MICRO.as_dict() and record["steps"] == 4 and record["params"] == 3_278_080
     assert record["recipe_hash"] == recipe_hash(model_config("tiny-llama", recipe=MICRO), MICRO)
     assert record["seconds"] > 0 and record["cpu_seconds"] > 0
+    assert record["determinism_warnings"] == []  # torch ran no op it calls non-deterministic (same bytes above)
     assert record["train_tokens"] == 4 * 2 * 33
     assert record["heldout_perplexity"] == pytest.approx(_heldout_perplexity(a, MICRO), rel=1e-3)  # the saved model's
     assert record["corpus_hash"] == json.loads((b / "training.json").read_text())["corpus_hash"]

@@ -22,7 +22,7 @@ def test_compare_against_itself_is_full_agreement():
     ref = [_a("abcd", [-0.5, -1, -2, -0.1]), _a("xyz", [-3, -2, -1])]
     got = compare(ref, ref)
     assert got == {"token_agreement": 1.0, "prefix_agreement": 1.0, "logprob_diff_mean": 0.0,
-                   "logprob_diff_p95": 0.0, "first_divergence_mean": 3.5}
+                   "logprob_diff_p95": 0.0, "first_divergence_mean": 3.5, "divergence_gap_max": None}
 
 
 def test_compare_counts_divergence_and_logprobs_before_it():
@@ -35,6 +35,17 @@ def test_compare_counts_divergence_and_logprobs_before_it():
     # |differences| before each divergence: 0.5, 0 (prompt 1), 0, 0.25, 0, 0 (prompt 2); position 2 of
     # prompt 1 and after are not compared (the contexts differ there).
     assert out["logprob_diff_mean"] == pytest.approx(0.75 / 6)
+    # At the divergence itself: the baseline's token at -1, the trial's own (another) token at -9.
+    assert out["divergence_gap_max"] == pytest.approx(8.0)
+
+
+def test_the_divergence_gap_tells_a_near_tie_from_a_replaced_token():
+    ref = [_a("abcd", [-0.1, -0.1, -0.69, -0.1]), _a("wxyz", [-0.1, -0.1, -0.1, -0.1])]
+    tie = compare(ref, [_a("abXd", [-0.1, -0.1, -0.70, -0.1]), _a("wxyz", [-0.1] * 4)])
+    assert tie["divergence_gap_max"] == pytest.approx(0.01)  # two tokens near p = 0.5 swapped places
+    replaced = compare(ref, [_a("abcd", [-0.1] * 4), _a("wxYz", [-0.1, -0.1, -4.0, -0.1])])
+    assert replaced["divergence_gap_max"] == pytest.approx(3.9)  # a confident token lost to an unlikely one
+    assert tie["token_agreement"] == replaced["token_agreement"]  # agreement alone cannot tell them apart
 
 
 def test_a_failed_request_is_an_empty_answer():
