@@ -1,9 +1,10 @@
 """Learned weights on one GPU (docs/trained-models.md).
 
-    python benchmarks/trained_gpu.py study STUDY_YAML MODEL_DIR GPU > OUT.yaml
+    python benchmarks/trained_gpu.py study STUDY_YAML MODEL_DIR GPU [--draft DRAFT_DIR] > OUT.yaml
 
 writes the study file with its model set to a trained model directory (``model.name`` and
-``engine.model_source``) and ``hardware.gpu`` to the GPU the machine has; ``bash
+``engine.model_source``), ``hardware.gpu`` to the GPU the machine has, and the value ``draft`` of
+``speculative_model`` (in the space and the initial points) to a draft model's directory; ``bash
 benchmarks/trained_gpu.sh RESULTS`` runs the whole benchmark (train, then both studies).
 """
 
@@ -16,11 +17,20 @@ from pathlib import Path
 import yaml
 
 
-def study_for_model(study_yaml: Path, model_dir: Path, gpu: str) -> dict:
+def study_for_model(study_yaml: Path, model_dir: Path, gpu: str, draft: Path | None = None) -> dict:
     doc = yaml.safe_load(study_yaml.read_text())
     doc["model"]["name"] = str(model_dir.resolve())
     doc["engine"]["model_source"] = str(model_dir.resolve())
     doc["hardware"]["gpu"] = gpu
+    if draft is not None:
+        named = lambda v: str(draft.resolve()) if v == "draft" else v  # noqa: E731
+        space = doc["space"]
+        if "speculative_model" in space:
+            value = space["speculative_model"]
+            space["speculative_model"] = [named(v) for v in value] if isinstance(value, list) else named(value)
+        for point in doc.get("search", {}).get("initial_points", []):
+            if "speculative_model" in point:
+                point["speculative_model"] = named(point["speculative_model"])
     return doc
 
 
@@ -31,8 +41,10 @@ def main(argv=None) -> int:
     s.add_argument("study_yaml", type=Path)
     s.add_argument("model_dir", type=Path)
     s.add_argument("gpu")
+    s.add_argument("--draft", type=Path, help="the draft model's directory (speculative_model: draft)")
     args = p.parse_args(argv)
-    yaml.safe_dump(study_for_model(args.study_yaml, args.model_dir, args.gpu), sys.stdout, sort_keys=False)
+    yaml.safe_dump(study_for_model(args.study_yaml, args.model_dir, args.gpu, args.draft), sys.stdout,
+                   sort_keys=False)
     return 0
 
 

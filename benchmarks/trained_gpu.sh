@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Learned weights on one GPU (docs/trained-models.md): train the `base`
-# recipe, then the fp8 weights x fp8 KV x max_num_seqs study and the n-gram speculation study on it,
+# recipe, then the fp8 weights x fp8 KV x max_num_seqs study and the speculation study on it (n-gram,
+# and the `tiny` recipe as a draft model, trained here on CPU),
 # then train the recipe once more and compare the weights' bytes (determinism on this GPU).
 #   bash benchmarks/trained_gpu.sh RESULTS [STEPS]
 # STEPS: any of train,quant,spec,again (default: all, in that order).
@@ -19,7 +20,12 @@ if step train; then
 fi
 for name in quant spec; do
   step $name || continue
-  python3 benchmarks/trained_gpu.py study search_spaces/trained-base-$name.yaml "$out/model" $gpu \
+  draft=()
+  if [ $name = spec ]; then
+    python3 -m orchestrator make-model tiny-llama "$out/draft" --weights trained 2>&1 | tail -2 || rc=$?
+    draft=(--draft "$out/draft")
+  fi
+  python3 benchmarks/trained_gpu.py study search_spaces/trained-base-$name.yaml "$out/model" $gpu "${draft[@]}" \
     > "$out/trained-base-$name.yaml"
   python3 -m orchestrator run "$out/trained-base-$name.yaml" --output "$out/results" || rc=$?
 done

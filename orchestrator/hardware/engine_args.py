@@ -32,7 +32,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 class ArgRule:
     """What one engine argument accepts."""
 
-    kind: Literal["int", "float", "bool", "choice"]
+    kind: Literal["int", "float", "bool", "choice", "path"]
     help: str
     choices: tuple = ()
     low: float | None = None
@@ -45,6 +45,8 @@ class ArgRule:
             return "true or false"
         if self.kind == "choice":
             return "one of " + ", ".join("null" if c is None else repr(c) for c in self.choices)
+        if self.kind == "path":
+            return "a model directory or name, or null"
         lo = "" if self.low is None else f">= {self.low:g}"
         hi = "" if self.high is None else f"<= {self.high:g}"
         bounds = " and ".join(x for x in (lo, hi) if x)
@@ -57,6 +59,9 @@ class ArgRule:
             return None if isinstance(value, bool) else f"expected {self.describe()}"
         if self.kind == "choice":
             return None if value in self.choices else f"expected {self.describe()}"
+        if self.kind == "path":
+            ok = value is None or (isinstance(value, str) and bool(value.strip()))
+            return None if ok else f"expected {self.describe()}"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"expected {self.describe()}"
         if self.kind == "int" and not float(value).is_integer():
@@ -95,10 +100,11 @@ ENGINE_ARG_RULES: dict[str, ArgRule] = {
                                low=1, high=1024),
     "scheduling_policy": ArgRule("choice", "waiting-queue order", choices=SCHEDULING_POLICIES),
     "dtype": ArgRule("choice", "model compute dtype", choices=DTYPES),
-    # Speculative decoding by n-gram prompt lookup (vLLM's speculative_config, method "ngram"):
-    # three searchable numbers, written as the one JSON argument vLLM takes (SPECULATIVE_ARGS).
-    "num_speculative_tokens": ArgRule("int", "tokens proposed per step by n-gram prompt lookup (0 = off)",
-                                      low=0, high=16),
+    # Speculative decoding (vLLM's speculative_config): n-gram prompt lookup, or a draft model
+    # when speculative_model names one; written as the one JSON argument vLLM takes (SPECULATIVE_ARGS).
+    "num_speculative_tokens": ArgRule("int", "tokens proposed per step (0 = off)", low=0, high=16),
+    "speculative_model": ArgRule("path", "draft model proposing the tokens, sharing the target's tokenizer "
+                                 "(null: n-gram prompt lookup)"),
     "prompt_lookup_max": ArgRule("int", "longest n-gram matched in the prompt (speculation on)", low=1, high=16),
     "prompt_lookup_min": ArgRule("int", "shortest n-gram matched in the prompt (speculation on)", low=1, high=16),
     # ray.serve.llm's serving layer (engine.ingress: serve_llm): not vLLM arguments, but searched
@@ -112,7 +118,7 @@ ENGINE_ARG_RULES: dict[str, ArgRule] = {
 # Parameters of ray.serve.llm's serving layer, not of the engine: never on vLLM's command line.
 SERVING_ARGS = ("num_ingress_replicas", "stream_batching_interval_ms")
 # Folded into vLLM's ``speculative_config`` (the same JSON in 0.26 and 0.29), never passed alone.
-SPECULATIVE_ARGS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+SPECULATIVE_ARGS = ("num_speculative_tokens", "speculative_model", "prompt_lookup_max", "prompt_lookup_min")
 
 TUNABLE_ENGINE_ARGS = tuple(ENGINE_ARG_RULES)
 
@@ -141,8 +147,10 @@ class EngineArgs:
     stream_interval: int = 1
     scheduling_policy: str = "fcfs"
     dtype: str = "auto"
-    # n-gram speculation (SPECULATIVE_ARGS): off at 0; the lookup bounds default to vLLM's (5 and 5).
+    # Speculation (SPECULATIVE_ARGS): off at 0; a draft model when speculative_model is set, else
+    # n-gram prompt lookup, whose bounds default to vLLM's (5 and 5).
     num_speculative_tokens: int = 0
+    speculative_model: Optional[str] = None
     prompt_lookup_max: Optional[int] = None
     prompt_lookup_min: Optional[int] = None
     # ray.serve.llm's serving layer (SERVING_ARGS); None: ray.serve.llm's default.
@@ -207,9 +215,13 @@ class EngineArgs:
         return out
 
     def speculative_config(self) -> Optional[dict[str, Any]]:
-        """vLLM's ``speculative_config`` for n-gram prompt lookup, or None when speculation is off."""
+        """vLLM's ``speculative_config``: a draft model's, n-gram prompt lookup's, or None when
+        speculation is off. The lookup bounds apply to n-gram speculation only."""
         if not self.num_speculative_tokens:
             return None
+        if self.speculative_model:
+            return {"method": "draft_model", "model": self.speculative_model,
+                    "num_speculative_tokens": self.num_speculative_tokens}
         config: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens}
         for name in ("prompt_lookup_max", "prompt_lookup_min"):
             if getattr(self, name) is not None:
@@ -263,7 +275,7 @@ def vllm_refusal(args: EngineArgs) -> str | None:
     if mnbt < seqs:
         return f"max_num_batched_tokens ({mnbt}) must be greater than or equal to max_num_seqs ({seqs})."
     lo, hi = args.prompt_lookup_min, args.prompt_lookup_max
-    if args.num_speculative_tokens and lo is not None and hi is not None and lo > hi:
+    if args.num_speculative_tokens and not args.speculative_model and lo is not None and hi is not None and lo > hi:
         return f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}"
     if args.long_prefill_token_threshold > max_len:
         return (f"long_prefill_token_threshold ({args.long_prefill_token_threshold}) cannot be greater than "

@@ -1,8 +1,9 @@
 """A trained model on real vLLM (the CPU build): what the probe measures when the weights predict.
 
-One study, two engine starts of the tiny trained model (``make-model --weights trained``,
-loaded with ``load_format: auto``): the baseline ``dtype: float32`` without speculation, and
-``dtype: bfloat16`` with n-gram speculative decoding:
+One study, three engine starts of the tiny trained model (``make-model --weights trained``,
+loaded with ``load_format: auto``): the baseline ``dtype: float32`` without speculation,
+``dtype: bfloat16`` with n-gram speculative decoding, and float32 with a draft model (the model
+itself, so that every proposal is the target's own choice):
 * vLLM loads the trained safetensors, and its held-out perplexity (``prompt_logprobs``) is the
   one training measured in torch;
 * the model predicts: chosen-token logprobs far above a flat model's -ln(vocab), and the
@@ -10,6 +11,8 @@ loaded with ``load_format: auto``): the baseline ``dtype: float32`` without spec
 * bfloat16 moves the numbers: logprobs drift, greedy tokens may flip, perplexity moves;
 * speculation has something to accept: greedy answers of the trained model fall into the
   grammar's favourite-successor cycles, which the prompt lookup finds in the text so far;
+* a draft model proposes through vLLM's ``draft_model`` method, and the target accepts its
+  proposals without changing the greedy answers;
 * the probe is judged like any SLO (``logprob_diff_mean <= 0``: only the baseline's own numerics
   meet it): the baseline is feasible, the bfloat16 trial is not, and the sampler was told so;
   every trial's answers are kept beside the results, the baseline's as the reference.
@@ -50,30 +53,35 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_mod
                      "warmup": {"enabled": False},
                      "input_len": 32, "output_len": 96, "timeout_s": 120},
         "space": {"dtype": ["float32", "bfloat16"], "num_speculative_tokens": [0, 3], "prompt_lookup_max": 3,
-                  "prompt_lookup_min": 2, "max_model_len": 1024, "enforce_eager": True},
+                  "prompt_lookup_min": 2, "speculative_model": [None, str(tiny_trained_model)],
+                  "max_model_len": 1024, "enforce_eager": True},
         "objectives": ["maximize output_throughput"],
         "constraints": ["logprob_diff_mean <= 0"],
         # 8 probe requests in flight: float32 on CPU gives each sequence the same numbers in any batch.
         "probe": {"prompts": 64, "max_input_tokens": 128, "output_tokens": 16, "concurrency": 8,
                   "baseline": {"dtype": "float32", "num_speculative_tokens": 0}},
-        "search": {"sampler": "random", "initial_points": [{"dtype": "bfloat16", "num_speculative_tokens": 3}],
-                   "preflight": False},
-        "budget": {"trials": 2, "max_concurrent_trials": 1},
+        "search": {"sampler": "random", "preflight": False, "initial_points": [
+            {"dtype": "bfloat16", "num_speculative_tokens": 3, "speculative_model": None},
+            {"dtype": "float32", "num_speculative_tokens": 3, "speculative_model": str(tiny_trained_model)}]},
+        "budget": {"trials": 3, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
     with local_ray(vllm_caches):
         run = run_study(study, quiet=True, serve_port=8134)
 
-    trials = load_trials(run.study_dir).set_index("dtype")
+    trials = load_trials(run.study_dir).sort_values("trial_number").set_index("trial_number", drop=False)
     assert (trials["status"] == "completed").all(), trials[["status", "failure_message"]]
-    base, bf16 = trials.loc["float32"], trials.loc["bfloat16"]
+    base, bf16, draft = trials.loc[0], trials.loc[1], trials.loc[2]
+    assert (base["dtype"], bf16["dtype"], draft["dtype"]) == ("float32", "bfloat16", "float32")
     print(f"\ntraining: {training['seconds']} s ({training['cpu_seconds']} CPU s), held-out perplexity "
           f"{training['heldout_perplexity']}; vLLM float32: {base['heldout_perplexity']:.4f}; bfloat16: "
           f"{bf16['heldout_perplexity']:.4f} (delta {bf16['perplexity_delta']:+.4f}), token_agreement "
           f"{bf16['token_agreement']:.4f}, prefix_agreement {bf16['prefix_agreement']:.4f}, logprob_diff "
           f"mean {bf16['logprob_diff_mean']:.5f} p95 {bf16['logprob_diff_p95']:.5f}; speculation: acceptance "
           f"{bf16['engine_spec_acceptance_rate']}, accepted per draft {bf16['engine_spec_accepted_per_draft']}, "
-          f"token share {bf16['engine_spec_token_share']}; divergence gap max {bf16['divergence_gap_max']}")
+          f"token share {bf16['engine_spec_token_share']}; divergence gap max {bf16['divergence_gap_max']}; draft "
+          f"model: acceptance {draft['engine_spec_acceptance_rate']}, token share {draft['engine_spec_token_share']}, "
+          f"token_agreement {draft['token_agreement']}, divergence gap max {draft['divergence_gap_max']}")
 
     # The baseline ran first (the study enqueues it ahead of the initial points) and is its own reference.
     assert base["trial_number"] == 0 and base["probe_baseline"] == base["trial_id"]
@@ -108,12 +116,12 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_mod
     # The SLO on the probe decides feasibility, for the rows and for the sampler.
     assert bool(base["feasible"]) and not bool(bf16["feasible"])
     ostudy = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(local_state_dir(study)))
-    told = {t.params.get("dtype"): t.constraints for t in ostudy.get_trials()}
-    assert max(told["float32"].values()) <= 0 < max(told["bfloat16"].values())
+    told = {t.number: t.constraints for t in ostudy.get_trials()}
+    assert max(told[0].values()) <= 0 < max(told[1].values())
     # Every trial's answers are kept; the baseline's are the reference.
     reference = json.loads((probe_set / "baseline.json").read_text())
     assert reference["trial_id"] == base["trial_id"] and len(reference["answers"]) == 64
-    assert {p.stem for p in probe_set.glob("*.json")} == {"baseline", base["trial_id"], bf16["trial_id"]}
+    assert {p.stem for p in probe_set.glob("*.json")} == {"baseline", *trials["trial_id"]}
 
     # Speculation: the engine's counters say how much of what the prompt lookup proposed was accepted.
     assert bf16["num_speculative_tokens"] == 3 and "--speculative-config" in bf16["vllm_command"]
@@ -121,3 +129,12 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_mod
     assert 0 < bf16["engine_spec_accepted_per_draft"] <= 3
     assert 0 < bf16["engine_spec_token_share"] <= 3 / 4  # at most 3 of every 4 tokens come from a proposal
     assert base["engine_spec_acceptance_rate"] is None or math.isnan(base["engine_spec_acceptance_rate"])
+
+    # A draft model: vLLM's draft_model method, whose proposals (the target's own greedy choices here)
+    # are accepted, and the greedy answers stay the baseline's up to near-ties.
+    config = draft["vllm_command"].split("--speculative-config ", 1)[1]
+    assert '"method": "draft_model"' in config and str(tiny_trained_model) in config
+    assert draft["engine_spec_acceptance_rate"] >= 0.9 and draft["engine_spec_token_share"] > 0
+    assert draft["token_agreement"] >= 0.9 and draft["probe_baseline"] == base["trial_id"]
+    if draft["token_agreement"] < 1.0:
+        assert draft["divergence_gap_max"] < 0.5

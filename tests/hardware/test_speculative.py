@@ -1,5 +1,6 @@
-"""N-gram speculative decoding as searchable knobs: the engine arguments it becomes, what vLLM
-refuses, and the acceptance columns read from the engine's counters over a window."""
+"""Speculative decoding (n-gram lookup or a draft model) as searchable knobs: the engine arguments
+it becomes, what vLLM refuses, and the acceptance columns read from the engine's counters over a
+window."""
 
 from __future__ import annotations
 
@@ -25,6 +26,32 @@ def test_three_knobs_become_one_speculative_config():
     assert "speculative_config" not in EngineArgs().explicit()
     assert "speculative_config" not in EngineArgs(prompt_lookup_max=3).explicit()
     assert EngineArgs(num_speculative_tokens=2).speculative_config() == {"method": "ngram", "num_speculative_tokens": 2}
+
+
+def test_a_draft_model_replaces_the_prompt_lookup():
+    args = engine_args_from_params({"num_speculative_tokens": 3, "speculative_model": "/models/draft",
+                                    "prompt_lookup_max": 3, "prompt_lookup_min": 2})
+    config = {"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 3}
+    assert args.to_engine_kwargs()["speculative_config"] == config  # the lookup bounds are n-gram's only
+    assert "speculative_model" not in args.explicit()
+    words = args.to_cli_args()
+    assert json.loads(words[words.index("--speculative-config") + 1]) == config
+    assert "speculative_config" not in EngineArgs(speculative_model="/models/draft").explicit()  # 0 tokens: off
+    # The lookup bounds are not checked for a draft model, which ignores them.
+    base = dict(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=1024)
+    assert vllm_refusal(EngineArgs(**base, num_speculative_tokens=3, speculative_model="/models/draft",
+                                   prompt_lookup_min=4, prompt_lookup_max=2)) is None
+
+
+def test_a_draft_model_is_searched_against_the_lookup(study_doc):
+    study_doc["space"] = {"num_speculative_tokens": 3, "speculative_model": [None, "/models/draft"]}
+    study = parse_study(study_doc)
+    assert [p["speculative_model"] for p in study.space.grid()] == [None, "/models/draft"]
+    assert study.space.column_types()["speculative_model"] == "string"
+    for bad in (3, "", ["/models/draft", 7]):
+        study_doc["space"] = {"speculative_model": bad}
+        with pytest.raises(Exception, match="speculative_model.*a model directory or name, or null"):
+            parse_study(study_doc)
 
 
 def test_what_vllm_refuses():
