@@ -76,7 +76,7 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
                               _EX + "repeatability-sim"), window_noise.docs_window_noise_table),
     DocTable("repeatability-fixed-rate", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm",
                                           _EX + "repeatability-h100"), repeatability.fixed_rate_table),
-    # docs/trained-models.md
+    # docs/benchmarks.md: learned weights
     DocTable("trained-quantization-h100", (_EX + "trained-base-quant-h100",), trained_tables.quantization_table),
     DocTable("trained-speculation-h100", (_EX + "trained-base-spec-h100",), trained_tables.speculation_table),
     # docs/simulator.md: the datasets replayed by the simulator with its current constants

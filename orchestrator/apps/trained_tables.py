@@ -1,4 +1,4 @@
-"""The learned-weights tables of docs/trained-models.md, each built from its dataset.
+"""The learned-weights tables of docs/benchmarks.md (docs/trained-models.md), each built from its dataset.
 
 The probe columns are recomputed from the stored answers (``probe/<set>/*.json``) by the
 product's own :func:`orchestrator.trial.probe.compare`, so columns added after a dataset was
@@ -71,7 +71,7 @@ def quantization_table(study_dir: str | Path) -> str:
 
 
 def speculation_table(study_dir: str | Path) -> str:
-    """One row per trial of the n-gram speculation study: capacity, TPOT and TTFT with their
+    """One row per trial of the speculation study: capacity, TPOT and TTFT with their
     intervals, the engine's acceptance counters, the probe against speculation off."""
     trials = trials_of(study_dir)
     reference, answers = probe_answers(study_dir)

@@ -152,20 +152,20 @@ def train(out: Path, recipe: Recipe, digest: str, log: Callable[[str], None] = p
             losses: list[float] = []
             t0, cpu0 = time.perf_counter(), time.process_time()
             model.train()
-            for step in range(recipe.steps):
-                rows = slice(step * recipe.batch, (step + 1) * recipe.batch)
-                for group in opt.param_groups:
-                    group["lr"] = _lr(recipe, step)
-                with autocast, math_attention:
-                    loss = model(input_ids=data[rows].to(device), labels=targets[rows].to(device)).loss
-                opt.zero_grad(set_to_none=True)
-                with math_attention:
+            with math_attention:  # forward and backward passes alike
+                for step in range(recipe.steps):
+                    rows = slice(step * recipe.batch, (step + 1) * recipe.batch)
+                    for group in opt.param_groups:
+                        group["lr"] = _lr(recipe, step)
+                    with autocast:
+                        loss = model(input_ids=data[rows].to(device), labels=targets[rows].to(device)).loss
+                    opt.zero_grad(set_to_none=True)
                     loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                losses.append(float(loss.detach()))
-                if step % max(1, recipe.steps // 8) == 0 or step == recipe.steps - 1:
-                    log(f"step {step + 1}/{recipe.steps}: loss {losses[-1]:.3f}")
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                    losses.append(float(loss.detach()))
+                    if step % max(1, recipe.steps // 8) == 0 or step == recipe.steps - 1:
+                        log(f"step {step + 1}/{recipe.steps}: loss {losses[-1]:.3f}")
             # wall seconds, and CPU seconds of this process (what a busy machine does not inflate)
             seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
             model.eval()
