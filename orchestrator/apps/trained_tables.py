@@ -70,17 +70,28 @@ def quantization_table(study_dir: str | Path) -> str:
                      "TTFT p99 ms", "TPOT p50 ms", *_PROBE_HEADER, "feasible"], "lllrrrrrrrrrl", rows)
 
 
+def _speculation(row: pd.Series) -> str:
+    """``off``, ``n-gram, 3 tokens`` or ``draft <model dir name>, 3 tokens``."""
+    k = row["num_speculative_tokens"]
+    if missing(k) or not k:
+        return "off"
+    draft = row.get("speculative_model")
+    return f"{'n-gram' if missing(draft) or not draft else 'draft ' + Path(str(draft)).name}, {int(k)} tokens"
+
+
 def speculation_table(study_dir: str | Path) -> str:
     """One row per trial of the speculation study: capacity, TPOT and TTFT with their
-    intervals, the engine's acceptance counters, the probe against speculation off."""
+    intervals, the engine's acceptance counters (``output share``: ``engine_spec_token_share``,
+    a dash in datasets recorded before it), the probe against speculation off."""
     trials = trials_of(study_dir)
     reference, answers = probe_answers(study_dir)
     rows = []
     for _, t in trials.iterrows():
-        rows.append([param("num_speculative_tokens", t["num_speculative_tokens"]),
+        rows.append([_speculation(t),
                      _interval(t, "capacity_rps", ".3g"), _interval(t, "tpot_p50_ms", ".2f"),
                      _interval(t, "ttft_p99_ms", ".0f"), fmt(t["engine_spec_acceptance_rate"], ".3f"),
-                     fmt(t["engine_spec_accepted_per_draft"], ".2f"), *_probe_cells(t, reference, answers)])
-    return markdown(["num_speculative_tokens", "capacity req/s [interval]", "TPOT p50 ms [interval]",
-                     "TTFT p99 ms [interval]", "acceptance rate", "accepted per draft", *_PROBE_HEADER],
-                    "lrrrrrrrrrr", rows)
+                     fmt(t["engine_spec_accepted_per_draft"], ".2f"), fmt(t.get("engine_spec_token_share"), ".2f"),
+                     *_probe_cells(t, reference, answers)])
+    return markdown(["speculation", "capacity req/s [interval]", "TPOT p50 ms [interval]",
+                     "TTFT p99 ms [interval]", "acceptance rate", "accepted per draft", "output share", *_PROBE_HEADER],
+                    "lrrrrrrrrrrr", rows)
