@@ -32,5 +32,10 @@ done
 if step again; then
   python3 -m orchestrator make-model tiny-llama "$out/model-again" --weights trained --recipe base 2>&1 | tail -3
   sha256sum "$out/model/model.safetensors" "$out/model-again/model.safetensors" | tee "$out/determinism.txt"
+  # what torch reported as non-deterministic in each training (training.json, determinism_warnings)
+  for m in model model-again; do
+    python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(sys.argv[1], r['seconds'], 's',
+      r['heldout_perplexity'], r.get('determinism_warnings'))" "$out/$m/training.json" | tee -a "$out/determinism.txt"
+  done
 fi
 exit $rc
