@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.apps.h200_tables import DASH, fmt, markdown, missing, param, trials_of
+from orchestrator.apps.h200_tables import DASH, fmt, interval, markdown, missing, param, trials_of
 from orchestrator.trial.probe import answers_from_json, compare
 
 
@@ -29,12 +29,6 @@ def probe_answers(study_dir: str | Path) -> tuple[list, dict[str, list]]:
 
 def _diverged(reference: list, answers: list) -> int:
     return sum(a.tokens != b.tokens for a, b in zip(reference, answers))
-
-
-def _interval(row: pd.Series, column: str, spec: str) -> str:
-    low, high = row.get(f"{column}_low"), row.get(f"{column}_high")
-    value = fmt(row[column], spec)
-    return value if missing(low) or missing(high) else f"{value} [{format(low, spec)}, {format(high, spec)}]"
 
 
 def _probe_cells(row: pd.Series, reference: list, answers: dict[str, list]) -> list[str]:
@@ -63,7 +57,7 @@ def quantization_table(study_dir: str | Path) -> str:
         rows.append([param("quantization", t["quantization"]) if not missing(t["quantization"]) else "none",
                      str(t["kv_cache_dtype"]), param("max_num_seqs", t["max_num_seqs"])
                      + (" (baseline)" if itself else ""),
-                     fmt(t["kv_cache_tokens"], ",.0f"), _interval(t, "capacity_rps", ".3g"),
+                     fmt(t["kv_cache_tokens"], ",.0f"), interval(t, "capacity_rps", ".3g"),
                      f"{t['ttft_p99_ms']:.0f}", f"{t['tpot_p50_ms']:.2f}", *_probe_cells(t, reference, answers),
                      "yes" if bool(t["feasible"]) else "no"])
     return markdown(["quantization", "kv_cache_dtype", "max_num_seqs", "KV cache tokens", "capacity req/s [interval]",
@@ -88,8 +82,8 @@ def speculation_table(study_dir: str | Path) -> str:
     rows = []
     for _, t in trials.iterrows():
         rows.append([_speculation(t),
-                     _interval(t, "capacity_rps", ".3g"), _interval(t, "tpot_p50_ms", ".2f"),
-                     _interval(t, "ttft_p99_ms", ".0f"), fmt(t["engine_spec_acceptance_rate"], ".3f"),
+                     interval(t, "capacity_rps", ".3g"), interval(t, "tpot_p50_ms", ".2f"),
+                     interval(t, "ttft_p99_ms", ".0f"), fmt(t["engine_spec_acceptance_rate"], ".3f"),
                      fmt(t["engine_spec_accepted_per_draft"], ".2f"), fmt(t.get("engine_spec_token_share"), ".2f"),
                      *_probe_cells(t, reference, answers)])
     return markdown(["speculation", "capacity req/s [interval]", "TPOT p50 ms [interval]",
