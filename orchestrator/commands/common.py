@@ -81,6 +81,8 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     if run_id is not None and "run_id" in df:
         df = df[df["run_id"] == run_id]
     print("trials: " + status_counts(df))
+    for line in floor_lines(study, df):
+        print(line)
     front = front_with_ties(df, study.objectives, study.constraints)
     if front.empty:
         print(explain_empty_front(study, df))
@@ -103,6 +105,26 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     if len(tied):
         print(f"{len(tied)} of {len(front)} front trials are tied with another within the noise: "
               "their differences are not measured beyond it (docs/querying.md, \"Ties\").")
+
+
+def floor_lines(study, df) -> list[str]:
+    """The probe's noise floor as the rows record it (the baseline against itself at another batch
+    composition), and each agreement constraint the floor itself would fail: numerics alone, not
+    the setting, would make such a configuration infeasible."""
+    if study.probe is None or "floor_token_agreement" not in df:
+        return []
+    floor = pd.to_numeric(df["floor_token_agreement"], errors="coerce").dropna()
+    if floor.empty:
+        return []
+    agreement = float(floor.iloc[0])
+    drift = pd.to_numeric(df.get("floor_logprob_diff_mean"), errors="coerce").dropna()
+    lines = [f"probe noise floor (the baseline against itself at another batch composition): token_agreement "
+             f"{agreement:.3f}" + (f", mean logprob drift {float(drift.iloc[0]):.2g}" if len(drift) else "")]
+    for c in study.constraints:
+        if c.metric in ("token_agreement", "prefix_agreement") and not c.met(agreement):
+            lines.append(f"  {c} asks for more agreement than the baseline has with itself ({agreement:.3f}): "
+                         "numerics alone can fail it; set it below the floor")
+    return lines
 
 
 def explain_empty_front(study, df) -> str:

@@ -154,6 +154,7 @@ HIGHER_IS_BETTER = frozenset({
     "capacity_goodput", "kv_cache_tokens", "prefix_cache_hit_rate", "gpu_util_mean",
     "engine_output_throughput", "engine_request_throughput", "goodput_per_gpu", "capacity_rps_per_gpu",
     "token_agreement", "prefix_agreement", "first_divergence_mean", "engine_spec_acceptance_rate",
+    "floor_token_agreement",
     "engine_spec_accepted_per_draft", "engine_spec_token_share",
     "sessions", "session_goodput", "session_slo_attainment", "expected_prefix_hit_rate",
 })
@@ -372,9 +373,12 @@ UNIT_METRIC_NAMES: tuple[str, ...] = ("goodput_per_gpu", "capacity_rps_per_gpu",
 # the study's baseline configuration; null where no probe ran or no baseline exists yet.
 # Perplexity of held-out text (orchestrator.trial.probe_perplexity): its value, and the trial's minus the baseline's.
 PERPLEXITY_METRIC_NAMES: tuple[str, ...] = ("heldout_perplexity", "perplexity_delta")
+# The noise floor: the baseline's answers against its own second pass at another batch composition
+# (copied into every row from the baseline's record; what a guardrail threshold must sit above).
+FLOOR_METRIC_NAMES: tuple[str, ...] = ("floor_token_agreement", "floor_logprob_diff_mean", "floor_divergence_gap_max")
 PROBE_METRIC_NAMES: tuple[str, ...] = (
     "token_agreement", "prefix_agreement", "logprob_diff_mean", "logprob_diff_p95", "first_divergence_mean",
-    "divergence_gap_max") + PERPLEXITY_METRIC_NAMES + ("probe_s",)
+    "divergence_gap_max") + PERPLEXITY_METRIC_NAMES + FLOOR_METRIC_NAMES + ("probe_s",)
 
 
 # Multi-turn sessions (orchestrator.measure.session_metrics): null for workloads of single requests.

@@ -32,6 +32,11 @@ class ProbeSpec(StrictModel):
     concurrency: int = Field(default=1, ge=1, le=1024,
                              description="probe requests in flight; 1 keeps batch composition, hence numerics, "
                                          "the same in every trial")
+    floor_concurrency: Optional[int] = Field(
+        default=None, ge=0, le=1024,
+        description="the baseline trial answers the probe set a second time at this concurrency, another batch "
+                    "composition, and the two answers' agreement is the noise floor every row records "
+                    "(floor_*); default: 1 if concurrency > 1, else 8; 0: no second pass")
     perplexity_sequences: int = Field(default=16, ge=0, le=1024,
                                       description="held-out texts scored for heldout_perplexity (0: none)")
     perplexity_tokens: int = Field(default=256, ge=2, le=1 << 16, description="tokens per held-out text")
@@ -56,6 +61,12 @@ class ProbeSpec(StrictModel):
             raise ValueError(f"min_input_tokens ({self.min_input_tokens}) must be <= max_input_tokens "
                              f"({self.max_input_tokens})")
         return self
+
+    def floor_pass_concurrency(self) -> int:
+        """Probe requests in flight in the baseline's second pass (0: none)."""
+        if self.floor_concurrency is not None:
+            return self.floor_concurrency
+        return 1 if self.concurrency > 1 else 8
 
     def reference(self) -> dict[str, Any]:
         """The engine arguments a baseline trial has."""

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from orchestrator.measure.columns import ProbeColumns
-from orchestrator.measure.metrics import PERPLEXITY_METRIC_NAMES, PROBE_METRIC_NAMES
+from orchestrator.measure.metrics import FLOOR_METRIC_NAMES, PERPLEXITY_METRIC_NAMES, PROBE_METRIC_NAMES
 from orchestrator.redaction import redact
 from orchestrator.study.probe import ProbeSpec
 from orchestrator.trial.plan import ProbePlan
@@ -34,7 +34,8 @@ from orchestrator.trial.probe_perplexity import (perplexity_columns, perplexity_
 from orchestrator.workload.tokens import MIN_TOKEN_ID, check_vocab
 
 # The columns compare() computes from the answers (perplexity and the duration are measured apart).
-AGREEMENT_COLUMNS = tuple(m for m in PROBE_METRIC_NAMES if m not in PERPLEXITY_METRIC_NAMES + ("probe_s",))
+AGREEMENT_COLUMNS = tuple(m for m in PROBE_METRIC_NAMES
+                          if m not in PERPLEXITY_METRIC_NAMES + FLOOR_METRIC_NAMES + ("probe_s",))
 # Mixes the probe's stream apart from the workload's, which uses the same study seed.
 _PROBE_STREAM = 0x9B0E
 
@@ -91,12 +92,13 @@ def _answer(payload: dict, body: Optional[dict] = None) -> ProbeAnswer:
 
 
 def run_probe(base_url: str, model: str, prompts: Sequence[ProbePrompt], spec: ProbeSpec,
-              api_key: Optional[str] = None) -> tuple[list[ProbeAnswer], float]:
-    """Send the probe set to an OpenAI-compatible completions endpoint: (answers in prompt order, seconds)."""
+              api_key: Optional[str] = None, concurrency: Optional[int] = None) -> tuple[list[ProbeAnswer], float]:
+    """Send the probe set to an OpenAI-compatible completions endpoint: (answers in prompt order, seconds).
+    ``concurrency``: requests in flight (default ``spec.concurrency``)."""
     t0 = time.monotonic()
 
     answers = asyncio.run(post_all(base_url, model, [_body(model, p) for p in prompts], _answer,
-                                   lambda e: ProbeAnswer(error=e), concurrency=spec.concurrency,
+                                   lambda e: ProbeAnswer(error=e), concurrency=concurrency or spec.concurrency,
                                    timeout_s=spec.timeout_s, api_key=api_key))
     return answers, time.monotonic() - t0
 
@@ -162,6 +164,15 @@ def compare(reference: Sequence[ProbeAnswer], answers: Sequence[ProbeAnswer]) ->
     return out
 
 
+def noise_floor(first: Sequence[ProbeAnswer], second: Sequence[ProbeAnswer], concurrency: int) -> dict[str, Any]:
+    """The baseline against itself at another batch composition (``second``: the same prompts with
+    ``concurrency`` in flight): the ``floor_*`` columns every row records. A failed request in the
+    second pass is an empty answer, so it lowers the floor rather than hiding it."""
+    cols = compare(first, second)
+    return {"floor_token_agreement": cols["token_agreement"], "floor_logprob_diff_mean": cols["logprob_diff_mean"],
+            "floor_divergence_gap_max": cols["divergence_gap_max"], "concurrency": concurrency}
+
+
 def _lp(answer: ProbeAnswer, j: int) -> Optional[float]:
     x = answer.logprobs[j] if j < len(answer.logprobs) else None
     return x if x is not None and math.isfinite(x) else None
@@ -195,9 +206,16 @@ def probe_trial(plan: ProbePlan, *, base_url: str, model: str, api_key: Optional
     record = {"trial_id": trial_id, "params": dict(params),
               "engine_args": redact(asdict(args)) if args is not None else None,
               "answers": answers_to_json(answers), "perplexity": scored_to_json(scored)}
+    eligible = not failed and is_baseline(spec, args)
+    if eligible and spec.floor_pass_concurrency():
+        again, more = run_probe(base_url, model, prompts, spec, api_key, concurrency=spec.floor_pass_concurrency())
+        seconds += more
+        record["floor"] = noise_floor(answers, again, spec.floor_pass_concurrency())
     # An endpoint without prompt_logprobs still has a baseline for agreement (its perplexity stays null).
-    baseline = keep(probe_fingerprint(prompts, texts), trial_id, record, not failed and is_baseline(spec, args))
+    baseline = keep(probe_fingerprint(prompts, texts), trial_id, record, eligible)
     columns: dict[str, Any] = {"probe_s": seconds, "probe_reference": plan.reference, "probe_baseline": None}
+    floor = (baseline or {}).get("floor") or {}
+    columns.update({name: floor.get(name) for name in FLOOR_METRIC_NAMES})
     if baseline is not None:
         columns.update(compare(answers_from_json(baseline["answers"]), answers))
         columns["probe_baseline"] = baseline["trial_id"]

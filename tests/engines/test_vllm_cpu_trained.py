@@ -88,6 +88,12 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_mod
     assert base["prefix_agreement"] == 1.0 and base["logprob_diff_mean"] == 0.0 and base["first_divergence_mean"] == 16
     assert base["probe_s"] > 0 and bf16["probe_s"] > 0 and bf16["probe_reference"] == "weights"
 
+    # The noise floor: the baseline answered the probe again one request at a time (its trials: 8 in
+    # flight); float32 on CPU gives each sequence the same numbers in any batch, and every row records it.
+    assert trials["floor_token_agreement"].eq(1.0).all() and trials["floor_logprob_diff_mean"].eq(0.0).all()
+    assert json.loads((next((tmp_path / "out" / "cpu-trained" / "probe").iterdir()) / "baseline.json")
+                      .read_text())["floor"]["concurrency"] == 1
+
     # vLLM in float32 scores the held-out text as torch did after training (same weights, same text).
     assert base["heldout_perplexity"] == pytest.approx(training["heldout_perplexity"], rel=2e-3)
     assert base["perplexity_delta"] == 0.0 and base["token_agreement"] == 1.0

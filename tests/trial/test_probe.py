@@ -183,3 +183,32 @@ def test_the_front_figure_draws_agreement_against_throughput(study_doc):
     # The front on these axes: more throughput or more agreement (trial 2 misses the SLO).
     (front,) = [c for c in ax.collections if c.get_label().startswith("front on these axes")]
     assert sorted(map(tuple, front.get_offsets().tolist())) == [(0.96, 130.0), (1.0, 100.0)]
+
+
+def test_the_noise_floor_is_reported_and_a_guardrail_above_it_is_named(study_doc):
+    import pandas as pd
+
+    from orchestrator.commands.common import floor_lines
+
+    study = parse_study({**_vllm_doc(study_doc), "probe": {"concurrency": 8},
+                         "constraints": ["token_agreement >= 0.95", "prefix_agreement >= 0.5"]})
+    assert study.probe.floor_pass_concurrency() == 1  # another batch composition than the trials'
+    assert parse_study({**_vllm_doc(study_doc), "probe": {}}).probe.floor_pass_concurrency() == 8
+    rows = pd.DataFrame({"floor_token_agreement": [0.93, 0.93], "floor_logprob_diff_mean": [0.002, 0.002]})
+    lines = floor_lines(study, rows)
+    assert lines[0].startswith("probe noise floor") and "token_agreement 0.930" in lines[0] and "0.002" in lines[0]
+    # Only the guardrail the floor itself fails is named.
+    assert len(lines) == 2 and lines[1].strip().startswith("token_agreement >= 0.95 asks for more agreement")
+    assert floor_lines(study, rows.assign(floor_token_agreement=1.0)) == [lines[0].replace("0.930", "1.000")]
+    assert floor_lines(study, rows.iloc[:0]) == [] and floor_lines(study, pd.DataFrame({"x": [1]})) == []
+
+
+def test_the_floor_compares_the_baseline_with_its_second_pass():
+    from orchestrator.trial.probe import noise_floor
+
+    first = [_a("abcd", [-0.1, -0.1, -0.69, -0.1]), _a("wxyz")]
+    same = noise_floor(first, first, 8)
+    assert same == {"floor_token_agreement": 1.0, "floor_logprob_diff_mean": 0.0, "floor_divergence_gap_max": None,
+                    "concurrency": 8}
+    flipped = noise_floor(first, [_a("abXd", [-0.1, -0.1, -0.7, -0.1]), _a("wxyz")], 1)
+    assert flipped["floor_token_agreement"] == 7 / 8 and flipped["floor_divergence_gap_max"] == pytest.approx(0.01)
