@@ -9,8 +9,8 @@ starts inherits it, and a test's CPU is the group's usage across the test (a pro
 outlives its test is counted in the next). Needs a writable cgroup v1 ``cpuacct`` hierarchy
 (root); without one the plugin says so and measures nothing.
 
-Each worker appends one JSON line per test to ``DIR/<worker>.jsonl`` (``cpu_s``, ``wall_s``);
-the controller prints the modules by CPU seconds at the end of the run.
+Each worker appends one JSON line per test to ``DIR/<worker>.jsonl`` (``cpu_s``, ``wall_s``,
+``started``); the controller prints the modules by CPU seconds at the end of the run.
 """
 
 from __future__ import annotations
@@ -58,10 +58,11 @@ class CpuProfile:
         if self.group is None:
             yield
             return
-        cpu0, wall0 = self._usage_s(), time.monotonic()
+        cpu0, wall0, started = self._usage_s(), time.monotonic(), time.time()
         yield
+        # started (Unix seconds): which tests ran beside one that was slow or failed
         record = {"id": item.nodeid, "cpu_s": round(self._usage_s() - cpu0, 3),
-                  "wall_s": round(time.monotonic() - wall0, 3), "worker": _worker()}
+                  "wall_s": round(time.monotonic() - wall0, 3), "worker": _worker(), "started": round(started, 1)}
         with open(self.out / f"{_worker()}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
