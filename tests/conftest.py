@@ -11,7 +11,8 @@ from typing import Iterator, Mapping, Optional
 import pytest
 
 from support import cpu_profile
-from support.scheduling import give_way_to_the_engine_unit, make_scheduler, order_key
+from support.scheduling import (give_way_to_the_engine_unit, make_scheduler, order_key,
+                                ray_workers_keep_their_drivers_priority)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+ray_workers_keep_their_drivers_priority()
 
 BASE_STUDY = {
     "name": "unit",

@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 BLOCK = 128  # vLLM's CPU default block size
 KV_BYTES = 64 * 2**20
+POINT = {"max_model_len": 2048, "enable_prefix_caching": True, "enforce_eager": True}
 
 
 def test_sessions_on_cpu_vllm(tmp_path, vllm_caches):
@@ -43,15 +44,17 @@ def test_sessions_on_cpu_vllm(tmp_path, vllm_caches):
                      "warmup_requests": 0, "warmup": {"enabled": False},
                      "input_len": {"kind": "uniform", "min": 150, "max": 300}, "output_len": 16,
                      "sessions": {"turns": 3, "think_time_ms": 100}, "timeout_s": 60},
-        "space": {"max_model_len": 2048, "enable_prefix_caching": True, "enforce_eager": True},
+        "space": POINT,
         "objectives": ["maximize session_goodput"], "constraints": ["ttft_p99_ms <= 5000"],
         "search": {"preflight": False},
         "output": str(tmp_path / "out")})
     with local_ray(vllm_caches):
         port = start_serve(8137)
-        out = run_trial(study, {}, trial_id="t1", trial_number=0, ctx=TrialContext("r1", serve_port=port))
+        # The space's point, as the search hands it to the trial actor (eager: no torch.compile of the model).
+        out = run_trial(study, POINT, trial_id="t1", trial_number=0, ctx=TrialContext("r1", serve_port=port))
     row = out.row
     assert row["status"] == "completed", row.get("failure_message")
+    assert "--enforce-eager" in row["vllm_command"] and "--max-model-len 2048" in row["vllm_command"]
     req = requests_to_table(out.records, study=study.name, run_id="r1", trial_id="t1").to_pandas()
     assert req["success"].all() and len(req) == 12 and row["sessions"] == 4
     assert (req["prompt_tokens"] == req["expected_prompt_tokens"]).all()  # token ids: the engine saw ours
