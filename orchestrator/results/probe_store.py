@@ -28,13 +28,18 @@ class ProbeStore:
     def __init__(self, output: str, study_name: str):
         self.store = ResultsStore(output, study_name)
 
+    def baseline(self, probe_set: str) -> Optional[dict]:
+        """The baseline's record, or None while no trial has claimed it."""
+        raw = self.store.get_file(f"probe/{probe_set}/baseline.json")
+        return None if raw is None else json.loads(raw)
+
     def keep(self, probe_set: str, trial_id: str, record: dict[str, Any], eligible: bool) -> Optional[dict]:
         """Store this trial's answers; return the baseline's record (this one's if it becomes the baseline)."""
         data = json.dumps(record, default=str).encode()
         self.store.put_file(f"probe/{probe_set}/{trial_id}.json", data)
-        raw = self.store.get_file(f"probe/{probe_set}/baseline.json")
-        if raw is not None:
-            return json.loads(raw)
+        claimed = self.baseline(probe_set)
+        if claimed is not None:
+            return claimed
         if not eligible:
             return None
         self.store.put_file(f"probe/{probe_set}/baseline.json", data)

@@ -125,6 +125,10 @@ class ResultsSinkActor:
 
         return ProbeStore(self.output, self.study_name).keep(probe_set, trial_id, record, eligible)
 
+    def probe_baseline(self, probe_set: str):
+        """The baseline's probe record, or None while none is claimed."""
+        return ProbeStore(self.output, self.study_name).baseline(probe_set)
+
     def write(self, row: dict, requests_table, levels_table=None) -> None:
         extra = {"levels": levels_table} if levels_table is not None else {}
         self.store.write_trial(row, requests_table, param_types=self.param_types, predicted=self.predicted, **extra)

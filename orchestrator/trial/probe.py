@@ -185,11 +185,12 @@ def is_baseline(spec: ProbeSpec, args: Any) -> bool:
 
 
 def probe_trial(plan: ProbePlan, *, base_url: str, model: str, api_key: Optional[str], trial_id: str,
-                params: dict, args: Any, keep) -> tuple[ProbeColumns, Optional[str]]:
+                params: dict, args: Any, store) -> tuple[ProbeColumns, Optional[str]]:
     """Probe a deployed engine and compare with the baseline: (the probe columns, a note on failed requests).
 
+    ``store`` is a :class:`orchestrator.results.probe_store.ProbeStore` or one with its methods:
     ``keep(probe_set, trial_id, record, eligible)`` stores the answers and returns the baseline's
-    record (:meth:`orchestrator.results.probe_store.ProbeStore.keep`), or None while there is none.
+    record, or None while there is none; ``baseline(probe_set)`` reads that record.
     """
 
     spec: ProbeSpec = plan.spec
@@ -207,12 +208,15 @@ def probe_trial(plan: ProbePlan, *, base_url: str, model: str, api_key: Optional
               "engine_args": redact(asdict(args)) if args is not None else None,
               "answers": answers_to_json(answers), "perplexity": scored_to_json(scored)}
     eligible = not failed and is_baseline(spec, args)
-    if eligible and spec.floor_pass_concurrency():
+    probe_set = probe_fingerprint(prompts, texts)
+    # The floor pass only for a trial that may become the baseline: once one is claimed, every row
+    # reads the floor from its record, and a second pass would cost each baseline-like trial a probe.
+    if eligible and spec.floor_pass_concurrency() and store.baseline(probe_set) is None:
         again, more = run_probe(base_url, model, prompts, spec, api_key, concurrency=spec.floor_pass_concurrency())
         seconds += more
         record["floor"] = noise_floor(answers, again, spec.floor_pass_concurrency())
     # An endpoint without prompt_logprobs still has a baseline for agreement (its perplexity stays null).
-    baseline = keep(probe_fingerprint(prompts, texts), trial_id, record, eligible)
+    baseline = store.keep(probe_set, trial_id, record, eligible)
     columns: dict[str, Any] = {"probe_s": seconds, "probe_reference": plan.reference, "probe_baseline": None}
     floor = (baseline or {}).get("floor") or {}
     columns.update({name: floor.get(name) for name in FLOOR_METRIC_NAMES})

@@ -192,7 +192,7 @@ def _run(plan: TrialPlan, engine: Engine, b: _Builder, ctx: TrialContext) -> Non
             if plan.probe is not None:  # before the warm-up: outside the measured window
                 b.probe, note = probe_trial(plan.probe, base_url=ep.base_url, model=ep.model, api_key=ep.api_key,
                                             trial_id=b.trial_id, params=b.params, args=args,
-                                            keep=_probe_keeper(plan.probe, ctx))
+                                            store=_probe_store(plan.probe, ctx))
                 if note:
                     b.engine_facts["probe_errors"] = note
             t_load = time.monotonic()
@@ -212,15 +212,31 @@ def _run(plan: TrialPlan, engine: Engine, b: _Builder, ctx: TrialContext) -> Non
         b.status, b.failure = TrialStatus.COMPLETED, teardown_warning(problems)
 
 
-def _probe_keeper(plan: ProbePlan, ctx: TrialContext):
-    """Where the probe's answers go: the run's results writer (one writer claims the baseline), or,
-    with no run around this trial, the study's results directory directly."""
+class _SinkProbeStore:
+    """The run's results writer as the probe's store (one writer claims the baseline)."""
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def baseline(self, probe_set: str):
+        import ray
+
+        return ray.get(self.sink.probe_baseline.remote(probe_set))
+
+    def keep(self, *args):
+        import ray
+
+        return ray.get(self.sink.keep_probe.remote(*args))
+
+
+def _probe_store(plan: ProbePlan, ctx: TrialContext):
+    """Where the probe's answers go: the run's results writer, or, with no run around this trial,
+    the study's results directory directly."""
     if ctx.sink_name is None:
-        return ProbeStore(plan.results_dir, plan.study_name).keep
+        return ProbeStore(plan.results_dir, plan.study_name)
     import ray
 
-    sink = ray.get_actor(ctx.sink_name, namespace=ctx.namespace)
-    return lambda *a: ray.get(sink.keep_probe.remote(*a))
+    return _SinkProbeStore(ray.get_actor(ctx.sink_name, namespace=ctx.namespace))
 
 
 class _Lease:

@@ -129,6 +129,32 @@ def test_an_external_study_measures_serve_sim(base_url, tmp_path):
     assert json.loads(row["extra_json"])["engine_facts"]["served_models"] == [MODEL]
 
 
+def test_only_the_trial_that_claims_the_baseline_answers_the_probe_a_second_time(base_url, tmp_path):
+    """The noise floor's second pass runs while no baseline is claimed; a later baseline-like trial
+    skips it and reads the floor from the baseline's record."""
+    from orchestrator.study.spec import parse_study
+    from orchestrator.trial.run import TrialContext
+    from support.recorded_trial import run_trial
+
+    study = parse_study({
+        "name": "floor", "engine": {"kind": "external", "base_url": base_url.removesuffix("/v1")},
+        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
+        "workload": {"arrival": {"kind": "poisson", "rate": 40}, "num_requests": 4, "warmup_requests": 0,
+                     "input_len": 16, "output_len": 4, "timeout_s": 30},
+        "probe": {"max_input_tokens": 32, "output_tokens": 4, "concurrency": 8, "perplexity_sequences": 0},
+        "space": {"max_num_seqs": 8}, "objectives": ["maximize output_throughput"], "output": str(tmp_path / "out"),
+    })
+    rows = [run_trial(study, {"max_num_seqs": 8}, trial_id=f"t{i}", trial_number=i, ctx=TrialContext("r1")).row
+            for i in (1, 2)]
+    assert [r["status"] for r in rows] == ["completed", "completed"], [r.get("failure_message") for r in rows]
+    (probe_set,) = (tmp_path / "out" / "floor" / "probe").iterdir()
+    first, second = (json.loads((probe_set / f"t{i}.json").read_text()) for i in (1, 2))
+    assert first["floor"]["concurrency"] == 1 and "floor" not in second
+    assert rows[1]["probe_baseline"] == "t1" and rows[1]["token_agreement"] is not None
+    for name in ("floor_token_agreement", "floor_logprob_diff_mean"):
+        assert rows[0][name] is not None and rows[1][name] == rows[0][name], name
+
+
 # ---- 17: logprobs
 
 def test_completions_logprobs(client):
