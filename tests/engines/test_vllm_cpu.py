@@ -259,9 +259,14 @@ def _assert_monotone_curve(row, levels) -> None:
     # Throughput rises along the levels decided to meet the SLOs. An undecided level is not evidence
     # of the engine: on two busy cores a 3 s level once read TTFT p99 2.2 s (E2E p50 57 ms) at
     # 2.5 req/s, a stall that pushed its last answers past the window (1.83 req/s, below 2.07 at 2).
-    thr = list(knee.loc[knee["slo_decided"].fillna(False).astype(bool), "request_throughput"])
+    decided_knee = knee[knee["slo_decided"].fillna(False).astype(bool)]
+    thr = list(decided_knee["request_throughput"])
     assert all(b >= 0.9 * a for a, b in zip(thr, thr[1:])), shown
-    assert (knee["request_throughput"] >= 0.5 * knee["rate"]).all(), shown  # below the knee the engine keeps up
+    # Below the knee the engine keeps up, where the levels decided. Another undecided one: while
+    # test_faults_cluster started a three-node cluster's replicas on the other workers, vLLM's own
+    # TTFT histogram read p90 5.5 s at 2 req/s (scheduler queue 0.02 ms: the stall was in the server,
+    # not its queue), 0.89 req/s served; the level was flagged harness-bound and left undecided.
+    assert (decided_knee["request_throughput"] >= 0.5 * decided_knee["rate"]).all(), shown
     # No check that latency rises with load: on CPU vLLM it does not. Runs gave E2E p50 of 214 / 82 /
     # 233 / 126 ms and 401 / 121 / 200 / 103 ms at 2 / 4 / 8 / 16 req/s: the lowest rate is the
     # slowest (not explained yet; idle CPU threads between steps are a guess), and a stopped level keeps only the
