@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import copy
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
 import pytest
 
 from support import cpu_profile
-from support.scheduling import (give_way_to_the_engine_unit, make_scheduler, order_key,
-                                ray_workers_keep_their_drivers_priority)
+from support.scheduling import (SERVED_UNIT, give_way_to_the_engine_unit, make_scheduler, order_key,
+                                ray_workers_keep_their_drivers_priority, unit_of)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +49,8 @@ def pytest_collection_modifyitems(session, config, items):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     give_way_to_the_engine_unit(str(item.path))  # before the test's fixtures start Ray or servers
+    if unit_of(str(item.path)) != SERVED_UNIT:
+        release_shared_serve()  # this test may start a Ray of its own
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -146,6 +148,28 @@ def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[
         yield start_serve(port)
 
 
+SHARED_SERVE_PORT = 8201
+_shared_serve: Optional[tuple[ExitStack, int]] = None
+
+
+def shared_serve() -> int:
+    """:func:`local_serve` kept up for the served unit's modules (``support.scheduling``: they run
+    one after another on one worker) instead of a cluster each; the first test outside the unit
+    shuts it down (``pytest_runtest_setup``). Returns the proxy's port."""
+    global _shared_serve
+    if _shared_serve is None:
+        stack = ExitStack()
+        _shared_serve = stack, stack.enter_context(local_serve(SHARED_SERVE_PORT))
+    return _shared_serve[1]
+
+
+def release_shared_serve() -> None:
+    global _shared_serve
+    if _shared_serve is not None:
+        (stack, _), _shared_serve = _shared_serve, None
+        stack.close()
+
+
 # Native libraries loaded by the Ray and vLLM tests (torch, grpc, vLLM's extensions) can abort
 # in their own destructors at interpreter exit ("double free or corruption") after every test
 # has passed and been reported, turning a green run into exit code 134. Once pytest has
@@ -155,6 +179,7 @@ _exit_status: int | None = None
 
 def pytest_sessionfinish(session, exitstatus):
     global _exit_status
+    release_shared_serve()
     _exit_status = int(exitstatus)
 
 

@@ -17,6 +17,7 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
+from conftest import local_ray
 from orchestrator.results import load_trials
 from orchestrator.search import run_study
 from orchestrator.study.spec import parse_study
@@ -26,16 +27,17 @@ pytestmark = pytest.mark.slow
 START_FAILURES = {"weights_oom", "no_kv_memory", "kv_cache_too_small", "invalid_args"}
 
 
-def _run(study) -> tuple:
-    import ray
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    """One local Ray for the module's studies (each ``run_study`` joins it, as on a cluster)."""
+    with local_ray(num_cpus=2):
+        yield
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="orchestrator")
+
+def _run(study) -> tuple:
     printed = io.StringIO()
-    try:
-        with redirect_stdout(printed):
-            run = run_study(study)
-    finally:
-        ray.shutdown()
+    with redirect_stdout(printed):
+        run = run_study(study)
     return load_trials(run.study_dir), printed.getvalue()
 
 

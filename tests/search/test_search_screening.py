@@ -18,7 +18,7 @@ from contextlib import redirect_stdout
 import optuna
 import pytest
 
-from conftest import sim_study
+from conftest import local_ray, sim_study
 from orchestrator.results import load_trials
 from orchestrator.search import optuna_storage, optuna_study_name, run_study
 from orchestrator.study.state_dir import local_state_dir
@@ -45,20 +45,18 @@ def _tune_trials(study) -> list[dict]:
     return out
 
 
-def _run(study, serve_port: int = 8131, after=None) -> tuple:
-    """The study through ``run_study`` on a fresh local Ray: its rows and what it printed
-    (``after``: called once the study is done, before Ray shuts down)."""
-    import ray
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    """One local Ray for the module's studies (each ``run_study`` joins it, as on a cluster)."""
+    with local_ray(num_cpus=2):
+        yield
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="orchestrator")
+
+def _run(study, serve_port: int = 8131) -> tuple:
+    """The study through ``run_study`` on the module's Ray: its rows and what it printed."""
     printed = io.StringIO()
-    try:
-        with redirect_stdout(printed):
-            run = run_study(study, serve_port=serve_port)
-        if after is not None:
-            after()
-    finally:
-        ray.shutdown()
+    with redirect_stdout(printed):
+        run = run_study(study, serve_port=serve_port)
     return load_trials(run.study_dir), printed.getvalue()
 
 

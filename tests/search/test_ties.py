@@ -15,7 +15,7 @@ import json
 import pandas as pd
 import pytest
 
-from conftest import local_serve
+from conftest import shared_serve
 from orchestrator.apps.recommend import recommend
 from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.schema import trial_row_to_table, trials_schema
@@ -24,7 +24,6 @@ from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
 
-SERVE_PORT = 8241
 PARAMS = {"max_num_seqs": 64}
 # At 8 req/s about ten requests run at once: these bounds are never reached, so these
 # configurations perform the same on the same engine.
@@ -34,8 +33,7 @@ SLOW_PARAMS = {"max_num_seqs": 32}
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
-        yield port
+    return shared_serve()  # the port Serve's proxy listens on
 
 
 def served_study(tmp_path, slowdown: float = 1.0):

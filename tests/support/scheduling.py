@@ -9,7 +9,9 @@ Two kinds of long module share the machine:
 
 So the engine modules are one unit of work (:data:`ENGINE_UNIT`), run one after another on
 one worker, while the other workers take the rest, longest first, each module whole (its
-module-scoped Ray cluster set up once). :data:`EXPECTED_S` holds rough wall times measured
+module-scoped Ray cluster set up once). The served-simulator modules that each need nothing
+but a local Ray with Serve are a unit too (:data:`SERVED_UNIT`): one after another on one
+worker, on one cluster (conftest's ``shared_serve``) instead of one each. :data:`EXPECTED_S` holds rough wall times measured
 in a three-worker run of a fresh clone; a module missing from it is short.
 """
 
@@ -22,18 +24,25 @@ ENGINE_UNIT = "vllm-cpu-engines"
 ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu_serve_llm.py",
                   "test_vllm_cpu_sessions.py", "test_engine_conformance.py")
 
+SERVED_UNIT = "served-simulator"
+SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",
+                  "test_sessions_served.py")
+
 EXPECTED_S = {
-    "test_faults_cluster.py": 220, "test_study_e2e.py": 150, "test_jobs.py": 110, "test_search_fidelity.py": 110,
-    "test_resume_kill.py": 100, "test_ties.py": 90, "test_corrupt_results.py": 60, "test_capacity_served.py": 50,
-    "test_harness_served.py": 50, "test_warmup_served.py": 50, "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
+    SERVED_UNIT: 240, "test_faults_cluster.py": 220, "test_study_e2e.py": 150, "test_jobs.py": 110,
+    "test_search_fidelity.py": 110, "test_resume_kill.py": 100, "test_corrupt_results.py": 60,
+    "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
     "test_unit_metrics.py": 40, "test_faults_disk.py": 40, "test_plan.py": 30, "test_preflight_default.py": 30,
     "test_nightly.py": 30, "test_search_screening.py": 30, "test_query_docs.py": 20,
 }
 
 
 def unit_of(path: str) -> str:
-    """The unit of work a test module belongs to: the engine unit, or the module itself."""
-    return ENGINE_UNIT if PurePath(path).name in ENGINE_MODULES else path
+    """The unit of work a test module belongs to: the engine unit, the served unit, or the module itself."""
+    name = PurePath(path).name
+    if name in ENGINE_MODULES:
+        return ENGINE_UNIT
+    return SERVED_UNIT if name in SERVED_MODULES else path
 
 
 # Modules that make what the engine unit needs later: handed out first, so that another worker
@@ -41,7 +50,7 @@ def unit_of(path: str) -> str:
 EARLY = ("test_trained_model.py",)
 
 
-def order_key(path: str) -> tuple[int, float]:
+def order_key(path: str) -> tuple:
     """Collection order: the engine unit first, then :data:`EARLY`, then the other modules
     longest first (stable: modules of equal weight keep their order, the same on every worker
     as xdist requires)."""
@@ -50,7 +59,9 @@ def order_key(path: str) -> tuple[int, float]:
         return (0, ENGINE_MODULES.index(name))
     if name in EARLY:
         return (1, EARLY.index(name))
-    return (2, -EXPECTED_S.get(name, 0))
+    if name in SERVED_MODULES:  # the unit's modules side by side, in the unit's place
+        return (2, -EXPECTED_S[SERVED_UNIT], SERVED_MODULES.index(name))
+    return (2, -EXPECTED_S.get(name, 0), 0)
 
 
 def ray_workers_keep_their_drivers_priority() -> None:

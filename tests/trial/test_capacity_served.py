@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from conftest import local_serve
+from conftest import shared_serve
 from orchestrator.results import load_requests
 from orchestrator.results.levels import load_levels
 from orchestrator.study.spec import parse_study
@@ -24,16 +24,10 @@ from support.recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
-SERVE_PORT = 8202
-
 
 @pytest.fixture(scope="module")
-def ray_serve(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-           "HF_HOME": str(cache / "hf")}
-    with local_serve(SERVE_PORT, env) as port:  # the port Serve's proxy listens on
-        yield port
+def ray_serve():
+    return shared_serve()  # the port Serve's proxy listens on
 
 
 def study_doc(tmp_path, mode: str) -> dict:

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, local_serve
+from conftest import REPO, shared_serve
 from orchestrator.measure.harness import CLIENT_LAG_MS, harness_verdict
 from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES
 from orchestrator.study.spec import parse_study
@@ -30,14 +30,12 @@ from support.recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
-SERVE_PORT = 8204
 PARAMS = {"max_num_seqs": 16}
 
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
-        yield port
+    return shared_serve()  # the port Serve's proxy listens on
 
 
 def study_doc(tmp_path, faults=(), capacity=None) -> dict:

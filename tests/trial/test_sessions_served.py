@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import local_serve
+from conftest import shared_serve
 from orchestrator.results import ResultsStore, load_requests
 from orchestrator.results.schema import requests_to_table
 from orchestrator.study.spec import parse_study
@@ -22,13 +22,10 @@ from support.recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
-SERVE_PORT = 8231
-
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
-        yield port
+    return shared_serve()  # the port Serve's proxy listens on
 
 
 def test_served_sim_sessions(tmp_path, ray_serve):

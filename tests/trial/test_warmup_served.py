@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import local_serve
+from conftest import shared_serve
 from orchestrator.results import ResultsStore, load_requests, load_trials
 from orchestrator.results.levels import levels_to_table, load_levels
 from orchestrator.results.schema import requests_to_table
@@ -24,14 +24,12 @@ from support.recorded_trial import run_trial
 
 pytestmark = pytest.mark.slow
 
-SERVE_PORT = 8206
 PREFIX = 64  # shared-prefix tokens: four 16-token blocks of the simulated engine
 
 
 @pytest.fixture(scope="module")
 def ray_serve():
-    with local_serve(SERVE_PORT) as port:  # the port Serve's proxy listens on
-        yield port
+    return shared_serve()  # the port Serve's proxy listens on
 
 
 def run(port, tmp_path, name, workload, max_num_seqs=32, **extra):
