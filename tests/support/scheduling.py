@@ -11,8 +11,9 @@ So the engine modules are one unit of work (:data:`ENGINE_UNIT`), run one after 
 one worker, while the other workers take the rest, longest first, each module whole (its
 module-scoped Ray cluster set up once). The served-simulator modules that each need nothing
 but a local Ray with Serve are a unit too (:data:`SERVED_UNIT`): one after another on one
-worker, on one cluster (conftest's ``shared_serve``) instead of one each. :data:`EXPECTED_S` holds rough wall times measured
-in a three-worker run of a fresh clone; a module missing from it is short.
+worker, on one cluster (conftest's ``shared_serve``) instead of one each. :data:`EXPECTED_S`
+holds rough wall times measured in a three-worker run of a fresh clone; a module missing from
+it is short.
 """
 
 from __future__ import annotations
