@@ -10,18 +10,13 @@ budget. ``search.preflight: false`` still hands the decision to the engine's own
 from __future__ import annotations
 
 import copy
-import io
-import json
-from contextlib import redirect_stdout
 
 import pytest
 import yaml
 
 from conftest import local_ray
-from orchestrator.results import load_trials
-from orchestrator.search import run_study
+from support.studies import run_printed, tune_trials
 from orchestrator.study.spec import parse_study
-from orchestrator.study.state_dir import local_state_dir
 
 pytestmark = pytest.mark.slow
 START_FAILURES = {"weights_oom", "no_kv_memory", "kv_cache_too_small", "invalid_args"}
@@ -35,18 +30,7 @@ def ray_cluster():
 
 
 def _run(study) -> tuple:
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        run = run_study(study)
-    return load_trials(run.study_dir), printed.getvalue()
-
-
-def _tune_trials(study) -> list[dict]:
-    out = []
-    for state in (local_state_dir(study) / "_tune").rglob("experiment_state-*.json"):
-        for entry in json.loads(state.read_text())["trial_data"]:
-            out.append(json.loads(entry[0])["config"] if isinstance(entry, list) else entry["config"])
-    return out
+    return run_printed(study, serve_port=8132)
 
 
 def test_70b_on_4_h100_buys_six_started_trials_with_a_budget_of_six(repo, tmp_path):
@@ -58,7 +42,7 @@ def test_70b_on_4_h100_buys_six_started_trials_with_a_budget_of_six(repo, tmp_pa
     started = rows[rows["status"] == "completed"]
     assert len(started) == 6 and (started["tensor_parallel_size"] == 4).all(), rows[["status", "failure_kind"]]
     assert not rows["failure_kind"].isin(START_FAILURES).any(), rows["failure_kind"].tolist()
-    assert len(_tune_trials(study)) == 6
+    assert len(tune_trials(study)) == 6
     assert "never starts (taken out of the space before sampling): tensor_parallel_size=1 (weights_oom), " \
            "tensor_parallel_size=2 (no_kv_memory)" in out, out
 
@@ -85,7 +69,7 @@ def test_a_pruned_point_takes_no_budget_by_default(study_doc, tmp_path):
     assert len(pruned) > 0 and (pruned["failure_kind"] == "preflight").all()
     assert pruned["failure_message"].str.startswith("[kv_cache_too_small]").all()
     assert ((pruned["max_model_len"] == 131072) & (pruned["gpu_memory_utilization"] == 0.25)).all()
-    tuned = _tune_trials(study)
+    tuned = tune_trials(study)
     assert len(tuned) == 6
     assert not any(c["max_model_len"] == 131072 and c["gpu_memory_utilization"] == 0.25 for c in tuned)
 

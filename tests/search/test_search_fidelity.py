@@ -17,7 +17,9 @@ import time
 import pandas as pd
 import pytest
 
+from conftest import local_ray
 from orchestrator.study.spec import StudyFileError, parse_study
+from support.studies import run_printed, tune_trials
 
 pytestmark = pytest.mark.slow
 
@@ -62,16 +64,15 @@ def _doc(tmp_path, url: str, **search) -> dict:
 
 def test_the_simulator_screens_and_real_trials_confirm(endpoint, tmp_path):
     import ray
-    from test_search_screening import _run, _tune_trials
 
     study = parse_study(_doc(tmp_path, endpoint))  # fidelity_min_gain: the default, 1%
-    actors: list[str] = []
-    rows, out = _run(study, serve_port=8133, after=lambda: actors.extend(
-        a["name"] for a in ray.util.list_named_actors(all_namespaces=True)))
+    with local_ray(num_cpus=2):
+        rows, out = run_printed(study, serve_port=8133)
+        actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
     # Nothing is deployed for an endpoint that runs elsewhere: no Serve controller or proxy was started.
     assert not any(name.startswith("SERVE_") for name in actors), actors
     rows = rows.sort_values("trial_number")
-    tuned = _tune_trials(study)
+    tuned = tune_trials(study)
     # Every real trial is a Tune trial and a row; the stop rule ended the run before the budget (every
     # configuration behaves alike here, so once the simulator is calibrated no trial is worth running).
     assert len(rows) == len(tuned) >= 1, (rows[["trial_number", "status"]], out)
@@ -108,8 +109,6 @@ def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, tmp_pat
     calibration is fitted to each measured load level against the simulator at that level's rate,
     so the calibrated simulator reproduces the levels (the hidden multipliers slow decode ~1.4x); the
     old fit, trial to prediction, moved step_overhead the wrong way (0.43) and fails here."""
-    from test_search_screening import _run
-
     from orchestrator.results.levels import load_levels
     from orchestrator.search.fidelity import fit_levels, score_in_simulator
 
@@ -122,7 +121,8 @@ def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, tmp_pat
     doc["capacity"] = {"start_rate": 8, "growth": 1.5, "tolerance": 0.15, "max_levels": 4, "requests_per_level": 60}
     doc["budget"] = {"trials": 2, "max_concurrent_trials": 1}
     study = parse_study(doc)
-    rows, out = _run(study, serve_port=8134)
+    with local_ray(num_cpus=2):
+        rows, out = run_printed(study, serve_port=8134)
     assert len(rows) >= 1 and (rows["status"] == "completed").all(), (rows[["status", "failure_message"]], out)
     levels = load_levels(tmp_path / "out" / "mf")
     preds = pd.concat(pd.read_parquet(p) for p in (tmp_path / "out" / "mf" / "predictions").glob("*.parquet"))

@@ -11,16 +11,13 @@ that ran is a configuration that can start.
 
 from __future__ import annotations
 
-import io
-import json
-from contextlib import redirect_stdout
 
 import optuna
 import pytest
 
 from conftest import local_ray, sim_study
-from orchestrator.results import load_trials
-from orchestrator.search import optuna_storage, optuna_study_name, run_study
+from support.studies import run_printed, tune_trials
+from orchestrator.search import optuna_storage, optuna_study_name
 from orchestrator.study.state_dir import local_state_dir
 
 pytestmark = pytest.mark.slow
@@ -35,16 +32,6 @@ def _study(study_doc, tmp_path, trials: int, memory=0.25):
                      budget={"trials": trials, "max_concurrent_trials": 1}, output=str(tmp_path / "out"))
 
 
-def _tune_trials(study) -> list[dict]:
-    """The params of every Tune trial that ran (from Tune's own experiment state)."""
-    out = []
-    for state in (local_state_dir(study) / "_tune").rglob("experiment_state-*.json"):
-        data = json.loads(state.read_text())
-        for entry in data["trial_data"]:
-            out.append(json.loads(entry[0])["config"] if isinstance(entry, list) else entry["config"])
-    return out
-
-
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
     """One local Ray for the module's studies (each ``run_study`` joins it, as on a cluster)."""
@@ -52,12 +39,8 @@ def ray_cluster():
         yield
 
 
-def _run(study, serve_port: int = 8131) -> tuple:
-    """The study through ``run_study`` on the module's Ray: its rows and what it printed."""
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        run = run_study(study, serve_port=serve_port)
-    return load_trials(run.study_dir), printed.getvalue()
+def _run(study) -> tuple:
+    return run_printed(study, serve_port=8131)
 
 
 def _optuna_trials(study):
@@ -77,7 +60,7 @@ def test_a_region_that_cannot_start_takes_no_trial(study_doc, tmp_path):
     assert pruned["failure_message"].str.contains("kv_cache_too_small").all()
 
     # Tune ran exactly the five real trials: no slot went to a configuration that cannot start.
-    tuned = _tune_trials(study)
+    tuned = tune_trials(study)
     assert len(tuned) == 5, tuned
     assert not any(c["max_model_len"] == 131072 and c["gpu_memory_utilization"] == 0.25 for c in tuned), tuned
 
@@ -96,7 +79,7 @@ def test_a_value_that_never_starts_is_taken_out_of_the_space(study_doc, tmp_path
     rows, out = _run(study)
     assert len(rows) == 5 and (rows["status"] == "completed").all(), rows["status"].tolist()
     assert (rows["max_model_len"] == 4096).all()
-    tuned = _tune_trials(study)
+    tuned = tune_trials(study)
     assert len(tuned) == 5 and all(c["max_model_len"] == 4096 for c in tuned), tuned
     # The sampler never saw the value: its distribution has the one choice left.
     assert {t.distributions["max_model_len"].choices for t in _optuna_trials(study)} == {(4096,)}
