@@ -32,8 +32,8 @@ SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_serve
                   "test_sessions_served.py")
 
 EXPECTED_S = {
-    "test_trained_model.py": 70, SERVED_UNIT: 240, "test_faults_cluster.py": 220, "test_study_e2e.py": 150, "test_jobs.py": 110,
-    "test_search_fidelity.py": 110, "test_resume_kill.py": 100, "test_corrupt_results.py": 60,
+    "test_trained_model.py": 70, SERVED_UNIT: 240, "test_faults_cluster.py": 220, "test_study_e2e.py": 150,
+    "test_jobs.py": 110, "test_search_fidelity.py": 110, "test_resume_kill.py": 100, "test_corrupt_results.py": 60,
     "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
     "test_unit_metrics.py": 40, "test_faults_disk.py": 40, "test_plan.py": 30, "test_preflight_default.py": 30,
     "test_nightly.py": 30, "test_search_screening.py": 30, "test_query_docs.py": 20,
