@@ -236,6 +236,9 @@ def root_message(e: BaseException) -> str:
 # vLLM's log prefixes: "(APIServer pid=12) " / "(EngineCore pid=3) " and "ERROR 12-03 09:40:01 [core.py:1374] ".
 _LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
 _EXCEPTION = re.compile(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)")
+# How a process that died of a signal says so (Python's faulthandler, Ray's C++ signal handler); the
+# faulthandler's list of loaded modules after it says nothing about why.
+_FATAL = re.compile(r"Fatal Python error: .+|\*\*\* SIG[A-Z]+ received|Segmentation fault")
 # The line that says why, for the kinds that have a marker of their own. Invalid arguments have
 # none: the last exception line says why (a marker such as "error" would pick warnings like
 # "failed to increase ulimit with error [Errno 24]").
@@ -249,7 +252,8 @@ _MESSAGE_MARKERS = {
 def engine_message(text: str) -> str:
     """The engine's own error from a failure text (Serve's message, a server log): the last line
     that starts with an exception, log prefixes removed. A pydantic ``ValidationError`` (how vLLM
-    rejects engine arguments) is followed by the reason on the next line, which is kept."""
+    rejects engine arguments) is followed by the reason on the next line, which is kept. Without
+    one, a process killed by a signal is named by the text's first line and how it died."""
     lines = [_LOG_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln]
     for i in range(len(lines) - 1, -1, -1):
@@ -259,6 +263,9 @@ def engine_message(text: str) -> str:
             if m.group(1) == "ValidationError" and i + 1 < len(lines):
                 message += ": " + lines[i + 1].removeprefix("Value error, ")
             return message[:2000]
+    fatal = [ln for ln in lines if _FATAL.match(ln)]
+    if fatal and fatal[-1] != lines[0]:  # a crash: what the caller said first (which process), then how it died
+        return f"{lines[0]} {fatal[-1]}"[:2000]
     return (lines[-1] if lines else "deployment failed")[:2000]
 
 

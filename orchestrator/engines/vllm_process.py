@@ -18,7 +18,6 @@ logs) show the command redacted: the real argv keeps the secrets (``--hf-token``
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -48,13 +47,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    try:
+# The server starts through this launcher, which asks the kernel to kill it when the replica dies
+# (PR_SET_PDEATHSIG, kept across exec) and then becomes the server (exec, same pid). Not a
+# ``preexec_fn``: Python code between fork and exec in a Ray worker runs grpc's fork handlers, and
+# a server once aborted there before exec ("epoll_wait error: Bad file descriptor", SIGABRT, exit -6).
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:  # not Linux: the replica's __del__ still stops the group
+    pass
+if os.getppid() != int(sys.argv[1]):  # the replica died before the line above
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: __del__ still stops the group
-        pass
+
+def launched(cmd: list[str]) -> list[str]:
+    """``cmd`` (a full path first) started by :data:`_DIE_WITH_PARENT` from this process."""
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
 
 def ray_logs_dir() -> Path:
@@ -121,9 +132,9 @@ class VllmServer:
         # vLLM's ZMQ sockets (one file each, in the temporary folder by default) outlive a server that
         # is stopped: a folder of the server's own, removed with it (the study's env may name another).
         self.rpc_dir = tempfile.mkdtemp(prefix="vllm-rpc-")
-        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, "VLLM_RPC_BASE_PATH": self.rpc_dir, **env},
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(launched(cmd), stdout=self.log_file, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,  # its own group
+                                     env={**os.environ, "VLLM_RPC_BASE_PATH": self.rpc_dir, **env})
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + ready_timeout_s
         while True:

@@ -26,3 +26,14 @@ def test_the_message_comes_from_the_last_exception_even_behind_serve_text():
     text = ("RuntimeError: vllm serve exited with code 1 while starting:\n" + LOG
             + "\nray.exceptions.RayActorError: The actor died unexpectedly")
     assert "is smaller than max_model_len" in _best_message(text, classify_start_error(text))
+
+
+def test_a_server_killed_by_a_signal_is_named_with_how_it_died():
+    """``vllm serve`` aborted before it ran (its log: grpc's poller, Ray's signal handler, Python's
+    faulthandler with its list of loaded modules). The message says which process and how it died,
+    not the module list that ends the log."""
+    abort = (Path(__file__).resolve().parents[1] / "data" / "vllm_serve_abort.log").read_text()
+    text = "vllm serve exited with code -6 while starting:\n" + abort  # as the engine ingress reports it
+    kind = classify_start_error(text)
+    assert kind == FailureKind.START_CRASH
+    assert _best_message(text, kind) == "vllm serve exited with code -6 while starting: Fatal Python error: Aborted"
