@@ -1,10 +1,14 @@
 """Learned weights on one GPU (docs/trained-models.md).
 
     python benchmarks/trained_gpu.py study STUDY_YAML MODEL_DIR GPU [--draft DRAFT_DIR] > OUT.yaml
+    python benchmarks/trained_gpu.py train MODEL_DIR [--recipe base]
 
 writes the study file with its model set to a trained model directory (``model.name`` and
 ``engine.model_source``), ``hardware.gpu`` to the GPU the machine has, and the value ``draft`` of
-``speculative_model`` (in the space and the initial points) to a draft model's directory; ``bash
+``speculative_model`` (in the space and the initial points) to a draft model's directory. ``train``
+trains a recipe into a directory: the function ``orchestrator make-model tiny-llama DIR --weights
+trained --recipe R`` calls, without the command line's imports, so that it runs on a machine that has
+only torch and transformers (before the study's packages are installed). ``bash
 benchmarks/trained_gpu.sh RESULTS`` runs the whole benchmark (train, then both studies).
 """
 
@@ -42,7 +46,15 @@ def main(argv=None) -> int:
     s.add_argument("model_dir", type=Path)
     s.add_argument("gpu")
     s.add_argument("--draft", type=Path, help="the draft model's directory (speculative_model: draft)")
+    t = sub.add_parser("train", help="train a recipe (make-model --weights trained)")
+    t.add_argument("model_dir", type=Path)
+    t.add_argument("--recipe", default="tiny")
     args = p.parse_args(argv)
+    if args.command == "train":
+        from orchestrator.models.modelgen import make_model_dir
+
+        make_model_dir("tiny-llama", args.model_dir, weights="trained", recipe=args.recipe)
+        return 0
     yaml.safe_dump(study_for_model(args.study_yaml, args.model_dir, args.gpu, args.draft), sys.stdout,
                    sort_keys=False)
     return 0

@@ -4,7 +4,8 @@
 # and the `tiny` recipe as a draft model, trained here on CPU),
 # then train the recipe once more and compare the weights' bytes (determinism on this GPU).
 #   bash benchmarks/trained_gpu.sh RESULTS [STEPS]
-# STEPS: any of train,quant,spec,again (default: all, in that order).
+# STEPS: any of train,quant,spec,again (default: all, in that order). train and again need only torch and
+# transformers (benchmarks/trained_gpu.py train): `train,again` runs before vLLM and Ray are installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -16,7 +17,7 @@ esac
 rc=0
 step() { [[ ",$steps," == *",$1,"* ]]; }
 if step train; then
-  python3 -m orchestrator make-model tiny-llama "$out/model" --weights trained --recipe base 2>&1 | tail -5 || rc=$?
+  python3 benchmarks/trained_gpu.py train "$out/model" --recipe base 2>&1 | tail -5 || rc=$?
 fi
 for name in quant spec; do
   step $name || continue
@@ -30,7 +31,7 @@ for name in quant spec; do
   python3 -m orchestrator run "$out/trained-base-$name.yaml" --output "$out/results" || rc=$?
 done
 if step again; then
-  python3 -m orchestrator make-model tiny-llama "$out/model-again" --weights trained --recipe base 2>&1 | tail -3
+  python3 benchmarks/trained_gpu.py train "$out/model-again" --recipe base 2>&1 | tail -3
   sha256sum "$out/model/model.safetensors" "$out/model-again/model.safetensors" | tee "$out/determinism.txt"
   # what torch reported as non-deterministic in each training (training.json, determinism_warnings)
   for m in model model-again; do
