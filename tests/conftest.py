@@ -139,6 +139,14 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
                 os.environ[k] = v
 
 
+@pytest.fixture(scope="module")
+def module_ray() -> Iterator[str]:
+    """:func:`local_ray` (2 CPUs) for a module's studies: each ``run_study`` joins it, as on a
+    cluster, instead of starting a Ray of its own per test."""
+    with local_ray(num_cpus=2) as session_dir:
+        yield session_dir
+
+
 @contextmanager
 def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[int]:
     """:func:`local_ray` with 1 logical GPU and Serve's proxy on ``port``. Yields the proxy's port."""

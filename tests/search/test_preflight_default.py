@@ -14,19 +14,11 @@ import copy
 import pytest
 import yaml
 
-from conftest import local_ray
 from support.studies import run_printed, tune_trials
 from orchestrator.study.spec import parse_study
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("module_ray")]
 START_FAILURES = {"weights_oom", "no_kv_memory", "kv_cache_too_small", "invalid_args"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    """One local Ray for the module's studies (each ``run_study`` joins it, as on a cluster)."""
-    with local_ray(num_cpus=2):
-        yield
 
 
 def _run(study) -> tuple:

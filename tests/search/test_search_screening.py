@@ -15,12 +15,12 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from conftest import local_ray, sim_study
+from conftest import sim_study
 from support.studies import run_printed, tune_trials
 from orchestrator.search import optuna_storage, optuna_study_name
 from orchestrator.study.state_dir import local_state_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("module_ray")]
 
 
 def _study(study_doc, tmp_path, trials: int, memory=0.25):
@@ -30,13 +30,6 @@ def _study(study_doc, tmp_path, trials: int, memory=0.25):
                             "gpu_memory_utilization": memory},
                      search={"sampler": "random", "preflight": True},
                      budget={"trials": trials, "max_concurrent_trials": 1}, output=str(tmp_path / "out"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    """One local Ray for the module's studies (each ``run_study`` joins it, as on a cluster)."""
-    with local_ray(num_cpus=2):
-        yield
 
 
 def _run(study) -> tuple:
