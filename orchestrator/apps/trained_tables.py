@@ -65,12 +65,13 @@ def quantization_table(study_dir: str | Path) -> str:
 
 
 def _speculation(row: pd.Series) -> str:
-    """``off``, ``n-gram, 3 tokens`` or ``draft <model dir name>, 3 tokens``."""
+    """``off``, ``n-gram, 3 tokens`` or ``draft model (<its folder's name>), 3 tokens``."""
     k = row["num_speculative_tokens"]
     if missing(k) or not k:
         return "off"
     draft = row.get("speculative_model")
-    return f"{'n-gram' if missing(draft) or not draft else 'draft ' + Path(str(draft)).name}, {int(k)} tokens"
+    how = "n-gram" if missing(draft) or not draft else f"draft model ({Path(str(draft)).name})"
+    return f"{how}, {int(k)} tokens"
 
 
 def speculation_table(study_dir: str | Path) -> str:
