@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from orchestrator.engines.base import Deployment, EngineEndpoint
@@ -36,18 +37,39 @@ def submit_app(app, *, name: str, route_prefix: str) -> None:
         serve.run(app, name=name, route_prefix=route_prefix)
 
 
-def _app_status(name: str):
-    from ray import serve
+@dataclass(frozen=True)
+class AppState:
+    """One application's state as Serve's controller reports it."""
 
-    return serve.status().applications.get(name)
+    status: str  # Serve's ApplicationStatus: DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY, DELETING
+    message: str
+    deployments: dict[str, tuple[str, str]]  # deployment name -> (DeploymentStatus, message)
+
+    def failure_text(self) -> str:
+        return "\n".join(m for m in (self.message, *(msg for _, msg in self.deployments.values())) if m)
 
 
-def _failure_text(app_status) -> str:
-    parts = [app_status.message or ""]
-    for dep in (app_status.deployments or {}).values():
-        if dep.message:
-            parts.append(dep.message)
-    return "\n".join(p for p in parts if p)
+def _value(enum_or_str) -> str:
+    return str(getattr(enum_or_str, "value", enum_or_str))
+
+
+def app_state(name: str) -> Optional[AppState]:
+    """The application's state, or None when Serve does not know it (never deployed, or deleted).
+
+    Asks the controller for this one application. ``serve.status()`` builds every application's
+    details and, per call, cloudpickles each deployment's request router: about 0.2 CPU-s a call
+    in the trial's process, polled every half second while a replica starts."""
+    from ray.serve.context import _get_global_client  # no public API for one application's status
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return None
+    overview = client.get_serve_status(name)
+    status = _value(overview.app_status.status)
+    if status == "NOT_STARTED":
+        return None
+    return AppState(status, overview.app_status.message or "",
+                    {d.name: (_value(d.status), d.message or "") for d in overview.deployment_statuses})
 
 
 def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
@@ -58,17 +80,16 @@ def wait_until_running(name: str, *, timeout_s: float, poll_s: float = 0.5,
     last = None
     while True:
         elapsed = time.monotonic() - t0
-        st = _app_status(name)
+        st = app_state(name)
         if st is not None:
             last = st
-            status = str(getattr(st.status, "value", st.status))
-            if status == "RUNNING":
+            if st.status == "RUNNING":
                 return elapsed
-            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                text = _failure_text(st)
+            if st.status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                text = st.failure_text()
                 raise EngineStartError(classify_start_error(text), engine_message(text))
         if elapsed > timeout_s:
-            detail = _failure_text(last) if last is not None else "application never appeared"
+            detail = last.failure_text() if last is not None else "application never appeared"
             raise EngineStartError(FailureKind.START_TIMEOUT,
                                    f"not ready after {timeout_s:.0f} s: {engine_message(detail) if detail else ''}".strip())
         if on_wait is not None:
@@ -111,7 +132,7 @@ def delete_app(name: str, *, timeout_s: float = 120) -> Optional[str]:
         return f"serve.delete failed: {e}"
     while time.monotonic() - t0 < timeout_s:
         try:
-            if _app_status(name) is None:
+            if app_state(name) is None:
                 return None
         except Exception as e:  # noqa: BLE001
             return f"serve.status failed during teardown: {e}"
@@ -122,8 +143,8 @@ def delete_app(name: str, *, timeout_s: float = 120) -> Optional[str]:
 def app_messages(name: str) -> str:
     """Serve's status messages for an application (why its replica died or was replaced), or ""."""
     try:
-        st = _app_status(name)
-        return _failure_text(st)[-2000:] if st is not None else ""
+        st = app_state(name)
+        return st.failure_text()[-2000:] if st is not None else ""
     except Exception:  # noqa: BLE001
         return ""
 

@@ -23,7 +23,7 @@ from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget
 from orchestrator.engines.sim_faults import faults_for_trial
-from orchestrator.engines.sim_ingress import build_ingress_class
+from orchestrator.engines.sim_ingress import SimLLMServer
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.models.shapes import ModelShape, find_model_config
@@ -72,19 +72,17 @@ class ServedSimEngine(Engine):
     def deploy(self, trial_id: str, args: EngineArgs) -> Deployment:
         from ray import serve
 
-
         target = self.target
         served = target.model.served_name or target.model.name
         name = serve_app.app_name_for(trial_id)
         route = f"/{name}"
-        cls = build_ingress_class()
         actor_options: dict = {"num_cpus": 0, "num_gpus": args.gpus}
         node = leased_node(trial_id, self.context.ledger_name, self.context.namespace)
         if node is not None and serve_app.knows_label_selector():
             # Exactly where the run's GPU ledger counted this replica (no fragmentation surprises).
             actor_options["label_selector"] = {"ray.io/node-id": node}
         dep = serve.deployment(
-            cls,
+            SimLLMServer,
             name="SimLLMServer",
             num_replicas=1,
             max_ongoing_requests=100_000,  # the engine queues; Serve must not

@@ -16,7 +16,7 @@ from typing import Optional
 
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import EngineEndpoint
-from orchestrator.engines.serve_app import _app_status, _failure_text
+from orchestrator.engines.serve_app import app_state
 from orchestrator.engines.vllm_logs import replica_log_tail
 from orchestrator.engines.vllm_process import group_gone, tail
 from orchestrator.measure.nvml import load_pynvml
@@ -75,23 +75,19 @@ class VllmDeployment(serve_app.AppDeployment):
 
     def health(self) -> Optional[str]:
         """Why the engine is not healthy now (replica died or restarted), or None."""
-        from ray import serve
-
-        st = serve.status().applications.get(self.name)
+        st = app_state(self.name)
         if st is None:
             return "application disappeared"
-        status = str(getattr(st.status, "value", st.status))
-        bad = [f"{name}: {getattr(d.status, 'value', d.status)} {d.message or ''}".strip()
-               for name, d in (st.deployments or {}).items()
-               if str(getattr(d.status, "value", d.status)) != "HEALTHY"]
-        if status == "RUNNING" and not bad:
+        bad = [f"{name}: {status} {message}".strip()
+               for name, (status, message) in st.deployments.items() if status != "HEALTHY"]
+        if st.status == "RUNNING" and not bad:
             try:
                 with urllib.request.urlopen(self.endpoint.base_url + "/v1/models", timeout=10) as r:
                     if r.status == 200:
                         return None
             except Exception as e:  # noqa: BLE001
                 bad.append(f"/v1/models failed: {e}")
-        text = "; ".join(bad) or f"application {status}"
+        text = "; ".join(bad) or f"application {st.status}"
         logs = replica_log_tail(self.name, marker=self.endpoint.model)
         return (text + ("\n" + logs if logs else ""))[-6000:]
 
@@ -131,8 +127,8 @@ class EngineModeDeployment(VllmDeployment):
         except Exception as e:  # noqa: BLE001 - the server is gone or its engine is dead
             why = f"vllm serve /health failed: {e}"
 
-        st = _app_status(self.name)
-        serve_says = _failure_text(st) if st is not None else "application disappeared"
+        st = app_state(self.name)
+        serve_says = st.failure_text() if st is not None else "application disappeared"
         return "\n".join(x for x in (why, serve_says, self._log_tail()) if x)[-6000:]
 
     def __exit__(self, *exc) -> None:
