@@ -72,16 +72,49 @@ def alive(procs: list[list[float]]) -> list[int]:
     return out
 
 
-def running_trials(path: str) -> int:
-    """Trials the run's Optuna study has handed out and not yet been told about."""
+def running_trials(path: str) -> set[int]:
+    """Numbers of the trials the run's Optuna study has handed out and not yet been told about."""
     from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name
 
     study = load_study(path)
     try:
         ostudy = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(local_state_dir(study)))
     except KeyError:  # not created yet
-        return 0
-    return sum(t.state == optuna.trial.TrialState.RUNNING for t in ostudy.trials)
+        return set()
+    return {t.number for t in ostudy.trials if t.state == optuna.trial.TrialState.RUNNING}
+
+
+def recorded_trials(out_dir) -> set[int]:
+    """Optuna numbers of the trials with a row."""
+    return {int(n) for n in load_trials(out_dir)["trial_number"]}
+
+
+def kill_while_a_trial_is_unrecorded(first: subprocess.Popen, path: str, out_dir, session: str) -> tuple[set, set]:
+    """SIGKILL the driver at a moment when a trial the searcher handed out has no row yet. The run's
+    one writer (its results-sink actor) is stopped while the journal and the rows are compared, so no
+    row lands between that look and the kill; it stays stopped (the resumed run stops what is left).
+    Returns (trials running in the journal, trials with a row) at the kill."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert first.poll() is None, first.stdout.read()
+        sinks = [int(line.split()[0]) for line in of_session(session) if "ResultsSinkActor" in line]
+        assert sinks, "the run's results-sink actor was not found"
+        _signal(sinks, signal.SIGSTOP)
+        running, recorded = running_trials(path), recorded_trials(out_dir)
+        if running - recorded:
+            os.kill(first.pid, signal.SIGKILL)
+            return running, recorded
+        _signal(sinks, signal.SIGCONT)
+        time.sleep(0.2)
+    raise AssertionError("no trial in flight without a row after the first one finished")
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def of_session(session_dir: str) -> list[str]:
@@ -122,17 +155,12 @@ def _killed_and_resumed(tmp_path, repo, frozen: list[int]) -> None:
             assert first.poll() is None, first.stdout.read()
             time.sleep(0.5)
         assert list(trials_dir.rglob("*.parquet")), "no trial finished in time"
-        # Killed while trials are in flight: the searcher has handed out trials not recorded yet.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not running_trials(path):
-            assert first.poll() is None, first.stdout.read()
-            time.sleep(0.2)
-        assert running_trials(path), "no trial in flight after the first one finished"
         ray_procs = run_state(tmp_path)["ray_procs"]
         assert ray_procs, "the driver should have written down the Ray it started"
         session = run_state(tmp_path)["ray_session"]
         assert session
-        os.kill(first.pid, signal.SIGKILL)
+        # Killed while a trial is in flight: the searcher has handed out a trial not recorded yet.
+        running, recorded = kill_while_a_trial_is_unrecorded(first, path, tmp_path / "out" / "killed", session)
         first.wait(timeout=30)
         # The rest of that Ray session (its dashboard and runtime-env agents, idle workers) outlives it,
         # re-parented to init: a few seconds here, 40-90 s on a busy machine. Frozen, they stay until
@@ -190,7 +218,9 @@ def _killed_and_resumed(tmp_path, repo, frozen: list[int]) -> None:
     ostudy = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(local_state_dir(study)))
     interrupted = [t for t in ostudy.trials if "orchestrator:interrupted" in t.system_attrs]
     retries = [t for t in ostudy.trials if "retry_of" in t.user_attrs]
-    assert interrupted, "the killed run had trials in flight"
+    # Exactly the trials running without a row at the kill are marked; one with a row was told from it.
+    assert {t.number for t in interrupted} == running - recorded != set()
+    assert all(ostudy.trials[n].state == optuna.trial.TrialState.COMPLETE for n in running & recorded)
     # A trial the searcher had created but not yet given its configuration when the driver died (the
     # kill lands between Optuna's ask and its suggestions now and then) ran nothing: nothing to retry.
     configured = [t.number for t in interrupted if t.params]
