@@ -234,7 +234,8 @@ def root_message(e: BaseException) -> str:
 
 
 # vLLM's log prefixes: "(APIServer pid=12) " / "(EngineCore pid=3) " and "ERROR 12-03 09:40:01 [core.py:1374] ".
-_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?"
+                         r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
 _EXCEPTION = re.compile(r"(?:[\w.]+\.)?(\w*(?:Error|Exception))(?:\([^)]*\))?: (.+)")
 # How a process that died of a signal says so (Python's faulthandler, Ray's C++ signal handler); the
 # faulthandler's list of loaded modules after it says nothing about why.
