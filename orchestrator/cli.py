@@ -12,33 +12,43 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-# One module per command group; each adds its sub-commands.
-COMMAND_MODULES = (
-    "orchestrator.commands.run",
-    "orchestrator.commands.inspect",
-    "orchestrator.commands.model",
-    "orchestrator.commands.recommend",
-    "orchestrator.commands.plan",
-    "orchestrator.commands.report",
-    "orchestrator.commands.nightly",
-    "orchestrator.commands.bench",
-    "orchestrator.commands.serve_sim",
-)
+# Each command and the module that adds it (``register(subparsers)``): a command imports only its own
+# module, so ``orchestrator run`` does not load the simulator's HTTP server or the report's plots.
+COMMANDS = {
+    "run": "orchestrator.commands.run",
+    "validate": "orchestrator.commands.run",
+    "show": "orchestrator.commands.inspect",
+    "pareto": "orchestrator.commands.inspect",
+    "make-model": "orchestrator.commands.model",
+    "recommend": "orchestrator.commands.recommend",
+    "plan": "orchestrator.commands.plan",
+    "report": "orchestrator.commands.report",
+    "nightly": "orchestrator.commands.nightly",
+    "export-bench": "orchestrator.commands.bench",
+    "import-bench": "orchestrator.commands.bench",
+    "export-workload": "orchestrator.commands.bench",
+    "make-traces": "orchestrator.commands.bench",
+    "serve-sim": "orchestrator.commands.serve_sim",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: with only its command's module when ``argv`` names one, with every
+    command otherwise (``--help``, a usage error: the list shows them all)."""
     p = argparse.ArgumentParser(prog="orchestrator",
                                 description="Find the best vLLM serving configuration with Ray Tune + Optuna.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug output")
     sub = p.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
+    named = next((a for a in argv or () if not a.startswith("-")), None)
+    modules = [COMMANDS[named]] if named in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
         importlib.import_module(name).register(sub)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     # deferred: keeps `import orchestrator.cli` light (these load pandas, pyarrow); the commands load them anyway

@@ -81,6 +81,10 @@ def ensure_ray(engine_kind: str, *, gpus_per_node: int, max_concurrent_trials: i
         # vLLM's metrics reach Prometheus through Ray's exporter; the 10 s default is too coarse
         # for a load window of a minute.
         extra["_system_config"] = {"metrics_report_interval_ms": 1000}
+    # A study runs a few long-lived actors (trial actors, the results sink, replicas), each in a worker
+    # Ray starts for it: the idle workers Ray starts ahead for the first driver (one per CPU) would
+    # only import Ray and wait. Read by the raylet started below, so a local Ray only.
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # address="local": our own Ray, sized for the study, even if `ray start` runs on this machine
     # (plain ray.init() would join that cluster instead).
     ray.init(address="local", num_cpus=cpus, num_gpus=gpus, namespace=NAMESPACE, include_dashboard=False, **extra,

@@ -235,6 +235,9 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     enqueue_initial_points(study, searcher, resumed=resumed)
     enqueue_warm_start(study, searcher)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
+    # The study's rows are its results: Tune's own per-trial CSV, JSON and TensorBoard files would be
+    # written on every report and never read, and its TensorBoard logger imports torch (~2 CPU-s a run).
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     stopper = write_failure_stopper()
     recorder = lost_trial_recorder(recorded, run.run_id, sink_name, NAMESPACE)
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})

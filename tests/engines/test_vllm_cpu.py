@@ -124,7 +124,6 @@ def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
         "output": str(tmp_path / "out"),
     })
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
-             _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {**vllm_caches, "ORCH_TEST_HF_TOKEN": PLANTED_REFERENCED}})
     session_dir = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001 - no public API
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill

@@ -51,7 +51,7 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, vllm_caches)
         "budget": {"trials": 1, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    with local_ray(vllm_caches):
+    with local_ray(vllm_caches, ray_metrics=True):
         run = run_study(study, quiet=True, serve_port=8132)
         leftover = [a for a in serve.status().applications if a.startswith("tune-")]
     assert leftover == []

@@ -89,9 +89,9 @@ def order_key(path: str) -> tuple:
     return (2, -EXPECTED_S.get(name, 0), 0)
 
 
-def ray_workers_keep_their_drivers_priority() -> None:
+def ray_workers_of_the_suite() -> None:
     """Every Ray cluster the suite starts runs its workers at the priority of the process that
-    started it (``RAY_worker_niceness=0``; Ray's default adds 15).
+    started it (``RAY_worker_niceness=0``; Ray's default adds 15), and starts none ahead.
 
     Ray's workers hold what a trial runs: the trial actor with its load generator, the Serve
     replicas, and the vLLM servers a replica starts (they inherit its niceness). At Ray's +15 the
@@ -100,6 +100,9 @@ def ray_workers_keep_their_drivers_priority() -> None:
     alone, and a trial once missed its TTFT SLO at every load level. With the offset gone the
     unit's whole chain is at nice 0 and the other workers' at 5 (:func:`give_way_to_the_engine_unit`)."""
     os.environ["RAY_worker_niceness"] = "0"
+    # Nor start idle workers ahead for the first driver (one per CPU, ~0.5 CPU-s each, mostly never
+    # used by a study's few actors): ``orchestrator run`` does the same for a Ray it starts.
+    os.environ["RAY_prestart_worker_first_driver"] = "0"
 
 
 # How far a worker outside the engine unit steps back (``os.nice``; CFS gives a nice-0 process
