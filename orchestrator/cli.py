@@ -1,7 +1,8 @@
 """Command line: ``orchestrator <command> ...``.
 
-Thin: each command lives in ``orchestrator/commands/<name>.py`` with a
-``register(subparsers)`` function; this module only collects them.
+Thin: each command lives in a module of ``orchestrator/commands/`` with a
+``register(subparsers)`` function; this module only collects them, and loads only the
+module of the command it is given.
 """
 
 from __future__ import annotations
