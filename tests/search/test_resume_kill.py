@@ -91,20 +91,25 @@ def recorded_trials(out_dir) -> set[int]:
 
 def kill_while_a_trial_is_unrecorded(first: subprocess.Popen, path: str, out_dir, session: str) -> tuple[set, set]:
     """SIGKILL the driver at a moment when a trial the searcher handed out has no row yet. The run's
-    one writer (its results-sink actor) is stopped while the journal and the rows are compared, so no
-    row lands between that look and the kill; it stays stopped (the resumed run stops what is left).
+    one journal writer (the driver) and its one row writer (its results-sink actor) are stopped while
+    the journal and the rows are compared, so neither changes between that look and the kill; the
+    sink stays stopped (the resumed run stops what is left).
     Returns (trials running in the journal, trials with a row) at the kill."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert first.poll() is None, first.stdout.read()
         sinks = [int(line.split()[0]) for line in of_session(session) if "ResultsSinkActor" in line]
         assert sinks, "the run's results-sink actor was not found"
-        _signal(sinks, signal.SIGSTOP)
-        running, recorded = running_trials(path), recorded_trials(out_dir)
+        writers = [first.pid, *sinks]
+        _signal(writers, signal.SIGSTOP)
+        try:
+            running, recorded = running_trials(path), recorded_trials(out_dir)
+        except Exception:  # noqa: BLE001 - the driver stopped in the middle of a journal line: look again
+            running, recorded = set(), set()
         if running - recorded:
             os.kill(first.pid, signal.SIGKILL)
             return running, recorded
-        _signal(sinks, signal.SIGCONT)
+        _signal(writers, signal.SIGCONT)
         time.sleep(0.2)
     raise AssertionError("no trial in flight without a row after the first one finished")
 
@@ -127,7 +132,8 @@ def of_session(session_dir: str) -> list[str]:
             files = [f.path for f in p.open_files()]
         except psutil.Error:
             continue
-        named = re.search(re.escape(session_dir) + r"(/|\s|$)", cmd) or any(f.startswith(session_dir + "/") for f in files)
+        named = re.search(re.escape(session_dir) + r"(/|\s|$)", cmd) or \
+            any(f.startswith(session_dir + "/") for f in files)
         if named and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(f"{p.pid} {cmd[:160]}")
     return out
@@ -219,7 +225,9 @@ def _killed_and_resumed(tmp_path, repo, frozen: list[int]) -> None:
     interrupted = [t for t in ostudy.trials if "orchestrator:interrupted" in t.system_attrs]
     retries = [t for t in ostudy.trials if "retry_of" in t.user_attrs]
     # Exactly the trials running without a row at the kill are marked; one with a row was told from it.
-    assert {t.number for t in interrupted} == running - recorded != set()
+    at_kill = f"at the kill: running {sorted(running)}, with a row {sorted(recorded)}; now: " + ", ".join(
+        f"{t.number} {t.state.name} {t.params} {t.user_attrs}" for t in ostudy.trials)
+    assert {t.number for t in interrupted} == running - recorded != set(), at_kill
     assert all(ostudy.trials[n].state == optuna.trial.TrialState.COMPLETE for n in running & recorded)
     # A trial the searcher had created but not yet given its configuration when the driver died (the
     # kill lands between Optuna's ask and its suggestions now and then) ran nothing: nothing to retry.
