@@ -121,8 +121,8 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
     """A Ray cluster of our own (``address="local"``: never one another job on the machine started).
     ``env``: set in this process and in Ray's workers while it runs. ``ray_metrics``: metrics reported
     every second, as ``orchestrator run`` starts Ray for vLLM (the ``serve_llm`` ingress reads vLLM's
-    metrics from Ray's exporter); Ray's 10 s default otherwise, which costs its agents a fifth less CPU
-    while the cluster idles. Yields the session folder (Ray's logs)."""
+    metrics from Ray's exporter); Ray's 10 s default otherwise, which costs an idle cluster
+    ~15 % less CPU. Yields the session folder (Ray's logs)."""
     import ray
 
     env = dict(env or {})
