@@ -253,7 +253,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
                                   callbacks=[printer.tune_callback(), recorder]),
     )
     printer.start(concurrency=concurrency, cluster=info)
-    _one_line_tune_state_errors()
+    _filter_tune_logs()
     out = _TuneOutcome()
     try:
         tuner.fit()
@@ -329,10 +329,21 @@ class _OneLine(logging.Filter):
         return True
 
 
-def _one_line_tune_state_errors() -> None:
-    logger = logging.getLogger("ray.tune.execution.experiment_state")
-    if not any(isinstance(f, _OneLine) for f in logger.filters):
-        logger.addFilter(_OneLine())
+class _NoTuneResultFiles(logging.Filter):
+    """Tune's result grid warns after ``fit`` that no trial has its ``result.json`` or
+    ``progress.csv``: the study writes none (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``) and reads
+    its own rows instead, so the warning says nothing to a user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to fetch metrics for")
+
+
+def _filter_tune_logs() -> None:
+    for name, kind in (("ray.tune.execution.experiment_state", _OneLine),
+                       ("ray.tune.analysis.experiment_analysis", _NoTuneResultFiles)):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
 
 
 def _check_cluster_fits(study: Study, engine, info) -> None:

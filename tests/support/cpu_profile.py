@@ -9,8 +9,8 @@ starts inherits it, and a test's CPU is the group's usage across the test (a pro
 outlives its test is counted in the next). Needs a writable cgroup v1 ``cpuacct`` hierarchy
 (root); without one the plugin says so and measures nothing.
 
-Each worker appends one JSON line per test to ``DIR/<worker>.jsonl`` (``cpu_s``, ``wall_s``,
-``started``); the controller prints the modules by CPU seconds at the end of the run.
+Each worker appends one JSON line per test to ``DIR/<worker>.jsonl`` (``cpu_s``, ``own_s``,
+``wall_s``, ``started``); the controller prints the modules by CPU seconds at the end of the run.
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 def _worker() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def _own_s() -> float:
+    """The worker process's own CPU seconds (test code, in-process study drivers, load generators):
+    the part of ``cpu_s`` that is neither Ray's nor an engine's nor a subprocess's."""
+    t = os.times()
+    return t.user + t.system
 
 
 class CpuProfile:
@@ -58,10 +65,10 @@ class CpuProfile:
         if self.group is None:
             yield
             return
-        cpu0, wall0, started = self._usage_s(), time.monotonic(), time.time()
+        cpu0, own0, wall0, started = self._usage_s(), _own_s(), time.monotonic(), time.time()
         yield
         # started (Unix seconds): which tests ran beside one that was slow or failed
-        record = {"id": item.nodeid, "cpu_s": round(self._usage_s() - cpu0, 3),
+        record = {"id": item.nodeid, "cpu_s": round(self._usage_s() - cpu0, 3), "own_s": round(_own_s() - own0, 3),
                   "wall_s": round(time.monotonic() - wall0, 3), "worker": _worker(), "started": round(started, 1)}
         with open(self.out / f"{_worker()}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
