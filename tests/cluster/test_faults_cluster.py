@@ -3,9 +3,9 @@
 One ``ray.cluster_utils.Cluster`` for the module (a head without GPUs and two worker
 nodes of 4 logical GPUs each), three studies of the served simulator on it, in order:
 
-1. fault injection (``engine.faults`` with ``when``): a crash while starting, an engine
-   that never becomes ready, an out-of-memory under load, a process crash under load and
-   a healthy control, each a classified row;
+1. fault injection (``engine.faults`` with ``when``): a crash while starting, an out-of-memory
+   under load, a process crash under load and a healthy control, each a classified row (an
+   engine that never becomes ready: test_engine_conformance, within a short start timeout);
 2. TP 1/2/4 trials packed onto the nodes: from the rows' own timestamps and the node
    each replica really ran on, no node ever holds more than its 4 GPUs;
 3. a worker node removed while trials run on it: the study still finishes, every trial
@@ -79,7 +79,6 @@ def assert_nothing_left() -> None:
 # ------------------------------------------------------------------ 1. faults
 EXPECTED = {  # max_num_seqs -> (status, failure kind, words of the message)
     8: ("failed", "start_crash", "Engine core initialization failed"),
-    16: ("failed", "start_timeout", "not ready after 60 s"),
     32: ("failed", "runtime_oom", "CUDA out of memory"),
     64: ("failed", "engine_died", "/health failed"),
     128: ("completed", None, None),
@@ -91,10 +90,9 @@ def test_each_fault_is_classified_and_cleaned_up(cluster, tmp_path):
 
     study = study_of(
         tmp_path, "faults", space={"max_num_seqs": sorted(EXPECTED)},
-        # 60 s: on a busy 2-core machine five replica processes starting at once take 20-40 s.
+        # 60 s: on a busy 2-core machine four replica processes starting at once take 20-40 s.
         engine={"kind": "sim", "start_timeout_s": 60, "faults": [
             {"kind": "start_crash", "after_s": 0.5, "when": {"max_num_seqs": 8}},
-            {"kind": "never_ready", "when": {"max_num_seqs": 16}},
             {"kind": "oom", "after_requests": 3, "when": {"max_num_seqs": 32}},
             {"kind": "crash", "after_s": 1.0, "when": {"max_num_seqs": 64}},  # 1 s into the load
         ]},

@@ -14,7 +14,7 @@ checks are the interface's promises, in the order a trial relies on them:
 * leaving the deployment leaves no Serve application, no replica or engine process and
   no held resource, and reports no problem (an external endpoint is left running);
 * a configuration the engine refuses raises ``EngineStartError`` with vLLM's reason and
-  leaves nothing behind.
+  leaves nothing behind; so does an engine that never becomes ready, within its start timeout.
 """
 
 from __future__ import annotations
@@ -336,3 +336,19 @@ def test_an_external_endpoint_that_does_not_answer_fails_within_its_start_timeou
     with pytest.raises(EngineStartError) as e:
         engine.deploy("conf3", engine.resolve(EngineArgs()))
     assert e.value.kind == FailureKind.START_TIMEOUT and time.monotonic() - t0 < 15
+
+
+def test_a_served_engine_that_never_becomes_ready_times_out_and_leaves_nothing(cluster, tmp_path):
+    """The replica's constructor never returns (the simulator's ``never_ready`` fault): the start
+    fails as ``start_timeout`` once its timeout has passed, and the application, its replica and
+    the GPUs it held are gone."""
+    _, context = cluster
+    study = make_study({"kind": "sim", "start_timeout_s": 3, "faults": [{"kind": "never_ready"}]}, tmp_path)
+    s = Subject("sim-served", study, engine_for(study, context), {"max_num_seqs": 8}, "GPU")
+    free_before = _idle_free(s.resource)
+    t0 = time.monotonic()
+    with pytest.raises(EngineStartError) as e:
+        s.engine.deploy("conf4", s.engine.resolve(s.args()))
+    assert e.value.kind == FailureKind.START_TIMEOUT, (e.value.kind, e.value.message)
+    assert "not ready after 3 s" in e.value.message and time.monotonic() - t0 >= 3, e.value.message
+    _leaves_nothing(s, serve_app.app_name_for("conf4"), free_before)
