@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from support.scheduling import step_back_session
 
 BIN = Path(sys.executable).parent
 # Dashboard, GCS, client server, agent (listen, grpc), metrics, runtime-env agent, node manager, object manager, Serve.
@@ -62,6 +63,7 @@ def ray_head():
                 break
             subprocess.run(recipe + ["stop"], env=env, cwd=REPO, capture_output=True, timeout=120)
         assert up.returncode == 0, up.stdout + up.stderr
+        step_back_session(int((local_dir / "head.pid").read_text()))  # a session of its own (setsid)
         yield f"http://127.0.0.1:{PORTS['dashboard']}", env, local_dir / "ray", local_dir / "head.log"
     finally:
         down = subprocess.run(recipe + ["stop"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
