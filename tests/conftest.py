@@ -6,12 +6,13 @@ import copy
 import os
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import pytest
 
 from support import cpu_profile
-from support.scheduling import (SERVED_UNIT, give_way_to_the_engine_unit, make_scheduler, order_key,
+from support.scheduling import (ENGINE_UNIT, SERVED_UNIT, give_way_to_the_engine_unit, make_scheduler, order_key,
                                 ray_workers_of_the_suite, unit_of)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,8 +50,8 @@ def pytest_collection_modifyitems(session, config, items):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     give_way_to_the_engine_unit(str(item.path))  # before the test's fixtures start Ray or servers
-    if unit_of(str(item.path)) != SERVED_UNIT:
-        release_shared_serve()  # this test may start a Ray of its own
+    if _shared is not None and unit_of(str(item.path)) != _shared[0]:
+        release_shared_cluster()  # this test may start a Ray of its own
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -125,6 +126,7 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
     ~15 % less CPU. Yields the session folder (Ray's logs)."""
     import ray
 
+    release_shared_cluster()  # one Ray per process
     env = dict(env or {})
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -160,25 +162,69 @@ def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[
 
 
 SHARED_SERVE_PORT = 8201
-_shared_serve: Optional[tuple[ExitStack, int]] = None
+ENGINE_SERVE_PORT = 8202
+# The unit whose Ray this worker keeps up, how to stop it, and what its tests are given.
+_shared: Optional[tuple[str, ExitStack, Any]] = None
+
+
+def _shared_cluster(unit: str, start: Callable[[ExitStack], Any]) -> Any:
+    """A Ray kept up for one unit's modules (``support.scheduling``: they run one after another on
+    one worker) instead of a cluster each: the first test outside the unit, or one that starts a
+    Ray of its own (:func:`local_ray`), shuts it down."""
+    global _shared
+    if _shared is not None and _shared[0] != unit:
+        release_shared_cluster()
+    if _shared is None:
+        stack = ExitStack()
+        try:
+            value = start(stack)
+        except BaseException:
+            stack.close()
+            raise
+        _shared = unit, stack, value
+    return _shared[2]
+
+
+def release_shared_cluster() -> None:
+    global _shared
+    if _shared is not None:
+        (_, stack, _), _shared = _shared, None
+        stack.close()
 
 
 def shared_serve() -> int:
-    """:func:`local_serve` kept up for the served unit's modules (``support.scheduling``: they run
-    one after another on one worker) instead of a cluster each; the first test outside the unit
-    shuts it down (``pytest_runtest_setup``). Returns the proxy's port."""
-    global _shared_serve
-    if _shared_serve is None:
-        stack = ExitStack()
-        _shared_serve = stack, stack.enter_context(local_serve(SHARED_SERVE_PORT))
-    return _shared_serve[1]
+    """:func:`local_serve` for the served unit's modules, one Ray for all. Returns the proxy's port."""
+    return _shared_cluster(SERVED_UNIT, lambda stack: stack.enter_context(local_serve(SHARED_SERVE_PORT)))
 
 
-def release_shared_serve() -> None:
-    global _shared_serve
-    if _shared_serve is not None:
-        (stack, _), _shared_serve = _shared_serve, None
-        stack.close()
+@dataclass(frozen=True)
+class EngineCluster:
+    """The engine unit's Ray with Serve (3 CPUs, 4 logical GPUs for the simulated engines of the
+    engine contract): its vLLM processes are found by ``cache_root``, the caches the unit's engines
+    share (``VLLM_CACHE_ROOT`` under it, set in every worker); ``session_dir`` holds Ray's logs."""
+
+    cache_root: Path
+    serve_port: int
+    session_dir: Path
+
+
+@pytest.fixture
+def engine_cluster(request, tmp_path_factory) -> EngineCluster:
+    """The engine unit's modules share one Ray (one start instead of four); test_vllm_cpu_serve_llm.py,
+    which needs Ray's metrics every second, starts its own after them. Every worker sees
+    ``ENGINE_UNIT_ENV``: test_vllm_cpu names it as the engine's Hugging Face token variable."""
+    from support.vllm_processes import ENGINE_UNIT_ENV, own_caches
+
+    def start(stack: ExitStack) -> EngineCluster:
+        from orchestrator.cluster.connect import start_serve
+
+        cache_root = tmp_path_factory.mktemp("engine-unit-cache")
+        env = own_caches(stack.enter_context(pytest.MonkeyPatch.context()), cache_root,
+                         shared_model_infos(request.config, tmp_path_factory))
+        session_dir = stack.enter_context(local_ray({**env, **ENGINE_UNIT_ENV}, num_gpus=4))
+        return EngineCluster(cache_root, start_serve(ENGINE_SERVE_PORT), Path(session_dir))
+
+    return _shared_cluster(ENGINE_UNIT, start)
 
 
 # Native libraries loaded by the Ray and vLLM tests (torch, grpc, vLLM's extensions) can abort
@@ -190,7 +236,7 @@ _exit_status: int | None = None
 
 def pytest_sessionfinish(session, exitstatus):
     global _exit_status
-    release_shared_serve()
+    release_shared_cluster()
     _exit_status = int(exitstatus)
 
 

@@ -37,12 +37,9 @@ from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.search.trial_plan import engine_for
 from orchestrator.study.spec import EngineSpec, parse_study
-from conftest import shared_model_infos
-from support.vllm_processes import own_caches, vllm_processes
+from support.vllm_processes import vllm_processes
 
-SERVE_PORT = 8233
-NUM_GPUS = 4  # logical: the simulator holds them as vLLM would hold real ones
-NUM_CPUS = 3
+NUM_GPUS = 4  # logical, the engine unit's Ray's: the simulator holds them as vLLM would hold real ones
 NUM_REQUESTS, OUTPUT_LEN = 4, 8
 # vLLM refuses these before loading anything; the simulator refuses them in the same words.
 REFUSED = {"max_num_batched_tokens": 512, "max_model_len": 1024, "enable_chunked_prefill": False}
@@ -59,7 +56,7 @@ ALL = ["sim-served", "sim-virtual", "external", VLLM]
 # no pattern matches: it is recorded start_crash where vLLM's own refusal is invalid_args.
 REFUSING = ["sim-served", "sim-virtual", VLLM]  # external applies no arguments
 
-pytestmark = pytest.mark.slow  # a local Ray with Serve, once for the module
+pytestmark = pytest.mark.slow  # a local Ray with Serve: the engine unit's (conftest's engine_cluster)
 
 
 @dataclass
@@ -90,22 +87,11 @@ def make_study(engine: dict, tmp_path: Path, *, model: str = "tiny-llama", gpu: 
     })
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, request):
-    import ray
-
-    from orchestrator.cluster.connect import start_serve
-
-    cache = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        # vLLM's caches under the module's folder: its processes are found by them (vllm_processes).
-        env = own_caches(mp, cache, shared_model_infos(request.config, tmp_path_factory))
-        ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=NUM_GPUS, include_dashboard=False,
-                 namespace="orchestrator", runtime_env={"env_vars": env})
-        try:
-            yield cache, EngineContext(serve_port=start_serve(SERVE_PORT))
-        finally:
-            ray.shutdown()
+@pytest.fixture
+def cluster(engine_cluster):
+    """The engine unit's Ray with Serve (conftest: its 4 logical GPUs are NUM_GPUS); vLLM's processes
+    are found by the unit's cache folder."""
+    return engine_cluster.cache_root, EngineContext(serve_port=engine_cluster.serve_port)
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,13 @@ import pandas as pd
 import pytest
 
 from orchestrator.measure.harness import harness_verdict
-from support.vllm_processes import one_process, vllm_processes
+from support.vllm_processes import PLANTED_TOKEN, PLANTED_TOKEN_VAR, one_process, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 KV_BYTES = 8 * 2**20  # 4,096 tokens of tiny-llama in float32 (2 KiB per token)
 PLANTED_LITERAL = "sk-planted-literal-7c41e9"  # a secret written into the study (engine.env)
-PLANTED_REFERENCED = "hf_planted_referenced_52d0a8"  # one the study names by variable (hf_token_env)
+PLANTED_REFERENCED = PLANTED_TOKEN  # one the study names by variable (hf_token_env): in the unit's Ray
 
 
 def _engine_core_pids(cache_root: Path) -> list[int]:
@@ -80,8 +80,7 @@ class EngineKiller(threading.Thread):
         return 0
 
 
-def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
-    import ray
+def test_cpu_vllm_study(tmp_path, engine_cluster):
     from ray import serve
 
     from orchestrator.models.modelgen import make_model_dir
@@ -90,7 +89,6 @@ def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
     from orchestrator.search import run_study
     from orchestrator.study.spec import parse_study
 
-    monkeypatch.setenv("ORCH_TEST_HF_TOKEN", PLANTED_REFERENCED)
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=8192)
     ok_a = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "enable_prefix_caching": True, "max_model_len": 1024}
     ok_b = {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "enable_prefix_caching": False, "max_model_len": 1024}
@@ -103,7 +101,7 @@ def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
         # Secrets, literal and by reference: used by the engine, never written anywhere (checked below).
         "engine": one_process({
             "kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
-            "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES, "hf_token_env": "ORCH_TEST_HF_TOKEN"},
+            "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES, "hf_token_env": PLANTED_TOKEN_VAR},
             "env": {"ORCH_TEST_AUTH_TOKEN": PLANTED_LITERAL}}),
         "model": {"name": "tiny-llama", "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
@@ -123,28 +121,24 @@ def test_cpu_vllm_study(tmp_path, monkeypatch, vllm_caches):
         "budget": {"trials": 4, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator",
-             runtime_env={"env_vars": {**vllm_caches, "ORCH_TEST_HF_TOKEN": PLANTED_REFERENCED}})
-    session_dir = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001 - no public API
+    cache_root = engine_cluster.cache_root
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
     # lands in the measured window of the first level.
-    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", tmp_path / "cache", after_rows=3,
-                          after_requests=20)
+    killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", cache_root, after_rows=3, after_requests=20)
     killer.start()
     try:
-        run = run_study(study, quiet=True, serve_port=8131)
-        killer.stop.set()
-        leftover = [a for a in serve.status().applications if a.startswith("tune-")]
+        run = run_study(study, quiet=True, serve_port=engine_cluster.serve_port)
     finally:
-        ray.shutdown()
+        killer.stop.set()
+    leftover = [a for a in serve.status().applications if a.startswith("tune-")]
     assert leftover == [], leftover
     time.sleep(2)
-    assert _engine_core_pids(tmp_path / "cache") == [], "a vLLM engine process outlived its trial"
+    assert _engine_core_pids(cache_root) == [], "a vLLM engine process outlived its trial"
 
     trials = load_trials(run.study_dir).set_index("trial_number").sort_index()
     assert len(trials) == 4, trials[["status", "failure_kind"]]
     _assert_no_secret_written(tmp_path / "out", trials)
-    _assert_no_secret_logged(session_dir)
+    _assert_no_secret_logged(engine_cluster.session_dir)
 
     def row(params):
         (match,) = [r for _, r in trials.iterrows() if all(r[k] == v for k, v in params.items())]
@@ -209,14 +203,14 @@ def _assert_no_secret_written(out: Path, trials: pd.DataFrame) -> None:
     completed = trials[trials["status"] == "completed"].iloc[0]
     argv = json.loads(completed["extra_json"])["engine_facts"]["vllm_argv"]
     assert argv[argv.index("--hf-token") + 1] == "***"  # it reached the engine, and the record hides it
-    assert '--hf-token "${ORCH_TEST_HF_TOKEN}"' in completed["vllm_command"]
-    assert json.loads(completed["engine_args_json"])["extra"]["hf_token_env"] == "ORCH_TEST_HF_TOKEN"
+    assert f'--hf-token "${{{PLANTED_TOKEN_VAR}}}"' in completed["vllm_command"]
+    assert json.loads(completed["engine_args_json"])["extra"]["hf_token_env"] == PLANTED_TOKEN_VAR
 
 
 def _assert_no_secret_logged(session_dir: Path) -> None:
     """Nor does Ray's session folder: the servers' logs (their command lines), Serve's controller and
     replica logs (the failed start's message), the workers' .out/.err. Only Ray's runtime-env agent
-    logs the env_vars of the runtime_env this test passes the referenced one in (docs/study-file.md)."""
+    logs the env_vars of the runtime_env the engine unit's Ray passes the referenced one in (docs/study-file.md)."""
     files = [p for p in session_dir.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name.startswith("vllm_server-") for p in files), "no server log in the session folder"
     for secret in (PLANTED_LITERAL, PLANTED_REFERENCED):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import local_ray
 from orchestrator.results.schema import requests_to_table
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
@@ -27,9 +26,8 @@ KV_BYTES = 64 * 2**20
 POINT = {"max_model_len": 2048, "enable_prefix_caching": True, "enforce_eager": True}
 
 
-def test_sessions_on_cpu_vllm(tmp_path, vllm_caches):
+def test_sessions_on_cpu_vllm(tmp_path, engine_cluster):
 
-    from orchestrator.cluster.connect import start_serve
     from orchestrator.models.modelgen import make_model_dir
     from orchestrator.study.spec import parse_study
 
@@ -48,10 +46,9 @@ def test_sessions_on_cpu_vllm(tmp_path, vllm_caches):
         "objectives": ["maximize session_goodput"], "constraints": ["ttft_p99_ms <= 5000"],
         "search": {"preflight": False},
         "output": str(tmp_path / "out")})
-    with local_ray(vllm_caches):
-        port = start_serve(8137)
-        # The space's point, as the search hands it to the trial actor (eager: no torch.compile of the model).
-        out = run_trial(study, POINT, trial_id="t1", trial_number=0, ctx=TrialContext("r1", serve_port=port))
+    # The space's point, as the search hands it to the trial actor (eager: no torch.compile of the model).
+    out = run_trial(study, POINT, trial_id="t1", trial_number=0,
+                    ctx=TrialContext("r1", serve_port=engine_cluster.serve_port))
     row = out.row
     assert row["status"] == "completed", row.get("failure_message")
     assert "--enforce-eager" in row["vllm_command"] and "--max-model-len 2048" in row["vllm_command"]

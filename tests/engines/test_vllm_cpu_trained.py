@@ -25,7 +25,6 @@ import math
 
 import pytest
 
-from conftest import local_ray
 from support.vllm_processes import one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -33,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 KV_BYTES = 8 * 2**20
 
 
-def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_model):
+def test_trained_model_drift_on_cpu_vllm(tmp_path, engine_cluster, tiny_trained_model):
 
     import optuna
 
@@ -66,8 +65,7 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, vllm_caches, tiny_trained_mod
         "budget": {"trials": 3, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    with local_ray(vllm_caches):
-        run = run_study(study, quiet=True, serve_port=8134)
+    run = run_study(study, quiet=True, serve_port=engine_cluster.serve_port)
 
     trials = load_trials(run.study_dir).sort_values("trial_number").set_index("trial_number", drop=False)
     assert (trials["status"] == "completed").all(), trials[["status", "failure_message"]]

@@ -23,9 +23,10 @@ from pathlib import Path, PurePath
 
 ENGINE_UNIT = "vllm-cpu-engines"
 # In this order: the modules that judge latencies (test_vllm_cpu, test_vllm_cpu_sessions: SLOs on
-# TTFT) where no :data:`BURSTY` module runs beside them (the probe's trained model runs second).
+# TTFT) where no :data:`BURSTY` module runs beside them (the probe's trained model runs second); the
+# first four on one Ray (conftest's ``engine_cluster``), then the one that starts a Ray of its own.
 ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu_sessions.py",
-                  "test_vllm_cpu_serve_llm.py", "test_engine_conformance.py")
+                  "test_engine_conformance.py", "test_vllm_cpu_serve_llm.py")
 
 SERVED_UNIT = "served-simulator"
 SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",

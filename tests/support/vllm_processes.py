@@ -27,6 +27,12 @@ def vllm_processes(cache_root: Path, *, kinds: tuple[str, ...] = ("EngineCore", 
     return out
 
 
+# In the environment of every process of the engine unit's Ray (conftest's ``engine_cluster``):
+# test_vllm_cpu's engine is given this variable by name (``hf_token_env``), and no file may hold its value.
+PLANTED_TOKEN_VAR, PLANTED_TOKEN = "ORCH_TEST_HF_TOKEN", "hf_planted_referenced_52d0a8"
+ENGINE_UNIT_ENV = {PLANTED_TOKEN_VAR: PLANTED_TOKEN}
+
+
 def engine_core_binding() -> dict[str, str]:
     """Under pytest-xdist, the core this worker's vLLM engines run their OpenMP threads on.
 
