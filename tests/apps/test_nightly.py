@@ -113,7 +113,7 @@ def ray_session():
 
 @pytest.mark.slow
 def test_nightly_command_flags_a_slower_engine_only(ray_session, tmp_path_factory, tmp_path, capsys):
-    from test_query_docs import shared_quickstart
+    from support.quickstart_dataset import shared_quickstart
 
     from orchestrator.cli import main
     from orchestrator.results import load_trials

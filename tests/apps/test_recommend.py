@@ -101,7 +101,7 @@ def test_floats_are_written_as_typed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_factory, tmp_path):
-    from test_query_docs import shared_quickstart
+    from support.quickstart_dataset import shared_quickstart
 
     from orchestrator.results import load_trials, pareto_front
     from orchestrator.results.definition import read_study_definition

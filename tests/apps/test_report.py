@@ -228,7 +228,7 @@ def test_browser_check_catches_console_errors_and_network_loads(browser, tmp_pat
 @pytest.mark.slow
 def test_quickstart_report_renders_in_chromium(browser, tmp_path_factory, tmp_path):
     from matplotlib.image import imread
-    from test_query_docs import shared_quickstart
+    from support.quickstart_dataset import shared_quickstart
 
     from orchestrator.apps.report import front_of
     from orchestrator.results import load_trials

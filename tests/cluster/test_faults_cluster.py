@@ -6,8 +6,8 @@ nodes of 4 logical GPUs each), three studies of the served simulator on it, in o
 1. fault injection (``engine.faults`` with ``when``): a crash while starting, an out-of-memory
    under load, a process crash under load and a healthy control, each a classified row (an
    engine that never becomes ready: test_engine_conformance, within a short start timeout);
-2. TP 1/2/4 trials packed onto the nodes: from the rows' own timestamps and the node
-   each replica really ran on, no node ever holds more than its 4 GPUs;
+2. TP 2 and 4 trials (12 GPUs' worth, all at once, on 8) packed onto the nodes: from the rows'
+   own timestamps and the node each replica really ran on, no node ever holds more than its 4 GPUs;
 3. a worker node removed while trials run on it: the study still finishes, every trial
    is a classified row.
 
@@ -136,14 +136,14 @@ def test_tensor_parallel_trials_pack_without_oversubscribing(cluster, tmp_path):
     from orchestrator.search import run_study
 
     _, workers = cluster
-    study = study_of(tmp_path, "packing", space={"tensor_parallel_size": [1, 2, 4], "max_num_seqs": [32, 64]},
-                     budget={"trials": 6, "max_concurrent_trials": 8})
+    study = study_of(tmp_path, "packing", space={"tensor_parallel_size": [2, 4], "max_num_seqs": [32, 64]},
+                     budget={"trials": 4, "max_concurrent_trials": 8})
     run = run_study(study, quiet=True, serve_port=SERVE_PORT)
     assert_nothing_left()
 
     trials = load_trials(run.study_dir)
     assert (trials["status"] == "completed").all(), trials[["status", "failure_message"]]
-    assert sorted(trials["gpus"]) == [1, 1, 2, 2, 4, 4]
+    assert sorted(trials["gpus"]) == [2, 2, 4, 4]
     worker_ids = {w.node_id for w in workers}
     peak = gpus_in_use_per_node(trials)
     assert set(peak) <= worker_ids  # replicas only where the GPUs are

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow  # `orchestrator run` starts Ray
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     """The folder holding the quickstart's ``results/`` and the study file that wrote it."""
-    from test_query_docs import shared_quickstart
+    from support.quickstart_dataset import shared_quickstart
 
     return shared_quickstart(tmp_path_factory).parent.parent
 
