@@ -18,6 +18,7 @@ import yaml
 
 from conftest import REPO
 from support.cli import orchestrator
+from orchestrator.cli import main
 from orchestrator.hardware.gpus import GPUS
 from orchestrator.hardware.pricing import DEFAULT_PRICE_PER_GPU_HOUR, gpu_hour_price, unit_metrics
 from orchestrator.measure.limits import violation
@@ -41,13 +42,17 @@ def _doc(base: Path, name: str, **top) -> dict:
     return doc
 
 
-def _run(base: Path, doc: dict) -> tuple[Path, pd.DataFrame, str]:
+def _run(base: Path, doc: dict, capsys) -> tuple[Path, pd.DataFrame, str]:
+    """``orchestrator run`` through the command line's entry point, on the module's Ray (as on a
+    cluster: the run joins the Ray it finds); the study's rows and what the run printed."""
     path = base / f"{doc['name']}.yaml"
     path.write_text(yaml.safe_dump(doc))
-    r = orchestrator("run", str(path))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    capsys.readouterr()
+    code = main(["run", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-3000:] + err[-3000:]
     study_dir = base / "results" / doc["name"]
-    return study_dir, pd.read_parquet(study_dir / "trials"), r.stdout
+    return study_dir, pd.read_parquet(study_dir / "trials"), out
 
 
 def _check_definitions(trials: pd.DataFrame, price: float) -> None:
@@ -89,14 +94,14 @@ def _check_sampler_saw(study, study_dir: Path, trials: pd.DataFrame) -> None:
 
 
 @pytest.mark.slow  # `orchestrator run` starts Ray
-def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
+def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path, capsys, module_ray):
     # A rate-bound workload: every configuration serves about the same tokens per second, so
     # cost grows with the GPU count and this limit lies between one and two GPUs' cost.
     limit = 1.5 * PRICE / 3600 / (4 * 32) * 1e6
     constraints = [f"cost_per_mtok <= {limit:.4f}", "goodput_per_gpu >= 1", "ttft_p99_ms <= 2000"]
     doc = _doc(tmp_path, "unit-cost", constraints=constraints)
     doc["hardware"]["price_per_gpu_hour"] = PRICE
-    study_dir, trials, out = _run(tmp_path, doc)
+    study_dir, trials, out = _run(tmp_path, doc, capsys)
     assert f"price ${PRICE:.2f} per GPU-hour (hardware.price_per_gpu_hour)" in out
 
     assert len(trials) == 4 and (trials["status"] == "completed").all()
@@ -141,7 +146,7 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path):
 
 
 @pytest.mark.slow
-def test_capacity_per_gpu_as_objective_and_constraint(tmp_path):
+def test_capacity_per_gpu_as_objective_and_constraint(tmp_path, capsys, module_ray):
     """The capacity objective per GPU, with the default price of the study's GPU."""
     constraints = ["capacity_rps_per_gpu >= 1", "ttft_p99_ms <= 300", "tpot_p50_ms <= 30"]
     doc = _doc(tmp_path, "unit-capacity", objectives=["maximize capacity_rps_per_gpu"], constraints=constraints,
@@ -149,7 +154,7 @@ def test_capacity_per_gpu_as_objective_and_constraint(tmp_path):
                space={"tensor_parallel_size": [1, 2], "max_num_seqs": 32},
                budget={"trials": 2, "max_concurrent_trials": 2})
     doc["workload"].update(num_requests=60, input_len={"kind": "uniform", "min": 200, "max": 1500})
-    study_dir, trials, out = _run(tmp_path, doc)
+    study_dir, trials, out = _run(tmp_path, doc, capsys)
     assert "default list price for H100-80GB" in out
     assert (trials["status"] == "completed").all() and (trials["capacity_rps"] > 0).all()
     _check_definitions(trials, DEFAULT_PRICE_PER_GPU_HOUR["H100-80GB"])
