@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import os
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import pytest
