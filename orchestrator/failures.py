@@ -142,11 +142,16 @@ def classify_load(*, health: Optional[str], errors: Iterable[Optional[str]], suc
     An engine that died under load fails the trial even when Serve has since restarted the
     replica and later requests succeeded: the configuration is unstable under this load.
     """
-    if health is not None:
-        kind = FailureKind.RUNTIME_OOM if "out of memory" in health.lower() else FailureKind.ENGINE_DIED
-        return Failure(kind, health)
     errors = [e for e in errors if e]
     death = next((e for e in errors if any(k in e for k in ENGINE_DEATH_MARKERS)), None)
+    if health is not None:
+        kind = classify_runtime_error(health)
+        if kind is FailureKind.ENGINE_DIED and death is not None \
+                and classify_runtime_error(death) is FailureKind.RUNTIME_OOM:
+            # Serve stops a replica whose health check fails, so /health may already be gone when it
+            # is read: a waiting request's error then holds the engine's own account of its death.
+            return Failure(FailureKind.RUNTIME_OOM, f"{health}; a request's error: {death}")
+        return Failure(kind, health)
     if death is not None:
         return Failure(classify_runtime_error(death), death)
     if measured and succeeded == 0:

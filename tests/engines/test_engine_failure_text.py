@@ -37,3 +37,21 @@ def test_a_server_killed_by_a_signal_is_named_with_how_it_died():
     kind = classify_start_error(text)
     assert kind == FailureKind.START_CRASH
     assert _best_message(text, kind) == "vllm serve exited with code -6 while starting: Fatal Python error: Aborted"
+
+
+def test_an_engine_that_ran_out_of_memory_is_named_so_after_serve_stopped_its_replica():
+    """Serve stops a replica whose health check fails: read after that, /health refuses the
+    connection and Serve's message names no cause. The requests that were waiting when the engine
+    died carry its error, and the trial is a runtime OOM, not an engine that died of nothing known."""
+    from orchestrator.engines.sim_faults import OOM_MESSAGE, InjectedOutOfMemoryError
+    from orchestrator.failures import classify_load
+
+    gone = ("/health failed: <urlopen error [Errno 111] Connection refused>; Serve: The deployments ['SimLLMServer']"
+            " are UNHEALTHY: a replica's health check failed.")
+    waiting = f"engine died: {InjectedOutOfMemoryError(OOM_MESSAGE)!r}"  # the served sim's error for a waiting request
+    failure = classify_load(health=gone, errors=[None, waiting, "engine dead: ..."], succeeded=2, measured=18)
+    assert failure.kind == FailureKind.RUNTIME_OOM
+    assert "CUDA out of memory" in failure.message and "Connection refused" in failure.message
+    # Without such a request the death stays unexplained.
+    assert classify_load(health=gone, errors=[None, "timed out"], succeeded=2, measured=18).kind \
+        == FailureKind.ENGINE_DIED

@@ -171,8 +171,8 @@ def _killed_and_resumed(tmp_path, repo, frozen: list[int]) -> None:
         # The rest of that Ray session (its dashboard and runtime-env agents, idle workers) outlives it,
         # re-parented to init: a few seconds here, 40-90 s on a busy machine. Frozen, they stay until
         # something stops them: the resumed run must, before it runs anything.
-        recorded = {int(pid) for pid, _ in ray_procs}
-        frozen += [pid for line in of_session(session) if (pid := int(line.split()[0])) not in recorded]
+        started = {int(pid) for pid, _ in ray_procs}
+        frozen += [pid for line in of_session(session) if (pid := int(line.split()[0])) not in started]
         for pid in frozen:
             try:
                 os.kill(pid, signal.SIGSTOP)
