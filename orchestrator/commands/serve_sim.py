@@ -139,17 +139,16 @@ def _serve(spec: dict, host: str, port: int) -> int:
         err(f"serve-sim: cannot listen on {host}:{port}: {e.strerror or e}")
         return EXIT_FAILURE
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C and SIGTERM stop it, also where it was started with SIGINT ignored (a shell's background job)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     shown = f"[{host}]" if ":" in host else host
     base = f"http://{shown}:{bound}"
     settings = ", ".join(f"{k}={v}" for k, v in args.explicit().items())
     print(f"serve-sim: {spec['served']} on a simulated {spec['gpu']} ({settings})", flush=True)
     print(f"OpenAI base URL: {base}/v1   (kind: external study: engine.base_url: {base})", flush=True)
     print("logprobs are synthetic; Ctrl-C stops it", flush=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    except KeyboardInterrupt:
+    while not stop.wait(1.0):
         pass
     asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
     print("serve-sim: stopped", file=sys.stderr, flush=True)

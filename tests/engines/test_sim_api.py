@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -65,8 +66,15 @@ def descending(values) -> bool:
 
 # ---- 21: serve-sim
 
-def test_serve_sim_serves_the_model_and_stops_cleanly_on_ctrl_c():
-    proc, url = start_serve_sim("--model", MODEL, "--gpu", "H100-80GB", "--served-model-name", "my-model")
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_serve_sim_serves_the_model_and_stops_cleanly_on_ctrl_c(sigint):
+    """``ignored``: started as a shell starts a background job (SIGINT ignored, which a child keeps
+    across exec): Ctrl-C (SIGINT) still stops it."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
+    try:
+        proc, url = start_serve_sim("--model", MODEL, "--gpu", "H100-80GB", "--served-model-name", "my-model")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
         assert [m.id for m in client.models.list()] == ["my-model"]

@@ -165,6 +165,15 @@ def step_back_session(pid: int) -> None:
         pass  # the process is gone, or the kernel refuses: its session keeps its weight
 
 
+def full_weight(pid: int) -> None:
+    """Nice 0 for a process a worker that stepped back has just started (its threads, made later,
+    inherit it). Only where the process may raise priority (root): elsewhere it keeps the worker's."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 0)
+    except OSError:
+        pass
+
+
 def make_scheduler(config, log):
     """xdist's module-at-a-time scheduler with the engine modules as one unit."""
     from xdist.scheduler import LoadFileScheduling

@@ -10,13 +10,19 @@ import sys
 from pathlib import Path
 
 from conftest import REPO
+from support.scheduling import full_weight
 
 
 def start_serve_sim(*args: str, cwd: Path = REPO) -> tuple[subprocess.Popen, str]:
     """``orchestrator serve-sim ARGS --port 0`` running; returns it and its printed base URL (``.../v1``)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    # It stands for a server on a machine of its own and answers in real time: a session of its own
+    # (where the kernel shares CPU time between sessions first, a new one weighs as a nice-0 process),
+    # at nice 0, not at the priority of a worker that stepped back (support.scheduling).
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "serve-sim", *args, "--port", "0"], cwd=cwd,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    full_weight(proc.pid)
     seen = []
     for line in proc.stdout:  # ready once it prints where it listens
         seen.append(line)
@@ -30,5 +36,10 @@ def start_serve_sim(*args: str, cwd: Path = REPO) -> tuple[subprocess.Popen, str
 def stop(proc: subprocess.Popen) -> tuple[int, str]:
     """Ctrl-C, as a user stops it; its exit status and stderr."""
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)  # a guard against a hang, not a speed check
+    try:
+        _, stderr = proc.communicate(timeout=120)  # a guard against a hang, not a speed check
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a failed stop leaves nothing behind
+        proc.communicate()
+        raise
     return proc.returncode, stderr
