@@ -17,7 +17,6 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import local_ray
 from orchestrator.study.spec import StudyFileError, parse_study
 from support.studies import run_printed, tune_trials
 
@@ -62,13 +61,12 @@ def _doc(tmp_path, url: str, **search) -> dict:
     }
 
 
-def test_the_simulator_screens_and_real_trials_confirm(endpoint, tmp_path):
+def test_the_simulator_screens_and_real_trials_confirm(endpoint, module_ray, tmp_path):
     import ray
 
     study = parse_study(_doc(tmp_path, endpoint))  # fidelity_min_gain: the default, 1%
-    with local_ray(num_cpus=2):
-        rows, out = run_printed(study, serve_port=8133)
-        actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    rows, out = run_printed(study, serve_port=8133)
+    actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
     # Nothing is deployed for an endpoint that runs elsewhere: no Serve controller or proxy was started.
     assert not any(name.startswith("SERVE_") for name in actors), actors
     rows = rows.sort_values("trial_number")
@@ -103,7 +101,7 @@ def test_the_simulator_screens_and_real_trials_confirm(endpoint, tmp_path):
     assert "predicted_tpot_p50_ms" in preds.columns
 
 
-def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, tmp_path):
+def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, module_ray, tmp_path):
     """A capacity trial's metrics are measured at its capacity, the simulator's at the capacity it
     predicts: with TPOT the SLO both sit just under the limit, whatever the step costs are. The
     calibration is fitted to each measured load level against the simulator at that level's rate,
@@ -121,8 +119,7 @@ def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, tmp_pat
     doc["capacity"] = {"start_rate": 8, "growth": 1.5, "tolerance": 0.15, "max_levels": 4, "requests_per_level": 60}
     doc["budget"] = {"trials": 2, "max_concurrent_trials": 1}
     study = parse_study(doc)
-    with local_ray(num_cpus=2):
-        rows, out = run_printed(study, serve_port=8134)
+    rows, out = run_printed(study, serve_port=8134)
     assert len(rows) >= 1 and (rows["status"] == "completed").all(), (rows[["status", "failure_message"]], out)
     levels = load_levels(tmp_path / "out" / "mf")
     preds = pd.concat(pd.read_parquet(p) for p in (tmp_path / "out" / "mf" / "predictions").glob("*.parquet"))
@@ -157,7 +154,7 @@ def test_bad_fidelity_settings_are_one_line_errors(tmp_path, change, message):
     assert message in str(e.value)
 
 
-def test_the_space_is_scored_over_the_cluster_as_in_one_process(tmp_path):
+def test_the_space_is_scored_over_the_cluster_as_in_one_process(module_ray, tmp_path):
     """Before the first real trial the whole space is scored in Ray tasks over the free CPUs;
     the scores are the ones this process computes (the virtual simulator is deterministic)."""
     import ray
@@ -174,13 +171,13 @@ def test_the_space_is_scored_over_the_cluster_as_in_one_process(tmp_path):
     points, _ = space_points(study.space, study.seed, max_points=study.search.fidelity_candidates)
     assert len(points) == 64 >= SimScorer.PARALLEL_MIN
     cal = {"step_overhead": 1.3, "bandwidth_efficiency": 0.8}
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        scored = SimScorer(study).over_cluster(points, cal)
-        time.sleep(2)  # task events reach the GCS in batches, about every second
-        ran = {e.get("tid") for e in ray.timeline() if "score_in_simulator" in str(e.get("name", ""))}
-    finally:
-        ray.shutdown()
+    def scoring_tasks() -> list[dict]:
+        return [e for e in ray.timeline() if "score_in_simulator" in str(e.get("name", ""))]
+
+    before = {json.dumps(e, sort_keys=True) for e in scoring_tasks()}  # the module's cluster: earlier studies'
+    scored = SimScorer(study).over_cluster(points, cal)
+    time.sleep(2)  # task events reach the GCS in batches, about every second
+    ran = {e.get("tid") for e in scoring_tasks() if json.dumps(e, sort_keys=True) not in before}
     assert len(ran) >= 2  # over the cluster, in more than one worker
     here = score_in_simulator(study, points[::8], cal)
     wall = {"load_window_s", "wall_time_s", "overhead_s"}  # this machine's time, not the simulated engine's
