@@ -136,8 +136,9 @@ def start_failure(e: EngineStartError) -> Failure:
 
 def classify_load(*, health: Optional[str], errors: Iterable[Optional[str]], succeeded: int,
                   measured: int) -> Optional[Failure]:
-    """A failure under load, from the engine's health after the load and the measured requests'
-    errors; None when the load ran (some requests may still have failed: the metrics count them).
+    """A failure under load, from the engine's health after the load and the load's requests'
+    errors (warm-up included; ``succeeded`` and ``measured`` count the measured requests); None
+    when the load ran (some requests may still have failed: the metrics count them).
 
     An engine that died under load fails the trial even when Serve has since restarted the
     replica and later requests succeeded: the configuration is unstable under this load.

@@ -204,7 +204,9 @@ def _run(plan: TrialPlan, engine: Engine, b: _Builder, ctx: TrialContext) -> Non
         problems = deployment.teardown_problems()
 
     measured = [r for r in b.phase.records if not r.warmup]
-    failure = classify_load(health=health, errors=(r.error for r in measured),
+    # Every request's error, the warm-up's included: an engine that died while it warmed up (a fault
+    # at the third request) told only those requests why, and Serve may have stopped it since.
+    failure = classify_load(health=health, errors=(r.error for r in b.phase.records),
                             succeeded=sum(r.success for r in measured), measured=len(measured))
     if failure is not None:
         b.fail(failure)

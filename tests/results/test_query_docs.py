@@ -18,6 +18,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from conftest import REPO
+from support.doc_examples import BLOCK_RUNNER, python_blocks
 from support.quickstart_dataset import QUICKSTART_TRIALS, shared_quickstart
 
 @pytest.fixture(scope="module")
@@ -53,32 +54,13 @@ def test_dataset_layout_and_plain_readers(quickstart):
     assert requests.num_rows > 0
 
 
-def python_blocks(markdown: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", markdown, flags=re.S | re.M)
-
-
-# Runs each block in a fresh namespace of one interpreter (imports are paid once), as a user would paste it.
-_RUNNER = """
-import sys, traceback
-blocks = sys.argv[1:]
-for i, code in enumerate(blocks, 1):
-    print(f"=== block {i}", flush=True)
-    try:
-        exec(compile(code, f"docs/querying.md block {i}", "exec"), {"__name__": "__main__"})
-    except BaseException:
-        traceback.print_exc()
-        print(f"=== block {i} failed", flush=True)
-        sys.exit(1)
-"""
-
-
 def test_documented_examples_run(quickstart, tmp_path):
     """Every python block of docs/querying.md, run as written from a directory holding results/quickstart."""
     blocks = python_blocks((REPO / "docs" / "querying.md").read_text())
     assert len(blocks) >= 8
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "quickstart").symlink_to(quickstart, target_is_directory=True)
-    r = subprocess.run([sys.executable, "-c", _RUNNER, *blocks], cwd=tmp_path, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", BLOCK_RUNNER, *blocks], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     outputs = re.split(r"^=== block \d+\n", r.stdout, flags=re.M)[1:]

@@ -20,13 +20,13 @@ import polars as pl
 import pyarrow.dataset as ds
 import pytest
 import yaml
-from test_query_docs import _RUNNER, python_blocks
 
 from conftest import REPO
 from orchestrator.results import load_requests, load_trials, requests_to_table
 from orchestrator.search import ResultsSinkActor, new_run_id
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
+from support.doc_examples import BLOCK_RUNNER, python_blocks
 from support.recorded_trial import run_trial
 
 LEGACY_RUN = "20261203T071410-2711"  # the old format with a suffix of digits only: Polars' worst case
@@ -101,7 +101,7 @@ def test_legacy_all_digit_run_id_loads_everywhere(tmp_path, with_new_run):
     blocks = [b for b in python_blocks((REPO / "docs" / "querying.md").read_text())
               if not re.search(r"^(from|import) (orchestrator|optuna)\b", b, flags=re.M)]
     assert len(blocks) >= 5 and any("import duckdb" in b for b in blocks) and any("import polars" in b for b in blocks)
-    r = subprocess.run([sys.executable, "-c", _RUNNER, *blocks], cwd=tmp_path, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", BLOCK_RUNNER, *blocks], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     outputs = dict(zip(blocks, re.split(r"^=== block \d+\n", r.stdout, flags=re.M)[1:]))
