@@ -6,6 +6,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pandas as pd
 import pytest
@@ -17,6 +18,7 @@ from orchestrator.hardware.engine_args import SPECULATIVE_ARGS, EngineArgs
 from orchestrator.study.spec import parse_study
 
 # vLLM's own `vllm serve` parser (the CPU build is enough): argv in, the parsed engine arguments out as JSON.
+# One process (importing vLLM takes seconds) for two commands: argv[1] and a speculative one, argv[5].
 VLLM_PARSE = r"""
 import json, shlex, sys
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -26,12 +28,16 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 parser = FlexibleArgumentParser(prog="vllm")
 serve = ServeSubcommand()
 serve.subparser_init(parser.add_subparsers(dest="subcommand", required=True))
-argv = shlex.split(sys.argv[1])
-assert argv[0] == "vllm", argv
-args = parser.parse_args(argv[1:])
-serve.validate(args)
-args.model = args.model_tag
-engine = AsyncEngineArgs.from_cli_args(args)
+
+def parse(command):
+    argv = shlex.split(command)
+    assert argv[0] == "vllm", argv
+    args = parser.parse_args(argv[1:])
+    serve.validate(args)
+    args.model = args.model_tag
+    return args, AsyncEngineArgs.from_cli_args(args)
+
+args, engine = parse(sys.argv[1])
 from_kwargs = AsyncEngineArgs(model=args.model, **json.loads(sys.argv[2]))
 fields = json.loads(sys.argv[3])
 
@@ -45,7 +51,8 @@ print(json.dumps({"cli": {f: getattr(engine, f) for f in fields + ["model"]},
                   "llm_config": {"accelerator_type": llm.accelerator_type, "model_id": llm.model_id,
                                  "engine_kwargs": llm.engine_kwargs},
                   "kwargs": {f: getattr(from_kwargs, f) for f in fields},
-                  "served_model_name": args.served_model_name}, default=str))
+                  "served_model_name": args.served_model_name,
+                  "speculative_config": parse(sys.argv[5])[1].speculative_config}, default=str))
 """
 
 
@@ -63,8 +70,6 @@ def _row(trial_id, status="completed", tput=100.0, ttft=100.0, **engine):
     args = EngineArgs(max_num_seqs=engine.get("max_num_seqs", 8), gpu_memory_utilization=0.6000000000000001,
                       max_num_batched_tokens=8192, max_model_len=131072, block_size=16, enable_chunked_prefill=True,
                       enable_prefix_caching=True)
-    from dataclasses import asdict
-
     return {"trial_id": trial_id, "run_id": "r", "status": status, "gpu": "H100-80GB", "feasible": ttft <= 500,
             "output_throughput_per_gpu": tput, "ttft_p99_ms": ttft, "failure_kind": None,
             "engine_args_json": json.dumps(asdict(args)) if status == "completed" else None}
@@ -128,10 +133,16 @@ def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_fac
     resolved = json.loads(chosen["engine_args_json"])
     serve_config = yaml.safe_load(config.read_text())
     llm_config = serve_config["applications"][0]["args"]["llm_configs"][0]
-    # n-gram speculation's knobs reach vLLM as one speculative_config (tests/hardware/test_speculative.py)
+    # the speculation knobs are not engine fields of vLLM's: they reach it as one speculative_config (below)
     fields = sorted(k for k, v in resolved.items() if k != "extra" and v is not None and k not in SPECULATIVE_ARGS)
+    # A trial that speculated (n-gram lookup): its three knobs reach vLLM as one speculative_config.
+    speculative = EngineArgs(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=2)
+    speculative_row = {**_row("r-0009"), "engine_args_json": json.dumps(asdict(speculative))}
+    speculative_command = recommend(pd.DataFrame([speculative_row]), _study(tmp_path), slos=[],
+                                    model=str(checkpoint)).vllm_command()
     parsed = subprocess.run([sys.executable, "-c", VLLM_PARSE, command, json.dumps(llm_config["engine_kwargs"]),
-                             json.dumps(fields), str(config)], capture_output=True, text=True, timeout=600,
+                             json.dumps(fields), str(config), speculative_command],
+                            capture_output=True, text=True, timeout=600,
                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VLLM_NO_USAGE_STATS": "1",
                                  "HF_HUB_OFFLINE": "1"})
     assert parsed.returncode == 0, parsed.stderr[-3000:]
@@ -149,6 +160,8 @@ def test_recommended_command_parses_with_vllm_and_matches_the_trial(tmp_path_fac
     assert out["llm_config"]["engine_kwargs"] == llm_config["engine_kwargs"]
     assert serve_config["applications"][0]["import_path"] == "ray.serve.llm:build_openai_app"
     assert shlex.split(command)[2] == str(checkpoint)
+    assert out["speculative_config"] == speculative.speculative_config() == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
 
 
 def test_recommendation_states_the_agreement_it_was_chosen_under(tmp_path):
