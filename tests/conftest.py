@@ -153,11 +153,11 @@ def module_ray() -> Iterator[str]:
 
 
 @contextmanager
-def local_serve(port: int, env: Optional[Mapping[str, str]] = None) -> Iterator[int]:
-    """:func:`local_ray` with 1 logical GPU and Serve's proxy on ``port``. Yields the proxy's port."""
+def local_serve(port: int, env: Optional[Mapping[str, str]] = None, *, num_gpus: int = 1) -> Iterator[int]:
+    """:func:`local_ray` with ``num_gpus`` logical GPUs and Serve's proxy on ``port``. Yields the proxy's port."""
     from orchestrator.cluster.connect import start_serve
 
-    with local_ray(env, num_gpus=1):
+    with local_ray(env, num_gpus=num_gpus):
         yield start_serve(port)
 
 
@@ -193,8 +193,9 @@ def release_shared_cluster() -> None:
 
 
 def shared_serve() -> int:
-    """:func:`local_serve` for the served unit's modules, one Ray for all. Returns the proxy's port."""
-    return _shared_cluster(SERVED_UNIT, lambda stack: stack.enter_context(local_serve(SHARED_SERVE_PORT)))
+    """:func:`local_serve` for the served unit's modules, one Ray for all (2 logical GPUs: a study of
+    two concurrent trials runs on it). Returns the proxy's port."""
+    return _shared_cluster(SERVED_UNIT, lambda stack: stack.enter_context(local_serve(SHARED_SERVE_PORT, num_gpus=2)))
 
 
 @dataclass(frozen=True)

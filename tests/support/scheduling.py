@@ -30,10 +30,10 @@ ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu
 
 SERVED_UNIT = "served-simulator"
 SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",
-                  "test_sessions_served.py")
+                  "test_sessions_served.py", "test_study_served.py")
 
 EXPECTED_S = {
-    "test_trained_model.py": 70, SERVED_UNIT: 240, "test_faults_cluster.py": 220, "test_study_e2e.py": 150,
+    "test_trained_model.py": 70, SERVED_UNIT: 290, "test_faults_cluster.py": 220, "test_study_e2e.py": 130,
     "test_jobs.py": 110, "test_search_fidelity.py": 110, "test_resume_kill.py": 100, "test_corrupt_results.py": 60,
     "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
     "test_unit_metrics.py": 40, "test_faults_disk.py": 40, "test_plan.py": 30, "test_preflight_default.py": 30,
