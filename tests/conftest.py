@@ -211,9 +211,10 @@ class EngineCluster:
 
 @pytest.fixture
 def engine_cluster(request, tmp_path_factory) -> EngineCluster:
-    """The engine unit's modules share one Ray (one start instead of four); test_vllm_cpu_serve_llm.py,
-    which needs Ray's metrics every second, starts its own after them. Every worker sees
-    ``ENGINE_UNIT_ENV``: test_vllm_cpu names it as the engine's Hugging Face token variable."""
+    """The engine unit's modules share one Ray (one start instead of five), which reports metrics every
+    second as ``orchestrator run`` starts Ray for vLLM (test_vllm_cpu_serve_llm reads vLLM's metrics
+    from Ray's exporter). Every worker sees ``ENGINE_UNIT_ENV``: test_vllm_cpu names it as the
+    engine's Hugging Face token variable."""
     from support.vllm_processes import ENGINE_UNIT_ENV, own_caches
 
     def start(stack: ExitStack) -> EngineCluster:
@@ -222,7 +223,7 @@ def engine_cluster(request, tmp_path_factory) -> EngineCluster:
         cache_root = tmp_path_factory.mktemp("engine-unit-cache")
         env = own_caches(stack.enter_context(pytest.MonkeyPatch.context()), cache_root,
                          shared_model_infos(request.config, tmp_path_factory))
-        session_dir = stack.enter_context(local_ray({**env, **ENGINE_UNIT_ENV}, num_gpus=4))
+        session_dir = stack.enter_context(local_ray({**env, **ENGINE_UNIT_ENV}, num_gpus=4, ray_metrics=True))
         return EngineCluster(cache_root, start_serve(ENGINE_SERVE_PORT), Path(session_dir))
 
     return _shared_cluster(ENGINE_UNIT, start)

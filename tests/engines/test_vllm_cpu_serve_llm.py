@@ -17,13 +17,12 @@ import time
 
 import pytest
 
-from conftest import local_ray
 from support.vllm_processes import vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, vllm_caches):
+def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, engine_cluster):
     from ray import serve
 
     from orchestrator.apps.recommend import recommend
@@ -51,12 +50,11 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, vllm_caches)
         "budget": {"trials": 1, "max_concurrent_trials": 1},
         "output": str(tmp_path / "out"),
     })
-    with local_ray(vllm_caches, ray_metrics=True):
-        run = run_study(study, quiet=True, serve_port=8132)
-        leftover = [a for a in serve.status().applications if a.startswith("tune-")]
+    run = run_study(study, quiet=True, serve_port=engine_cluster.serve_port)
+    leftover = [a for a in serve.status().applications if a.startswith("tune-")]
     assert leftover == []
     time.sleep(2)
-    assert vllm_processes(tmp_path / "cache") == [], "a vLLM process outlived its trial"
+    assert vllm_processes(engine_cluster.cache_root) == [], "a vLLM process outlived its trial"
 
     (row,) = [r for _, r in load_trials(run.study_dir).iterrows()]
     assert row["status"] == "completed", (row["failure_kind"], row["failure_message"])

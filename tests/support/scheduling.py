@@ -12,7 +12,7 @@ one worker, while the other workers take the rest, longest first, each module wh
 module-scoped Ray cluster set up once). The served-simulator modules that each need nothing
 but a local Ray with Serve are a unit too (:data:`SERVED_UNIT`): one after another on one
 worker, on one cluster (conftest's ``shared_serve``) instead of one each, and so are the engine
-unit's first four modules (conftest's ``engine_cluster``). :data:`EXPECTED_S` holds rough wall
+unit's modules (conftest's ``engine_cluster``). :data:`EXPECTED_S` holds rough wall
 times measured in a three-worker run of a fresh clone; a module missing from it is short.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path, PurePath
 
 ENGINE_UNIT = "vllm-cpu-engines"
 # In this order: the modules that judge latencies (test_vllm_cpu, test_vllm_cpu_sessions: SLOs on
-# TTFT) where no :data:`BURSTY` module runs beside them (the probe's trained model runs second); the
-# first four on one Ray (conftest's ``engine_cluster``), then the one that starts a Ray of its own.
+# TTFT) where no :data:`BURSTY` module runs beside them (the probe's trained model runs second); all
+# on one Ray (conftest's ``engine_cluster``).
 ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu_sessions.py",
                   "test_engine_conformance.py", "test_vllm_cpu_serve_llm.py")
 
