@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import pytest
 
 from support import cpu_profile
-from support.scheduling import (ENGINE_UNIT, SERVED_UNIT, give_way_to_the_engine_unit, make_scheduler, order_key,
-                                ray_workers_of_the_suite, unit_of)
+from support.scheduling import (ENGINE_UNIT, RAY_UNIT, SERVED_UNIT, give_way_to_the_engine_unit, make_scheduler,
+                                order_key, ray_workers_of_the_suite, unit_of)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -144,12 +144,12 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
                 os.environ[k] = v
 
 
-@pytest.fixture(scope="module")
-def module_ray() -> Iterator[str]:
-    """:func:`local_ray` (2 CPUs) for a module's studies: each ``run_study`` joins it, as on a
-    cluster, instead of starting a Ray of its own per test."""
-    with local_ray(num_cpus=2) as session_dir:
-        yield session_dir
+@pytest.fixture
+def module_ray() -> str:
+    """:func:`local_ray` (3 CPUs, 2 logical GPUs) for the Ray unit's studies (support.scheduling's
+    ``RAY_MODULES``): each ``run_study`` joins it, as on a cluster, instead of starting a Ray of its
+    own per module. Returns the session folder."""
+    return _shared_cluster(RAY_UNIT, lambda stack: stack.enter_context(local_ray(num_gpus=2)))
 
 
 @contextmanager

@@ -102,17 +102,8 @@ def test_policy_rejects_nonsense():
 
 
 # ------------------------------------------------------------------ the command, on a real Ray
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, namespace="orchestrator")
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
-def test_nightly_command_flags_a_slower_engine_only(ray_session, tmp_path_factory, tmp_path, capsys):
+def test_nightly_command_flags_a_slower_engine_only(module_ray, tmp_path_factory, tmp_path, capsys):
     from support.quickstart_dataset import shared_quickstart
 
     from orchestrator.cli import main

@@ -23,37 +23,31 @@ from typing import Any, Optional
 
 import pytest
 
-pytestmark = pytest.mark.slow  # starts Ray and Serve (once for the module)
+from conftest import shared_serve
 
-SERVE_PORT = 8217
+pytestmark = pytest.mark.slow  # the served unit's Ray and Serve
+
 MODEL = "sim-api"
 
 
 @pytest.fixture(scope="module")
 def doors(tmp_path_factory):
-    import ray
-
-    from orchestrator.cluster.connect import start_serve
     from orchestrator.engines import EngineContext, serve_app
     from orchestrator.engines.sim_served import ServedSimEngine
     from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.study.spec import parse_study
 
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, namespace="orchestrator")
-    try:
-        context = EngineContext(serve_port=start_serve(SERVE_PORT))
-        study = parse_study({
-            "name": "api", "engine": {"kind": "sim"}, "model": {"name": "tiny-llama", "served_name": MODEL},
-            "hardware": {"gpu": "H100-80GB"}, "space": {"max_num_seqs": 8},
-            "objectives": ["maximize output_throughput"], "output": str(tmp_path_factory.mktemp("out")),
-        })
-        engine = ServedSimEngine(study, context)
-        with engine.deploy("t1", engine.resolve(engine_args_from_params({"max_num_seqs": 8}))) as dep:
-            direct = dep.endpoint.facts["direct_url"]
-            assert direct and dep.endpoint.base_url == direct
-            yield {"direct": direct, "serve": context.serve_url("/" + serve_app.app_name_for("t1"))}
-    finally:
-        ray.shutdown()
+    context = EngineContext(serve_port=shared_serve())  # the served unit's Ray and Serve
+    study = parse_study({
+        "name": "api", "engine": {"kind": "sim"}, "model": {"name": "tiny-llama", "served_name": MODEL},
+        "hardware": {"gpu": "H100-80GB"}, "space": {"max_num_seqs": 8},
+        "objectives": ["maximize output_throughput"], "output": str(tmp_path_factory.mktemp("out")),
+    })
+    engine = ServedSimEngine(study, context)
+    with engine.deploy("sim-api", engine.resolve(engine_args_from_params({"max_num_seqs": 8}))) as dep:
+        direct = dep.endpoint.facts["direct_url"]
+        assert direct and dep.endpoint.base_url == direct
+        yield {"direct": direct, "serve": context.serve_url("/" + serve_app.app_name_for("sim-api"))}
 
 
 def call(base: str, path: str, method: str = "GET", body: Any = None, raw: Optional[bytes] = None):

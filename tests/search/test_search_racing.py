@@ -12,7 +12,6 @@ from orchestrator.apps.recommend import recommend
 from orchestrator.results.ties import combine_repeats
 from orchestrator.search.racing import Racer
 from orchestrator.study.spec import parse_study
-from conftest import local_ray
 from support.studies import run_printed
 
 
@@ -33,10 +32,9 @@ def _study(study_doc, tmp_path, remeasure: int):
     return parse_study(doc)
 
 
-def test_the_last_trials_measure_the_tied_leaders_again_and_the_answer_pools_them(study_doc, tmp_path):
+def test_the_last_trials_measure_the_tied_leaders_again_and_the_answer_pools_them(study_doc, tmp_path, module_ray):
     study = _study(study_doc, tmp_path, remeasure=3)
-    with local_ray(num_cpus=2):
-        trials, printed = run_printed(study, serve_port=8137)
+    trials, printed = run_printed(study, serve_port=8137)
     trials = trials.sort_values("trial_number").reset_index(drop=True)
     assert len(trials) == 6 and (trials["status"] == "completed").all()
     first, again = trials[trials["measurement"] == 0], trials[trials["measurement"] > 0]

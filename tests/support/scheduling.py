@@ -12,7 +12,8 @@ one worker, while the other workers take the rest, longest first, each module wh
 module-scoped Ray cluster set up once). The served-simulator modules that each need nothing
 but a local Ray with Serve are a unit too (:data:`SERVED_UNIT`): one after another on one
 worker, on one cluster (conftest's ``shared_serve``) instead of one each, and so are the engine
-unit's modules (conftest's ``engine_cluster``). :data:`EXPECTED_S` holds rough wall
+unit's modules (conftest's ``engine_cluster``) and the in-process studies that need only a Ray for
+Tune (:data:`RAY_UNIT`, conftest's ``module_ray``). :data:`EXPECTED_S` holds rough wall
 times measured in a three-worker run of a fresh clone; a module missing from it is short.
 """
 
@@ -28,24 +29,32 @@ ENGINE_UNIT = "vllm-cpu-engines"
 ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu_sessions.py",
                   "test_engine_conformance.py", "test_vllm_cpu_serve_llm.py")
 
+# The in-process studies of the virtual simulator that need nothing but a local Ray for Tune (conftest's
+# ``module_ray``): one Ray for all of them, one after another on one worker.
+RAY_UNIT = "local-ray-studies"
+RAY_MODULES = ("test_search_fidelity.py", "test_unit_metrics.py", "test_nightly.py", "test_preflight_default.py",
+               "test_search_screening.py", "test_search_racing.py")
+
 SERVED_UNIT = "served-simulator"
 SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",
-                  "test_sessions_served.py", "test_study_served.py")
+                  "test_sessions_served.py", "test_study_served.py", "test_sim_http.py")
 
 EXPECTED_S = {
-    "test_trained_model.py": 70, SERVED_UNIT: 290, "test_faults_cluster.py": 220, "test_study_e2e.py": 130,
-    "test_jobs.py": 110, "test_search_fidelity.py": 110, "test_resume_kill.py": 100, "test_corrupt_results.py": 60,
-    "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
-    "test_unit_metrics.py": 40, "test_faults_disk.py": 40, "test_plan.py": 30, "test_preflight_default.py": 30,
-    "test_nightly.py": 30, "test_search_screening.py": 30, "test_query_docs.py": 20,
+    "test_trained_model.py": 70, SERVED_UNIT: 290, RAY_UNIT: 250, "test_faults_cluster.py": 220,
+    "test_study_e2e.py": 130, "test_jobs.py": 110, "test_resume_kill.py": 100, "test_corrupt_results.py": 60,
+    "test_study_inputs.py": 40, "test_damage_fuzz.py": 40, "test_faults_disk.py": 40, "test_plan.py": 30,
+    "test_query_docs.py": 20,
 }
 
 
 def unit_of(path: str) -> str:
-    """The unit of work a test module belongs to: the engine unit, the served unit, or the module itself."""
+    """The unit of work a test module belongs to: the engine unit, the served unit, the Ray unit, or the
+    module itself."""
     name = PurePath(path).name
     if name in ENGINE_MODULES:
         return ENGINE_UNIT
+    if name in RAY_MODULES:
+        return RAY_UNIT
     return SERVED_UNIT if name in SERVED_MODULES else path
 
 
@@ -85,6 +94,8 @@ def order_key(path: str) -> tuple:
         return (1, EARLY.index(name))
     if name in SERVED_MODULES:  # the unit's modules side by side, in the unit's place
         return (2, -EXPECTED_S[SERVED_UNIT], SERVED_MODULES.index(name))
+    if name in RAY_MODULES:
+        return (2, -EXPECTED_S[RAY_UNIT], RAY_MODULES.index(name))
     if name in BURSTY:  # after every module of the weight it is placed at
         return (2, -_bursty_place(), len(SERVED_MODULES) + BURSTY.index(name))
     return (2, -EXPECTED_S.get(name, 0), 0)
