@@ -26,7 +26,7 @@ import yaml
 from conftest import REPO
 from support.cli import orchestrator
 
-pytestmark = pytest.mark.slow  # `orchestrator run` starts Ray
+pytestmark = pytest.mark.slow  # `orchestrator run` joins the Ray unit's cluster (conftest's module_ray)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,14 @@ def copy(dataset, tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def ray_address(module_ray) -> str:
+    """The Ray the ``run`` commands join (``--address``, as on a cluster) instead of starting one each."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
 def data_files(study_dir: Path, table: str) -> list[Path]:
     return sorted((study_dir / table).rglob("*.parquet"))
 
@@ -65,7 +73,7 @@ def assert_clean(r: subprocess.CompletedProcess, codes=(0,)) -> None:
     assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
 
 
-def test_unreadable_data_files_are_skipped_with_a_warning(copy):
+def test_unreadable_data_files_are_skipped_with_a_warning(copy, ray_address):
     study_dir = copy / "results" / "quickstart"
     trials = data_files(study_dir, "trials")
     requests = data_files(study_dir, "requests")
@@ -82,7 +90,8 @@ def test_unreadable_data_files_are_skipped_with_a_warning(copy):
         "pareto": ["pareto", str(study_dir)],
         "report": ["report", str(study_dir), "--output", str(copy / "report")],
         "recommend": ["recommend", str(study_dir), "--slo", "ttft_p99_ms <= 1e9"],
-        "run": ["run", str(copy / "study.yaml"), "--trials", "2", "--quiet"],  # a new run of two trials
+        # a new run of two trials
+        "run": ["run", str(copy / "study.yaml"), "--trials", "2", "--quiet", "--address", ray_address],
     }
     for name, args in commands.items():
         r = orchestrator(*args)
@@ -131,7 +140,7 @@ def _retype(path: Path, column: str) -> None:
     pq.write_table(table.set_column(i, pa.field(column, pa.string()), table.column(column).cast(pa.string())), path)
 
 
-def test_a_column_of_another_type_and_a_row_without_status(copy):
+def test_a_column_of_another_type_and_a_row_without_status(copy, ray_address):
     """A file whose ``ttft_p99_ms`` is text is skipped with a warning naming the file and the column
     (the other files read); a row without ``status`` is counted and named, never dropped silently."""
     import pyarrow.parquet as pq
@@ -151,7 +160,7 @@ def test_a_column_of_another_type_and_a_row_without_status(copy):
         "pareto": ["pareto", str(study_dir)],
         "report": ["report", str(study_dir), "--output", str(copy / "report")],
         "recommend": ["recommend", str(study_dir), "--slo", "ttft_p99_ms <= 1e9"],
-        "run": ["run", str(copy / "study.yaml"), "--trials", "1", "--quiet"],
+        "run": ["run", str(copy / "study.yaml"), "--trials", "1", "--quiet", "--address", ray_address],
     }
     for name, args in commands.items():
         r = orchestrator(*args)
