@@ -58,7 +58,9 @@ def fill(path) -> None:
         os.close(fd)
 
 
-def test_full_disk_stops_the_study_cleanly_and_it_resumes(tmp_path, small_disk, repo):
+def test_full_disk_stops_the_study_cleanly_and_it_resumes(tmp_path, small_disk, repo, module_ray):
+    import ray
+
     doc = {
         "name": "fulldisk", "seed": 2,
         "engine": {"kind": "sim", "mode": "virtual"},
@@ -75,7 +77,8 @@ def test_full_disk_stops_the_study_cleanly_and_it_resumes(tmp_path, small_disk, 
     path = tmp_path / "fulldisk.yaml"
     path.write_text(yaml.safe_dump(doc))
     trials_dir = small_disk / "results" / "fulldisk" / "trials"
-    cmd = [sys.executable, "-m", "orchestrator", "run", str(path)]
+    # Both runs join the Ray unit's cluster (as on a cluster) instead of starting one each.
+    cmd = [sys.executable, "-m", "orchestrator", "run", str(path), "--address", ray.get_runtime_context().gcs_address]
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(list(trials_dir.rglob("*.parquet"))) < 2:

@@ -1,9 +1,10 @@
 """Corrupt results: never a traceback, a warning or an error line naming the file, the file left alone.
 
 The dataset is the quickstart's, written by ``orchestrator run`` once per test run for every
-module that reads it (``test_query_docs.shared_quickstart``: the virtual-time simulator, seconds). Each case copies it, breaks one thing the way a full disk,
-a killed copy or a hand edit does (a truncated or empty trial Parquet file, a truncated
-request file, a garbled ``study.json``), and runs the commands people run on it:
+module that reads it (``support.quickstart_dataset``: the virtual-time simulator, seconds). Each
+case copies it, breaks one thing the way a full disk, a killed copy or a hand edit does (a
+truncated or empty trial Parquet file, a truncated request file, a garbled ``study.json``), and
+runs the commands people run on it:
 
 * an unreadable data file is skipped with one warning line naming it; the command goes on
   (exit 0) with the rest;
