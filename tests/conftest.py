@@ -144,12 +144,17 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
                 os.environ[k] = v
 
 
+def ray_unit() -> str:
+    """:func:`local_ray` (3 CPUs, 2 logical GPUs) for the Ray unit's studies (support.scheduling's
+    ``RAY_MODULES``): each ``run_study`` joins it, and each ``orchestrator run`` with ``--address``,
+    as on a cluster, instead of starting a Ray of its own per module. Returns the session folder."""
+    return _shared_cluster(RAY_UNIT, lambda stack: stack.enter_context(local_ray(num_gpus=2)))
+
+
 @pytest.fixture
 def module_ray() -> str:
-    """:func:`local_ray` (3 CPUs, 2 logical GPUs) for the Ray unit's studies (support.scheduling's
-    ``RAY_MODULES``): each ``run_study`` joins it, as on a cluster, instead of starting a Ray of its
-    own per module. Returns the session folder."""
-    return _shared_cluster(RAY_UNIT, lambda stack: stack.enter_context(local_ray(num_gpus=2)))
+    """:func:`ray_unit` for a test."""
+    return ray_unit()
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, ray_unit
 from orchestrator.apps.plan import Candidate, PlanError, check_rate, plan_fleet, replicas_for, target_ongoing_requests
 from orchestrator.cli import main
 from orchestrator.hardware.pricing import unit_metrics
@@ -233,9 +233,12 @@ budget: {trials: 2, max_concurrent_trials: 1}
 @pytest.fixture(scope="module")
 def sim_capacity_study(tmp_path_factory) -> Path:
     """A capacity search in virtual time over TP 1 and TP 2 (the quickstart runs none)."""
+    import ray
+
     base = tmp_path_factory.mktemp("plan-sim")
     (base / "study.yaml").write_text(SIM_STUDY)
-    _run(base / "study.yaml", base / "results")
+    ray_unit()  # the run joins the Ray unit's cluster instead of starting one
+    _run(base / "study.yaml", base / "results", "--address", ray.get_runtime_context().gcs_address)
     return base / "results" / "plan-sim"
 
 

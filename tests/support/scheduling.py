@@ -33,16 +33,17 @@ ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu
 # ``module_ray``): one Ray for all of them, one after another on one worker.
 RAY_UNIT = "local-ray-studies"
 RAY_MODULES = ("test_search_fidelity.py", "test_unit_metrics.py", "test_nightly.py", "test_corrupt_results.py",
-               "test_faults_disk.py", "test_preflight_default.py", "test_search_screening.py", "test_search_racing.py")
+               "test_faults_disk.py", "test_preflight_default.py", "test_search_screening.py", "test_search_racing.py",
+               "test_plan.py")
 
 SERVED_UNIT = "served-simulator"
 SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",
                   "test_sessions_served.py", "test_study_served.py", "test_sim_http.py")
 
 EXPECTED_S = {
-    "test_trained_model.py": 70, SERVED_UNIT: 290, RAY_UNIT: 380, "test_faults_cluster.py": 220,
+    "test_trained_model.py": 70, SERVED_UNIT: 290, RAY_UNIT: 400, "test_faults_cluster.py": 220,
     "test_study_e2e.py": 130, "test_jobs.py": 110, "test_resume_kill.py": 100,
-    "test_study_inputs.py": 40, "test_damage_fuzz.py": 40, "test_plan.py": 30,
+    "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
     "test_query_docs.py": 20,
 }
 
