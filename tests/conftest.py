@@ -152,7 +152,7 @@ def ray_unit() -> str:
 
 
 @pytest.fixture
-def module_ray() -> str:
+def unit_ray() -> str:
     """:func:`ray_unit` for a test."""
     return ray_unit()
 

@@ -103,7 +103,7 @@ def test_policy_rejects_nonsense():
 
 # ------------------------------------------------------------------ the command, on a real Ray
 @pytest.mark.slow
-def test_nightly_command_flags_a_slower_engine_only(module_ray, tmp_path_factory, tmp_path, capsys):
+def test_nightly_command_flags_a_slower_engine_only(unit_ray, tmp_path_factory, tmp_path, capsys):
     from support.quickstart_dataset import shared_quickstart
 
     from orchestrator.cli import main

@@ -58,7 +58,7 @@ def fill(path) -> None:
         os.close(fd)
 
 
-def test_full_disk_stops_the_study_cleanly_and_it_resumes(tmp_path, small_disk, repo, module_ray):
+def test_full_disk_stops_the_study_cleanly_and_it_resumes(tmp_path, small_disk, repo, unit_ray):
     import ray
 
     doc = {

@@ -94,7 +94,7 @@ def _check_sampler_saw(study, study_dir: Path, trials: pd.DataFrame) -> None:
 
 
 @pytest.mark.slow  # `orchestrator run` starts Ray
-def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path, capsys, module_ray):
+def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path, capsys, unit_ray):
     # A rate-bound workload: every configuration serves about the same tokens per second, so
     # cost grows with the GPU count and this limit lies between one and two GPUs' cost.
     limit = 1.5 * PRICE / 3600 / (4 * 32) * 1e6
@@ -146,7 +146,7 @@ def test_objectives_constraints_and_commands_on_unit_metrics(tmp_path, capsys, m
 
 
 @pytest.mark.slow
-def test_capacity_per_gpu_as_objective_and_constraint(tmp_path, capsys, module_ray):
+def test_capacity_per_gpu_as_objective_and_constraint(tmp_path, capsys, unit_ray):
     """The capacity objective per GPU, with the default price of the study's GPU."""
     constraints = ["capacity_rps_per_gpu >= 1", "ttft_p99_ms <= 300", "tpot_p50_ms <= 30"]
     doc = _doc(tmp_path, "unit-capacity", objectives=["maximize capacity_rps_per_gpu"], constraints=constraints,

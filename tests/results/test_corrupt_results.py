@@ -27,7 +27,7 @@ import yaml
 from conftest import REPO
 from support.cli import orchestrator
 
-pytestmark = pytest.mark.slow  # `orchestrator run` joins the Ray unit's cluster (conftest's module_ray)
+pytestmark = pytest.mark.slow  # `orchestrator run` joins the Ray unit's cluster (conftest's unit_ray)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def copy(dataset, tmp_path) -> Path:
 
 
 @pytest.fixture
-def ray_address(module_ray) -> str:
+def ray_address(unit_ray) -> str:
     """The Ray the ``run`` commands join (``--address``, as on a cluster) instead of starting one each."""
     import ray
 

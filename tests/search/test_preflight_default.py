@@ -17,7 +17,7 @@ import yaml
 from support.studies import run_printed, tune_trials
 from orchestrator.study.spec import parse_study
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("module_ray")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("unit_ray")]
 START_FAILURES = {"weights_oom", "no_kv_memory", "kv_cache_too_small", "invalid_args"}
 
 

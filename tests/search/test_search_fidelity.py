@@ -61,7 +61,7 @@ def _doc(tmp_path, url: str, **search) -> dict:
     }
 
 
-def test_the_simulator_screens_and_real_trials_confirm(endpoint, module_ray, tmp_path):
+def test_the_simulator_screens_and_real_trials_confirm(endpoint, unit_ray, tmp_path):
     import ray
 
     study = parse_study(_doc(tmp_path, endpoint))  # fidelity_min_gain: the default, 1%
@@ -101,7 +101,7 @@ def test_the_simulator_screens_and_real_trials_confirm(endpoint, module_ray, tmp
     assert "predicted_tpot_p50_ms" in preds.columns
 
 
-def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, module_ray, tmp_path):
+def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, unit_ray, tmp_path):
     """A capacity trial's metrics are measured at its capacity, the simulator's at the capacity it
     predicts: with TPOT the SLO both sit just under the limit, whatever the step costs are. The
     calibration is fitted to each measured load level against the simulator at that level's rate,
@@ -154,7 +154,7 @@ def test_bad_fidelity_settings_are_one_line_errors(tmp_path, change, message):
     assert message in str(e.value)
 
 
-def test_the_space_is_scored_over_the_cluster_as_in_one_process(module_ray, tmp_path):
+def test_the_space_is_scored_over_the_cluster_as_in_one_process(unit_ray, tmp_path):
     """Before the first real trial the whole space is scored in Ray tasks over the free CPUs;
     the scores are the ones this process computes (the virtual simulator is deterministic)."""
     import ray

@@ -32,7 +32,7 @@ def _study(study_doc, tmp_path, remeasure: int):
     return parse_study(doc)
 
 
-def test_the_last_trials_measure_the_tied_leaders_again_and_the_answer_pools_them(study_doc, tmp_path, module_ray):
+def test_the_last_trials_measure_the_tied_leaders_again_and_the_answer_pools_them(study_doc, tmp_path, unit_ray):
     study = _study(study_doc, tmp_path, remeasure=3)
     trials, printed = run_printed(study, serve_port=8137)
     trials = trials.sort_values("trial_number").reset_index(drop=True)

@@ -20,7 +20,7 @@ from support.studies import run_printed, tune_trials
 from orchestrator.search import optuna_storage, optuna_study_name
 from orchestrator.study.state_dir import local_state_dir
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("module_ray")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("unit_ray")]
 
 
 def _study(study_doc, tmp_path, trials: int, memory=0.25):

@@ -13,7 +13,7 @@ module-scoped Ray cluster set up once). The served-simulator modules that each n
 but a local Ray with Serve are a unit too (:data:`SERVED_UNIT`): one after another on one
 worker, on one cluster (conftest's ``shared_serve``) instead of one each, and so are the engine
 unit's modules (conftest's ``engine_cluster``) and the in-process studies that need only a Ray for
-Tune (:data:`RAY_UNIT`, conftest's ``module_ray``). :data:`EXPECTED_S` holds rough wall
+Tune (:data:`RAY_UNIT`, conftest's ``unit_ray``). :data:`EXPECTED_S` holds rough wall
 times measured in a three-worker run of a fresh clone; a module missing from it is short.
 """
 
@@ -29,8 +29,8 @@ ENGINE_UNIT = "vllm-cpu-engines"
 ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu_sessions.py",
                   "test_engine_conformance.py", "test_vllm_cpu_serve_llm.py")
 
-# The in-process studies of the virtual simulator that need nothing but a local Ray for Tune (conftest's
-# ``module_ray``): one Ray for all of them, one after another on one worker.
+# The studies of the virtual simulator that need nothing but a local Ray for Tune, in process or as
+# ``orchestrator run --address`` (conftest's ``unit_ray``): one Ray for all, one module after another.
 RAY_UNIT = "local-ray-studies"
 RAY_MODULES = ("test_search_fidelity.py", "test_unit_metrics.py", "test_nightly.py", "test_corrupt_results.py",
                "test_faults_disk.py", "test_preflight_default.py", "test_search_screening.py", "test_search_racing.py",
