@@ -41,8 +41,8 @@ from orchestrator.measure.metrics import LATENCY_FAMILIES, PERCENTILES, RequestS
 from orchestrator.measure.records import RequestRecord
 
 __all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "GPU_WINDOW_NOISE", "CPU_WINDOW_NOISE",
-           "INTERVAL_METRICS", "Interval", "NO_WINDOW_NOISE", "WindowNoise", "interval_columns", "metric_intervals",
-           "t_of", "z_of"]
+           "INTERVAL_METRICS", "Interval", "MetricDraws", "NO_START_NOISE", "NO_WINDOW_NOISE", "GPU_START_NOISE", "CPU_START_NOISE", "WindowNoise", "interval_columns",
+           "metric_draws", "metric_intervals", "t_of", "z_of"]
 
 DEFAULT_CONFIDENCE = 0.90
 BOOTSTRAP_SAMPLES = 400
@@ -99,6 +99,22 @@ GPU_WINDOW_NOISE = WindowNoise.of({"ttft_p90_ms": 0.18, "ttft_p95_ms": 0.22, "tt
 # The same on vLLM's CPU build, one configuration at a fixed rate over five seeds (each its own engine
 # start; results/examples/repeatability-cpu-vllm): only TTFT's median moved beyond its intervals.
 CPU_WINDOW_NOISE = WindowNoise.of({"ttft_mean_ms": 0.17, "ttft_p50_ms": 0.17})
+
+# Start-to-start noise: how far a metric moves between two engine starts of one configuration, beyond
+# what the windows of one start show (log-scale standard deviation; one shift per start, shared by every
+# window and level of it). One start cannot see it; a capacity's interval and every paired comparison
+# carry it (orchestrator.trial.capacity_fit, orchestrator.results.paired). The simulator has none: the
+# same requests give the same numbers. The real engines' priors are measured by starting the engine
+# anew for every replicate (benchmarks/repeatability.py --starts; docs/benchmarks.md, "Engine starts
+# as replicates"); a study's own replicate starts (racing) replace them where it has them.
+NO_START_NOISE = WindowNoise()
+# vLLM 0.26 on an H100 (results/examples/starts-h100): the inter-token tail moves between starts
+# (the defaults' ITL p99 at one rate: 24-27 ms on one start, 32-38 ms on the next), the rest hardly.
+GPU_START_NOISE = WindowNoise.of({"itl_p90_ms": 0.12, "itl_p95_ms": 0.12, "itl_p99_ms": 0.12,
+                                  "tpot_p50_ms": 0.03, "tpot_p90_ms": 0.05, "tpot_p99_ms": 0.05,
+                                  "ttft_p50_ms": 0.05, "ttft_p90_ms": 0.05, "ttft_p99_ms": 0.05})
+# vLLM's CPU build (results/examples/starts-cpu-vllm).
+CPU_START_NOISE = WindowNoise.of({"ttft_p99_ms": 0.05, "ttft_p90_ms": 0.05, "ttft_p95_ms": 0.05})
 
 _STATS = ("mean",) + tuple(f"p{p}" for p in PERCENTILES)
 LATENCY_INTERVAL_METRICS = tuple(f"{fam}_{s}_ms" for fam in LATENCY_FAMILIES for s in _STATS)
@@ -186,19 +202,36 @@ def _blocks(records: Sequence[RequestRecord], block_s: float) -> _Blocks:
     return _Blocks(of_request, np.asarray(seconds, dtype=float))
 
 
-def _weighted_quantiles(values: np.ndarray, groups: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
-    """Per draw (row of ``counts``, (B, k)): the ``q`` quantile of ``values`` each weighted by its
-    block's count (inverted CDF). NaN when a draw holds no value."""
-    order = np.argsort(values, kind="stable")
-    v, g = values[order], groups[order]
-    w = counts[:, g]  # (B, n)
-    cum = np.cumsum(w, axis=1)
-    total = cum[:, -1]
-    target = np.maximum(q * total, 1e-12)
-    idx = np.minimum((cum < target[:, None]).sum(axis=1), len(v) - 1)
-    out = v[idx].astype(float)
-    out[total <= 0] = np.nan
-    return out
+class _SortedByBlock:
+    """A family's values sorted once, with each block's running count along them: the weighted
+    quantiles of every draw found by bisection (``log2(n)`` steps of ``(B, k)`` work) instead of a
+    cumulative sum over every value per draw (``(B, n)``: ITL has a value per token)."""
+
+    def __init__(self, values: np.ndarray, groups: np.ndarray, k: int):
+        order = np.argsort(values, kind="stable")
+        self.values = values[order]
+        g = groups[order]
+        self.running = np.zeros((len(g) + 1, k), dtype=np.int32)  # [i, blk]: values of blk among the first i
+        np.add.at(self.running[1:], (np.arange(len(g)), g), 1)
+        np.cumsum(self.running, axis=0, out=self.running)
+
+    def quantiles(self, counts: np.ndarray, q: float) -> np.ndarray:
+        """Per draw (row of ``counts``, (B, k)): the ``q`` quantile of the values each weighted by its
+        block's count (inverted CDF). NaN when a draw holds no value."""
+        n = len(self.values)
+        total = counts @ self.running[n]
+        target = np.maximum(q * total, 1e-12)
+        lo = np.zeros(len(counts), dtype=np.int64)  # the answer: the first i with cum(i + 1) >= target
+        hi = np.full(len(counts), n - 1, dtype=np.int64)
+        while np.any(lo < hi):
+            mid = (lo + hi) // 2
+            cum = np.einsum("bk,bk->b", self.running[mid + 1], counts)
+            reached = cum >= target
+            hi = np.where(reached, mid, hi)
+            lo = np.where(reached, lo, mid + 1)
+        out = self.values[lo].astype(float)
+        out[total <= 0] = np.nan
+        return out
 
 
 def _weighted_means(values: np.ndarray, groups: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -237,26 +270,50 @@ def _with_window_noise(band: Interval, point: float, half_width: float) -> Inter
     return Interval(point * math.exp(-min(below, cap)), point * math.exp(min(above, cap)))
 
 
-def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *, confidence: float = DEFAULT_CONFIDENCE,
-                     gpus: int = 1, slo: RequestSLO = RequestSLO(), block_s: float = BLOCK_S,
-                     samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
-                     window_noise: WindowNoise = NO_WINDOW_NOISE) -> dict[str, Interval]:
-    """Intervals of ``metrics`` (those of :data:`INTERVAL_METRICS` a window has; the rest are left
-    out) over the measured ``records`` of one or more windows (``RequestRecord.window``), already
-    restricted to the measurement window as :func:`orchestrator.measure.metrics.summarise` does.
-    ``window_noise``: the engine's between-window noise, added to the latency metrics it names."""
+@dataclass(frozen=True)
+class MetricDraws:
+    """One metric's bootstrap: its point value and ``draws`` (one per resample, the same resamples for
+    every metric of one call), each draw already widened as the metric's interval is (per statistic,
+    :data:`INFLATION`; by the engine's window noise and start noise). Two calls over the same request
+    set with the same ``seed`` resample the same blocks: their draws are paired, and a difference of
+    two configurations' draws is the paired difference's bootstrap (:mod:`orchestrator.results.paired`)."""
+
+    point: float
+    draws: np.ndarray
+
+
+def _widened(draws: np.ndarray, point: float, inflation: tuple[float, float]) -> np.ndarray:
+    """Each draw moved away from ``point`` by the statistic's inflation (in log space, capped at
+    :data:`MAX_RATIO`; linearly where a value is not positive): the draws whose quantiles are the
+    interval :func:`_band` gives."""
+    below, above = inflation
+    out = np.array(draws, dtype=float)
+    if not math.isfinite(point):
+        return out
+    if point > 0:
+        pos = out > 0
+        d = np.log(np.where(pos, out, 1.0) / point)
+        d = np.clip(np.where(d < 0, d * below, d * above), -math.log(MAX_RATIO), math.log(MAX_RATIO))
+        return np.where(pos, point * np.exp(d), point - below * (point - out))
+    return np.where(out < point, point - below * (point - out), point + above * (out - point))
+
+
+def _bootstrap(records: Sequence[RequestRecord], metrics: Iterable[str], *, gpus: int, slo: RequestSLO,
+               block_s: float, samples: int, seed: int):
+    """``(windows, {metric: (point, raw draws, inflation)})``: the block bootstrap of each metric
+    over the measured records (see :func:`metric_intervals`)."""
     wanted = [m for m in dict.fromkeys(metrics) if m in LATENCY_INTERVAL_METRICS or m in THROUGHPUT_INTERVAL_METRICS]
     measured = [r for r in records if not r.warmup and r.sent_s is not None]
     if not wanted or not measured:
-        return {}
+        return 0, {}
     blocks = _blocks(measured, block_s)
-    noise_scale = z_of(confidence) / math.sqrt(len({r.window for r in measured}))  # pooled windows average it
+    windows = len({r.window for r in measured})
     rng = np.random.default_rng(seed)
     k = blocks.count
     counts = rng.multinomial(k, np.full(k, 1.0 / k), size=samples).astype(float)  # (B, k)
     ok = np.array([r.success for r in measured])
     g_all = blocks.of_request
-    out: dict[str, Interval] = {}
+    out: dict[str, tuple[float, np.ndarray, tuple[float, float]]] = {}
 
     def latency(fam: str) -> tuple[np.ndarray, np.ndarray]:
         if fam == "itl":
@@ -282,20 +339,20 @@ def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *
         values, groups = latency(fam)
         if len(values) == 0:
             continue
+        ordered = None
         for m in names:
             stat = m[len(fam) + 1:-3]
             if stat == "mean":
                 draws, point = _weighted_means(values, groups, counts), float(values.mean())
             else:
                 q = int(stat[1:])
-                draws, point = _weighted_quantiles(values, groups, counts, q / 100.0), float(np.percentile(values, q))
+                ordered = ordered or _SortedByBlock(values, groups, k)
+                draws, point = ordered.quantiles(counts, q / 100.0), float(np.percentile(values, q))
             widen = SLOW_TAIL_INFLATION.get(stat, INFLATION[stat]) if fam != "ttft" else INFLATION[stat]
             if stat != "mean" and stat != "p50":
                 few = max(1.0, math.sqrt(MIN_TAIL / max(len(values) * (1.0 - int(stat[1:]) / 100.0), 1e-9)))
                 widen = (widen[0] * few, widen[1] * few)
-            band = _band(draws, confidence, point, widen)
-            if band is not None:
-                out[m] = _with_window_noise(band, point, window_noise.sd_of(m) * noise_scale)
+            out[m] = (point, draws, widen)
 
     through = [m for m in wanted if m in THROUGHPUT_INTERVAL_METRICS]
     if through:
@@ -321,10 +378,60 @@ def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *
                                      for r, s in zip(measured, ok))}
         for m in through:
             point = float(sums[m].sum()) / max(len(measured), 1) * rate
-            band = _band((counts @ sums[m]) / np.maximum(n_drawn, 1e-12) * rate, confidence, point,
-                         INFLATION["throughput"])
-            if band is not None:
-                out[m] = band
+            out[m] = (point, (counts @ sums[m]) / np.maximum(n_drawn, 1e-12) * rate, INFLATION["throughput"])
+    return windows, out
+
+
+def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *, confidence: float = DEFAULT_CONFIDENCE,
+                     gpus: int = 1, slo: RequestSLO = RequestSLO(), block_s: float = BLOCK_S,
+                     samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
+                     window_noise: WindowNoise = NO_WINDOW_NOISE,
+                     start_noise: WindowNoise = NO_WINDOW_NOISE) -> dict[str, Interval]:
+    """Intervals of ``metrics`` (those of :data:`INTERVAL_METRICS` a window has; the rest are left
+    out) over the measured ``records`` of one or more windows (``RequestRecord.window``), already
+    restricted to the measurement window as :func:`orchestrator.measure.metrics.summarise` does.
+    ``window_noise``: the engine's between-window noise, added to the latency metrics it names;
+    ``start_noise``: its between-start noise (every window of one trial shares one engine start)."""
+    windows, boot = _bootstrap(records, metrics, gpus=gpus, slo=slo, block_s=block_s, samples=samples, seed=seed)
+    out: dict[str, Interval] = {}
+    if not boot:
+        return out
+    noise_scale = z_of(confidence) / math.sqrt(windows)  # pooled windows average it
+    z = z_of(confidence)
+    for m, (point, draws, widen) in boot.items():
+        band = _band(draws, confidence, point, widen)
+        if band is not None:
+            half = math.hypot(window_noise.sd_of(m) * noise_scale, start_noise.sd_of(m) * z)
+            out[m] = _with_window_noise(band, point, half)
+    return out
+
+
+def metric_draws(records: Sequence[RequestRecord], metrics: Iterable[str], *, gpus: int = 1,
+                 slo: RequestSLO = RequestSLO(), block_s: float = BLOCK_S, samples: int = BOOTSTRAP_SAMPLES,
+                 seed: int = 0, window_noise: WindowNoise = NO_WINDOW_NOISE,
+                 start_noise: WindowNoise = NO_WINDOW_NOISE, noise_seed: Optional[int] = None,
+                 start_shift: Optional[Mapping[str, np.ndarray]] = None) -> dict[str, MetricDraws]:
+    """The bootstrap :func:`metric_intervals` takes its intervals from, as draws: the same blocks
+    resampled (``seed``), each draw widened per statistic, then moved by the engine's noise. Window
+    noise is drawn per call (``noise_seed``: this trial's own, never shared with another trial);
+    start noise is ``start_shift[metric]`` (log units, one per draw) where given, so that every level
+    of one engine start moves together, or drawn here from ``start_noise``."""
+    windows, boot = _bootstrap(records, metrics, gpus=gpus, slo=slo, block_s=block_s, samples=samples, seed=seed)
+    noise = np.random.default_rng(noise_seed)
+    out: dict[str, MetricDraws] = {}
+    for m, (point, draws, widen) in boot.items():
+        d = _widened(draws, point, widen)
+        shift = np.zeros(len(d))
+        w_sd = window_noise.sd_of(m) / math.sqrt(max(windows, 1))
+        if w_sd > 0:
+            shift += noise.normal(0.0, w_sd, len(d))
+        if start_shift is not None and m in start_shift:
+            shift += start_shift[m]
+        elif start_noise.sd_of(m) > 0:
+            shift += noise.normal(0.0, start_noise.sd_of(m), len(d))
+        if np.any(shift != 0):
+            d = np.where(d > 0, d * np.exp(shift), d)
+        out[m] = MetricDraws(point, d)
     return out
 
 

@@ -361,6 +361,10 @@ ENGINE_METRIC_NAMES: tuple[str, ...] = ("startup_s", "kv_cache_tokens", "kv_cach
 PHASE_NAMES: tuple[str, ...] = ("queue_s", "load_window_s", "teardown_s", "overhead_s")
 # Capacity search (highest SLO-compliant request rate of one configuration).
 CAPACITY_METRIC_NAMES: tuple[str, ...] = ("capacity_rps", "capacity_goodput")
+# How well a capacity search's levels pin its capacity down (orchestrator.trial.capacity_fit): the binding
+# SLO margin's growth per unit of log rate at the crossing, its noise there (log units), and how many
+# levels met the SLOs at a rate above a level that missed them.
+CAPACITY_FIT_METRIC_NAMES: tuple[str, ...] = ("capacity_margin_slope", "capacity_margin_sd", "capacity_contradictions")
 # The warm-up before the measured window (orchestrator.measure.warmup.WarmupOutcome): its seconds, its
 # requests, and whether the engine became steady (1/0; null without a steady warm-up).
 WARMUP_METRIC_NAMES: tuple[str, ...] = ("warmup_s_used", "warmup_requests_used", "warmup_converged")
@@ -390,5 +394,5 @@ SESSION_METRIC_NAMES: tuple[str, ...] = (
 def known_metric_names() -> list[str]:
     """Every metric an objective or constraint may name."""
     return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES
-                + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES
+                + CAPACITY_FIT_METRIC_NAMES + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES
                 + PROBE_METRIC_NAMES + SESSION_METRIC_NAMES)

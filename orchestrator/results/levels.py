@@ -61,6 +61,10 @@ _SEARCH_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("confidence", pa.float64()),
     ("slo_violation", pa.float64()),
     ("slo_failures", pa.string()),
+    # The point of the study's rate grid (every trial replays the same requests there: paired levels), and
+    # whether the level contradicts another (met above a level that missed, or missed below one that met).
+    ("grid_index", pa.int64()),
+    ("contradicts", pa.bool_()),
 )
 
 _JUDGEMENT_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (

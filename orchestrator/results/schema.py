@@ -97,11 +97,19 @@ _CONFIG: tuple[tuple[str, pa.DataType], ...] = (
     ("slo_json", pa.string()),
     ("versions_json", pa.string()),
     ("host", pa.string()),
+    # Where the engine's start-to-start noise in the intervals comes from (a prior, the study's own, none).
+    ("start_noise", pa.string()),
+    # The bootstrap draws comparisons pair (orchestrator.results.paired): {"seed", "metrics": {name: [...]}}.
+    ("draws_json", pa.string()),
 )
 # Judgements over the metrics (after the metric columns).
 _JUDGEMENTS: tuple[tuple[str, pa.DataType], ...] = (
     ("harness_bound", pa.bool_()),
     ("harness_bound_reason", pa.string()),
+    # False: the capacity is ill-conditioned (its binding SLO margin hardly grows with the rate near the
+    # limit, compared with its noise): compare such a configuration by its margins at common rates.
+    ("capacity_conditioned", pa.bool_()),
+    ("capacity_binding", pa.string()),  # the SLO metric whose margin crosses zero first
 )
 # The reference-agreement probe (orchestrator.trial.probe): what its reference is (dummy weights, real
 # weights, an endpoint) and which trial's answers it was compared with (null: no baseline yet).

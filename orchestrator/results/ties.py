@@ -1,18 +1,17 @@
-"""Noise-aware ranking: which trials are better than others beyond their measurement noise.
+"""Noise-aware ranking: which trials are better than others, equivalent to them, or not yet told apart.
 
 Each metric with an interval has ``<metric>_low`` / ``<metric>_high`` columns
-(:mod:`orchestrator.measure.confidence`; the capacity search's bracket for ``capacity_rps``). One trial
-is **better beyond the noise** than another on a metric when their intervals do not overlap
-and it is on the better side; otherwise the two are **tied** on that metric. A metric without
-an interval (an old row, a telemetry metric) counts as its value alone (an interval of zero
-width). A null ``high`` beside a ``low`` is unbounded above (a capacity search in which no
-level was decided missed).
+(:mod:`orchestrator.measure.confidence`; the capacity fit's interval for ``capacity_rps``). Two trials
+are compared on a metric by their **paired difference** (:mod:`orchestrator.results.paired`: the same
+requests, the same resamples; each row's ``draws_json``): **better** or **worse** when its interval
+excludes 0, **equivalent** when it lies within the study's equivalence margin, **tied** otherwise.
+Rows without draws are compared by their intervals.
 
-* :func:`tie_mask`: the rows tied with a given row on one metric.
-* :func:`noise_front`: the rows no other row dominates beyond the noise (at least as good,
-  within the noise, on every objective, and better beyond it on one), with ``strict_front``
-  (on the point values' front too) and ``tied_with`` (how many other front rows it is tied
-  with on every objective).
+* :func:`tie_mask`: the rows whose interval of one metric overlaps a given row's (no direction:
+  what a single column can say).
+* :func:`noise_front`: the rows no other row dominates by decided comparisons, with
+  ``strict_front`` (on the point values' front too), ``tied_with`` (front rows not yet told apart
+  from it), ``equivalent_with`` and ``equivalence_class``.
 * :func:`combine_repeats`: one row per configuration measured more than once, its values
   pooled (inverse-variance weights, the interval of their mean).
 
@@ -29,6 +28,8 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
+from orchestrator.results.paired import (BETTER, DEFAULT_EQUIVALENCE_MARGIN, EQUIVALENT, TIED, WORSE,
+                                         verdict_matrix)
 from orchestrator.results.pareto import (ConstraintLike, ObjectiveLike, _candidates, _order_best_first,
                                          normalize_objectives, pareto_mask, to_losses)
 
@@ -67,46 +68,60 @@ def tie_mask(df: pd.DataFrame, i: int, metric: str) -> np.ndarray:
     return (low <= high[i]) & (low[i] <= high)
 
 
-def noise_front(candidates: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> pd.DataFrame:
-    """The rows of ``candidates`` (feasible rows, every objective present) that no other row
-    dominates beyond the noise, in their order, with two columns added: ``strict_front`` (also on
-    the front of the point values) and ``tied_with`` (other front rows tied on every objective)."""
+def noise_front(candidates: pd.DataFrame, objectives: Sequence[tuple[str, str]], *,
+                margin: float = DEFAULT_EQUIVALENCE_MARGIN, confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
+    """The rows of ``candidates`` (feasible rows, every objective present) that no other row dominates
+    by a decided comparison (:mod:`orchestrator.results.paired`: better on one objective, better or
+    equivalent on every other), in their order, with columns added: ``strict_front`` (also on the
+    front of the point values), ``tied_with`` (other front rows it is not yet told apart from: no
+    objective decided either way, not equivalent on all), ``equivalent_with`` (other front rows
+    equivalent to it on every objective, within ``margin``) and ``equivalence_class`` (front rows
+    linked by equivalence share one: the lowest position among them)."""
     n = len(candidates)
     if n == 0:
-        return candidates.assign(strict_front=pd.Series(dtype=bool), tied_with=pd.Series(dtype=int))
-    lows, highs = zip(*(bounds(candidates, m) for m, _ in objectives))
-    # beats[k][a, b]: a is better than b beyond the noise on objective k
-    beats = []
-    for (m, d), lo, hi in zip(objectives, lows, highs):
-        beats.append(lo[:, None] > hi[None, :] if d == "maximize" else hi[:, None] < lo[None, :])
-    worse_somewhere = np.zeros((n, n), dtype=bool)  # [a, b]: a is worse than b beyond the noise somewhere
-    better_somewhere = np.zeros((n, n), dtype=bool)
-    for b in beats:
-        better_somewhere |= b
-        worse_somewhere |= b.T
-    dominated_by = better_somewhere & ~worse_somewhere  # [j, i]: j dominates i beyond the noise
+        return candidates.assign(strict_front=pd.Series(dtype=bool), tied_with=pd.Series(dtype=int),
+                                 equivalent_with=pd.Series(dtype=int), equivalence_class=pd.Series(dtype=int))
+    verdicts = [verdict_matrix(candidates, m, d, margin=margin, confidence=confidence) for m, d in objectives]
+    better_somewhere = np.zeros((n, n), dtype=bool)  # [a, b]: a is better than b, decided, somewhere
+    worse_somewhere = np.zeros((n, n), dtype=bool)
+    equivalent_all = np.ones((n, n), dtype=bool)
+    undecided_all = np.ones((n, n), dtype=bool)  # no objective decided either way
+    for v in verdicts:
+        better_somewhere |= v == BETTER
+        worse_somewhere |= v == WORSE
+        equivalent_all &= v == EQUIVALENT
+        undecided_all &= (v == TIED) | (v == EQUIVALENT)
+    dominated_by = better_somewhere & ~worse_somewhere  # [j, i]: j dominates i
     on_front = ~dominated_by.any(axis=0)
     values = np.column_stack([candidates[m].to_numpy(dtype=float) for m, _ in objectives])
     strict = pareto_mask(values, [d for _, d in objectives])
-    tied_all = np.ones((n, n), dtype=bool)
-    for b in beats:
-        tied_all &= ~b & ~b.T
-    np.fill_diagonal(tied_all, False)
-    tied = (tied_all & on_front[None, :]).sum(axis=1)
+    np.fill_diagonal(equivalent_all, False)
+    np.fill_diagonal(undecided_all, False)
+    tied = undecided_all & ~equivalent_all & on_front[None, :]
+    equivalent = equivalent_all & on_front[None, :]
+    classes = np.arange(n)
+    for i in range(n):  # linked by equivalence: one class, named by its lowest position
+        for j in range(i + 1, n):
+            if equivalent_all[i, j] and on_front[i] and on_front[j]:
+                lo, hi = min(classes[i], classes[j]), max(classes[i], classes[j])
+                classes[classes == hi] = lo
     out = candidates[on_front].copy()
     out["strict_front"] = strict[on_front]
-    out["tied_with"] = tied[on_front].astype(int)
+    out["tied_with"] = tied.sum(axis=1)[on_front].astype(int)
+    out["equivalent_with"] = equivalent.sum(axis=1)[on_front].astype(int)
+    out["equivalence_class"] = classes[on_front].astype(int)
     return out
 
 
 def front_with_ties(df: pd.DataFrame, objectives: Sequence[ObjectiveLike],
-                    constraints: Sequence[ConstraintLike] = ()) -> pd.DataFrame:
+                    constraints: Sequence[ConstraintLike] = (), *, margin: float = DEFAULT_EQUIVALENCE_MARGIN,
+                    confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """:func:`noise_front` of ``df``'s candidates (completed, every constraint met, every objective
     present), best first by the first objective: the point values' front and the rows that only
-    the noise keeps off it (``strict_front`` False)."""
+    an undecided comparison keeps off it (``strict_front`` False)."""
     objs = normalize_objectives(objectives)
     cand, values = _candidates(df, objs, constraints)
-    front = noise_front(cand, objs)
+    front = noise_front(cand, objs, margin=margin, confidence=confidence)
     if front.empty:
         return front
     vals = np.column_stack([front[m].to_numpy(dtype=float) for m, _ in objs])

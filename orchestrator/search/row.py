@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from orchestrator.failures import Failure, TrialStatus
 from orchestrator.redaction import redact, scrub, secret_values
+from orchestrator.results.paired import encode_draws
 from orchestrator.search.fidelity import prediction_columns
 from orchestrator.study.judge import Judgement, judge
 
@@ -68,6 +69,8 @@ def _description(study: "Study", result: "TrialResult") -> dict[str, Any]:
         "slo_json": json.dumps([str(c) for c in study.constraints]),
         "versions_json": json.dumps(library_versions(), sort_keys=True),
         "host": socket.gethostname(),
+        "start_noise": result.start_noise,
+        "draws_json": encode_draws(result.draws, result.draws_seed),
     }
     for name in study.space.params:
         row[name] = result.params.get(name)

@@ -10,15 +10,18 @@ a trial; :func:`judge_result` asks the one judge what it is worth.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
+import zlib
 from typing import Any, Mapping, Optional
 
 from orchestrator.engines import Engine, EngineContext, EngineTarget, create_engine
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.measure.confidence import (CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, INTERVAL_METRICS, NO_WINDOW_NOISE,
-                                             WindowNoise)
+from orchestrator.measure.confidence import (CPU_START_NOISE, CPU_WINDOW_NOISE, GPU_START_NOISE, GPU_WINDOW_NOISE,
+                                             INTERVAL_METRICS, NO_START_NOISE, NO_WINDOW_NOISE, WindowNoise)
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES
+from orchestrator.results.paired import draw_metrics
 from orchestrator.search import feasibility
 from orchestrator.study.judge import Judgement, judge
 from orchestrator.study.spec import Study
@@ -31,7 +34,7 @@ from orchestrator.workload.synthesis import measurement_seed
 log = logging.getLogger(__name__)
 
 __all__ = ["engine_for", "engine_target", "judge_result", "load_plan", "plan_trial", "row_interval_metrics", "run_trial",
-           "window_noise"]
+           "start_noise", "window_noise"]
 
 
 def engine_target(study: Study) -> EngineTarget:
@@ -53,6 +56,13 @@ def row_interval_metrics(study: Study) -> tuple[str, ...]:
     return tuple(m for m in INTERVAL_METRICS if m in LOAD_METRIC_NAMES and (not m.startswith("itl_") or m in named))
 
 
+def paired_metrics(study: Study) -> tuple[str, ...]:
+    """The load metrics a row keeps bootstrap draws of, for paired comparisons: the objectives' and the
+    constraints' (a per-GPU or per-dollar metric through its base), where an interval exists."""
+    named = draw_metrics([o.metric for o in study.objectives] + [c.metric for c in study.constraints])
+    return tuple(m for m in named if m in INTERVAL_METRICS and m in LOAD_METRIC_NAMES)
+
+
 def load_plan(study: Study, measurement: int = 0) -> LoadPlan:
     """The study's load phase, drawn with the measurement's seed (k > 0: measured again, other requests)."""
     return LoadPlan(
@@ -64,8 +74,11 @@ def load_plan(study: Study, measurement: int = 0) -> LoadPlan:
         capacity=study.capacity,
         capacity_slo=tuple(study.capacity_slo()) if study.capacity is not None else (),
         interval_metrics=row_interval_metrics(study),
+        paired_metrics=paired_metrics(study),
         max_error_rate=study.max_error_rate,
-        window_noise=window_noise(study))
+        window_noise=window_noise(study),
+        start_noise=start_noise(study)[0],
+        start_noise_source=start_noise(study)[1])
 
 
 def window_noise(study: Study) -> WindowNoise:
@@ -77,6 +90,20 @@ def window_noise(study: Study) -> WindowNoise:
     if study.engine.kind == "sim":
         return NO_WINDOW_NOISE
     return CPU_WINDOW_NOISE if study.on_cpu else GPU_WINDOW_NOISE
+
+
+def start_noise(study: Study) -> tuple[WindowNoise, str]:
+    """The start-to-start noise of the study's engine and where it comes from: the study's own
+    (``capacity.start_noise``), else the prior measured for its kind (docs/benchmarks.md, "Engine starts
+    as replicates"): none for the simulator, vLLM's on CPU or on a GPU otherwise; an external endpoint
+    is not started by the study, and gets the GPU's prior (it is what one start cannot see)."""
+    if study.capacity is not None and study.capacity.start_noise is not None:
+        return WindowNoise.of(study.capacity.start_noise), "study (capacity.start_noise)"
+    if study.engine.kind == "sim":
+        return NO_START_NOISE, "none (simulator)"
+    if study.on_cpu:
+        return CPU_START_NOISE, "prior: vLLM on CPU"
+    return GPU_START_NOISE, "prior: vLLM on GPU"
 
 
 def _probe_plan(study: Study) -> Optional[ProbePlan]:
@@ -103,7 +130,8 @@ def plan_trial(study: Study, params: Mapping[str, Any], engine: Engine, *, trial
             refusal = f"[{verdict.kind.value}] {verdict.reason}"
     return TrialPlan(
         trial_id=trial_id, trial_number=trial_number, params=dict(params), args=args, model=study.model_shape,
-        device=study.device_defaults, load=load_plan(study, measurement), measurement=measurement, refusal=refusal,
+        device=study.device_defaults, measurement=measurement, refusal=refusal,
+        load=dataclasses.replace(load_plan(study, measurement), noise_seed=zlib.crc32(trial_id.encode())),
         probe=_probe_plan(study), price_per_gpu_hour=study.price.value)
 
 

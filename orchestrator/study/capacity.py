@@ -60,6 +60,11 @@ class CapacitySpec(StrictModel):
         default=None, description="a latency metric's log-scale standard deviation between windows at one rate "
                                   "beyond what a window's requests show (e.g. {ttft_p99_ms: 0.27}); widens its "
                                   "intervals. Default: measured for the engine (none for the simulator); {}: none")
+    start_noise: Optional[dict[str, float]] = Field(
+        default=None, description="a latency metric's log-scale standard deviation between engine starts of one "
+                                  "configuration (e.g. {itl_p99_ms: 0.12}); widens the capacity's interval and "
+                                  "every comparison. Default: measured for the engine (none for the simulator); "
+                                  "{}: none")
     slo: Optional[list[Constraint]] = Field(
         default=None, description="what a level must meet; default: the study's constraints on load metrics")
     saturation: SaturationSettings = SaturationSettings()
@@ -73,7 +78,7 @@ class CapacitySpec(StrictModel):
                                  f"(e.g. ttft_p99_ms, tpot_p50_ms, e2el_p99_ms, goodput)")
         return v
 
-    @field_validator("window_noise")
+    @field_validator("window_noise", "start_noise")
     @classmethod
     def _latency_metrics_only(cls, v):
         for metric, sd in (v or {}).items():
@@ -102,4 +107,4 @@ class CapacitySpec(StrictModel):
 # Keys added after studies were recorded: a fingerprint hashes them only when set away from these,
 # so that a study recorded before them still resumes.
 CAPACITY_DEFAULTS_ADDED_LATER = {"confidence": DEFAULT_CONFIDENCE, "repeats": 1, "max_windows": None,
-                                 "window_noise": None}
+                                 "window_noise": None, "start_noise": None}

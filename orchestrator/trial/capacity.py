@@ -1,23 +1,24 @@
 """Capacity search: the highest request rate one deployment sustains within the SLOs, and how sure.
 
 One engine start, several load levels. Each level replays the study's workload at one
-rate: ``build_requests(..., level=k)``, a draw of its own (arrivals, lengths, prompts;
-only the shared prefixes repeat), so that no level is answered from the prefix cache an
-earlier level filled and the levels average the workload's noise instead of repeating one
-draw (:mod:`orchestrator.workload.generate`). The engine is warmed up before the first
-level only, until steady (:mod:`orchestrator.measure.warmup`). A level's verdict
-(:func:`judge_level`) is a decision at a confidence: **met** or **missed** when each SLO
-metric's interval (:mod:`orchestrator.measure.confidence`) lies on one side of its limit, or it
-saturated (:mod:`orchestrator.measure.saturation`), or failed too many requests; **undecided**
+rate of the study's :class:`RateGrid`: a draw of its own per grid point (arrivals, lengths,
+prompts; only the shared prefixes repeat), so that no level is answered from the prefix cache an
+earlier level filled and the levels average the workload's noise instead of repeating one draw
+(:mod:`orchestrator.workload.generate`), and the same draw at that rate in every trial of the study
+(common random numbers: two configurations measured at one rate are compared on the same requests).
+The engine is warmed up before the first level only, until steady (:mod:`orchestrator.measure.warmup`).
+A level's verdict (:func:`judge_level`) is a decision at a confidence: **met** or **missed** when
+each SLO metric's interval (:mod:`orchestrator.measure.confidence`) lies on one side of its limit, or
+it saturated (:mod:`orchestrator.measure.saturation`), or failed too many requests; **undecided**
 otherwise, and then measured again (``capacity.repeats``, fresh draws, pooled).
 
 The rates come from :func:`next_rate`, a pure function of the levels so far: from the start
 rate, multiply (or divide) by ``growth`` until a level is decided missed and one below it
-decided met; then measure where the capacity is least known, until its interval is within
-``tolerance``, the levels left undecided between are the measurement's noise band, or
-``max_levels`` / ``max_windows`` are spent. The interval (:func:`capacity_bracket`) is bounded
-by the decided levels and narrowed by a line through the levels' log SLO margins near the
-knee (:func:`knee_fit`), whose zero crossing is the estimate, ``capacity_rps``.
+decided met; then measure where the levels' fit puts the capacity, until its interval is within
+``tolerance``, every grid rate in it is measured (the measurement's noise band), or
+``max_levels`` / ``max_windows`` are spent. The answer, ``capacity_rps`` and its interval, is one
+fit of every level (:mod:`orchestrator.trial.capacity_fit`): isotonic in the rate, bootstrapped,
+with the engine's start-to-start noise; never clamped into the decided levels' bracket.
 
 Every level is a row of the ``levels`` table: the configuration's latency-throughput curve.
 """
@@ -37,11 +38,11 @@ from orchestrator.measure.metrics import LoadMetrics
 from orchestrator.measure.records import RequestRecord
 from orchestrator.measure.warmup import WarmupOutcome
 from orchestrator.study import judge
+from orchestrator.trial.capacity_fit import CapacityFit
 from orchestrator.workload.arrivals import with_rate
 
-__all__ = ["LevelVerdict", "judge_level", "LevelPoint", "next_rate",
-           "capacity_index", "capacity_bracket", "CapacityBracket", "LevelResult", "CapacityResult", "search_capacity",
-           "level_workload"]
+__all__ = ["LevelVerdict", "judge_level", "LevelPoint", "next_rate", "RateGrid", "draw_level",
+           "capacity_index", "LevelResult", "CapacityResult", "search_capacity", "level_workload"]
 
 
 # ---------------------------------------------------------------- judging one level
@@ -152,159 +153,112 @@ def _bracket(points: Sequence[LevelPoint]) -> tuple[Optional[LevelPoint], Option
     return lo, hi
 
 
-def capacity_index(points: Sequence[LevelPoint], confidence: float = DEFAULT_CONFIDENCE) -> Optional[int]:
+def capacity_index(points: Sequence[LevelPoint], estimate: float) -> Optional[int]:
     """Index of the level whose metrics stand for the capacity: the highest level that met the SLOs
-    (by its values) at or below the capacity estimate; None if none did."""
-    cap = capacity_bracket(points, confidence)
-    met = [i for i, p in enumerate(points) if p.ok and p.rate <= cap.estimate + 1e-9 and cap.estimate > 0]
+    (by its values) at or below the capacity ``estimate``; None if none did."""
+    met = [i for i, p in enumerate(points) if p.ok and p.rate <= estimate * (1 + 1e-9) and estimate > 0]
     return max(met, key=lambda i: points[i].rate) if met else None
 
 
 @dataclass(frozen=True)
-class CapacityBracket:
-    """Where the capacity lies, at ``confidence``: between ``low`` and ``high`` (None: no level
-    was decided missed), best estimated by ``estimate``.
+class RateGrid:
+    """The rates a capacity search may measure: ``start x step^k`` inside ``[min_rate, max_rate]``.
+    Every configuration of a study measures on the same grid, and the level at grid point ``k`` replays
+    the same draw of the workload in every trial (:func:`draw_level`): two configurations measured at
+    one rate saw the same requests, and their comparison there is paired. ``growth`` is a whole number
+    of steps; a step is about half the search's ``tolerance``."""
 
-    Two kinds of evidence: the levels decided met and missed (``low`` is never below the
-    highest rate decided met, ``high`` never above the lowest decided missed), and the line
-    through the levels' SLO margins near the capacity (:func:`knee_fit`), whose interval narrows
-    the bracket when enough levels lie near the crossing."""
+    start: float
+    step: float
+    min_rate: float
+    max_rate: float
 
-    low: float
-    high: Optional[float]
-    estimate: float
-    fitted: bool = False  # the interval came from the levels' line, not only from decided levels
+    @classmethod
+    def of(cls, spec, start_rate: float) -> "RateGrid":
+        steps = max(1, math.ceil(math.log(spec.growth) / math.log1p(spec.tolerance / 2.0) - 1e-9))
+        start = float(min(max(start_rate, spec.min_rate), spec.max_rate))
+        return cls(start, spec.growth ** (1.0 / steps), spec.min_rate, spec.max_rate)
 
+    def index(self, rate: float) -> int:
+        return int(round(math.log(rate / self.start) / math.log(self.step)))
 
-# Levels whose binding SLO margin is within this many log units of the limit (0.4x .. 2.5x of it)
-# inform the line through the knee; further out the margin bends (saturation, an idle engine).
-KNEE_MARGIN = 0.9
+    def rate(self, k: int) -> float:
+        return self.start * self.step ** k
 
+    @property
+    def lowest(self) -> int:
+        return math.ceil(math.log(self.min_rate / self.start) / math.log(self.step) - 1e-9)
 
-def knee_fit(points: Sequence[LevelPoint], confidence: float = DEFAULT_CONFIDENCE
-             ) -> Optional[tuple[float, float, float]]:
-    """``(crossing, low, high)``: where a straight line through the levels' log SLO margins
-    crosses zero, and its interval at ``confidence``.
+    @property
+    def highest(self) -> int:
+        return math.floor(math.log(self.max_rate / self.start) / math.log(self.step) + 1e-9)
 
-    Weighted least squares over the levels near the knee (margin within :data:`KNEE_MARGIN`,
-    not saturated), each weighted by its margin's variance (from its metric's interval); the
-    crossing's variance by the delta method, inflated by the residuals' excess over the weights
-    (a level that disagrees more than its interval says widens the answer), its interval
-    Student's t with the fit's degrees of freedom. None with fewer
-    than three such levels at two rates or more, or a margin that does not grow with the rate."""
-    near = [p for p in points if p.margin is not None and abs(p.margin) <= KNEE_MARGIN and not p.saturated]
-    if len(near) < 3 or len({p.rate for p in near}) < 2:
-        return None
-    x = np.array([p.rate for p in near], dtype=float)
-    y = np.array([p.margin for p in near], dtype=float)
-    sd = np.array([p.margin_sd if p.margin_sd and p.margin_sd > 0 else np.nan for p in near], dtype=float)
-    sd = np.where(np.isfinite(sd), sd, np.nanmedian(sd) if np.isfinite(sd).any() else 0.2)
-    w = 1.0 / np.maximum(sd, 1e-3) ** 2
-    a_mat = np.column_stack([np.ones_like(x), x])
-    cov = np.linalg.pinv(a_mat.T @ (a_mat * w[:, None]))
-    a, b = cov @ (a_mat.T @ (w * y))
-    if b <= 0:
-        return None
-    resid = y - (a + b * x)
-    dof = len(near) - 2
-    scale = max(1.0, float(np.sum(w * resid ** 2)) / dof) if dof > 0 else 1.0
-    cov = cov * scale
-    r = -a / b
-    grad = np.array([-1.0 / b, a / b ** 2])
-    se = math.sqrt(max(float(grad @ cov @ grad), 0.0))
-    t = t_of(confidence, max(dof, 1))  # a handful of levels: Student's t, not the normal
-    return float(r), float(r - t * se), float(r + t * se)
+    def snap(self, rate: float) -> int:
+        """The grid index nearest ``rate`` (log scale), inside the rate limits."""
+        return min(max(self.index(rate), self.lowest), self.highest)
 
 
-def capacity_bracket(points: Sequence[LevelPoint], confidence: float = DEFAULT_CONFIDENCE) -> CapacityBracket:
-    lo, hi = _bracket(points)
-    low = lo.rate if lo is not None else 0.0
-    high = hi.rate if hi is not None else None
-    if high is None:  # nothing decided missed: the highest rate that met the SLOs by its values
-        top = [p.rate for p in points if p.ok]
-        return CapacityBracket(low, None, max(top + [low]))
-    fit = knee_fit(points, confidence)
-    if fit is not None and low < fit[0] < high and max(low, fit[1]) <= min(high, fit[2]):
-        # The line's interval, inside what the decided levels allow (a level decided met at a
-        # rate the line puts above the capacity is the stronger evidence there). A line that
-        # crosses outside them disagrees with a decided level: the levels alone answer then.
-        f_lo, f_hi = max(low, fit[1]), min(high, fit[2])
-        return CapacityBracket(f_lo, f_hi, float(min(max(fit[0], f_lo), f_hi)), fitted=True)
-    inside = [p for p in points if low <= p.rate <= high and math.isfinite(p.violation) and not p.saturated]
-    estimate = _crossing(inside)
-    if estimate is None:
-        point_met = [p.rate for p in points if p.ok and p.rate < high]
-        estimate = max(point_met + [low])
-    return CapacityBracket(low, high, float(min(max(estimate, low), high)))
+def draw_level(k: int) -> int:
+    """The workload draw (``build_requests(level=...)``) of grid point ``k``: 0 for the start rate
+    (the workload's own draw, with its warm-up), then 1, 2, 3, 4, ... for k = 1, -1, 2, -2, ..."""
+    return 0 if k == 0 else 2 * k - 1 if k > 0 else -2 * k
 
 
-def _crossing(points: Sequence[LevelPoint], near: int = 2) -> Optional[float]:
-    """The rate where the SLO margin crosses zero, from the ``near`` highest-rate points that met
-    and the ``near`` lowest that missed (a straight line, least squares: the margin is convex in
-    the rate, so far points bend it); None with fewer than two rates or a margin that does not
-    grow with the rate. What :func:`capacity_bracket` falls back to without :func:`knee_fit`."""
-    met = sorted((p for p in points if p.violation <= 0), key=lambda p: p.rate)[-near:]
-    missed = sorted((p for p in points if p.violation > 0), key=lambda p: p.rate)[:near]
-    points = met + missed
-    if len({p.rate for p in points}) < 2:
-        return None
-    x = np.array([p.rate for p in points], dtype=float)
-    y = np.array([p.violation for p in points], dtype=float)
-    slope, intercept = np.polyfit(x, y, 1)
-    if slope <= 0:
-        return None
-    return float(-intercept / slope)
+def next_rate(points: Sequence[LevelPoint], spec, start_rate: float, fit=None) -> tuple[Optional[float], str]:
+    """The next rate to measure (a point of the study's :class:`RateGrid`), or ``(None, why the search
+    stops)``. Pure: history in, rate out.
 
-
-def next_rate(points: Sequence[LevelPoint], spec, start_rate: float) -> tuple[Optional[float], str]:
-    """The next rate to measure, or ``(None, why the search stops)``. Pure: history in, rate out.
-
-    Brackets with decided levels only: go up (``growth``) until a level is decided missed, down
-    until one below it is decided met; then split the widest gap between measured rates inside
-    that bracket (at the margin's zero where the two ends straddle it), until the bracket is within
-    ``tolerance``, or every gap inside it is (the levels there stayed undecided: the noise band
-    of this measurement), or ``max_levels`` are spent.
+    Brackets with decided levels: go up (``growth``) until a level is decided missed, down until one
+    below it is decided met. Then ``fit`` (:class:`~orchestrator.trial.capacity_fit.CapacityFit` of the
+    levels so far, within this engine start) says where the capacity is and how sure: stop when its
+    interval is within ``tolerance``; otherwise measure the grid point nearest its estimate that is not
+    measured yet, inside its interval and the bracket, until there is none (the levels left are the
+    measurement's noise band), or ``max_levels`` / ``max_windows`` are spent. Without ``fit``, the
+    widest gap inside the bracket is split.
     """
+    grid = RateGrid.of(spec, start_rate)
     if not points:
-        return float(min(max(start_rate, spec.min_rate), spec.max_rate)), ""
+        return grid.rate(grid.snap(grid.start)), ""
     if len(points) >= spec.max_levels:
         return None, f"max_levels ({spec.max_levels}) measured"
     if spec.max_windows is not None and sum(p.windows for p in points) >= spec.max_windows:
         return None, f"max_windows ({spec.max_windows}) measured"
+    per_growth = max(1, round(math.log(spec.growth) / math.log(grid.step)))
+    measured = {grid.index(p.rate) for p in points}
     lo, hi = _bracket(points)
     if hi is None:  # nothing decided missed so far: go up
-        top = max(p.rate for p in points)
-        if top >= spec.max_rate:
+        top = max(grid.index(p.rate) for p in points)
+        if top >= grid.highest:
             return None, f"max_rate ({spec.max_rate:g}/s) met the SLOs"
-        return min(top * spec.growth, spec.max_rate), ""
+        return grid.rate(min(top + per_growth, grid.highest)), ""
     if lo is None:  # nothing decided met below the lowest miss: go down
-        bottom = min(p.rate for p in points)
-        if bottom <= spec.min_rate:
+        bottom = min(grid.index(p.rate) for p in points + [hi])
+        if bottom <= grid.lowest:
             return None, f"min_rate ({spec.min_rate:g}/s) failed the SLOs"
-        return max(min(bottom, hi.rate) / spec.growth, spec.min_rate), ""
-    cap = capacity_bracket(points, spec.confidence)
-    if cap.high is not None and (cap.high - cap.low) / cap.high <= spec.tolerance:
-        return None, f"bracketed within {spec.tolerance:.0%}" + (" (the levels' line)" if cap.fitted else "")
-    if cap.fitted:
-        # Measure where the line crosses zero: a level there tells the most about the crossing.
-        # Next to a level already there, half the tolerance to the side with fewer levels.
-        x = cap.estimate
-        if any(abs(p.rate - x) <= spec.tolerance / 4 * x for p in points):
-            above = sum(p.rate > x for p in points)
-            x *= 1 + (spec.tolerance / 2 if above <= len(points) - above else -spec.tolerance / 2)
-        return float(min(max(x, cap.low), cap.high)), ""
-    inside = sorted({p.rate: p for p in points if lo.rate <= p.rate <= hi.rate}.values(), key=lambda p: p.rate)
-    gaps = [(b.rate - a.rate, a, b) for a, b in zip(inside, inside[1:]) if (b.rate - a.rate) / hi.rate > spec.tolerance]
+        return grid.rate(max(bottom - per_growth, grid.lowest)), ""
+    k_lo, k_hi = grid.index(lo.rate), grid.index(hi.rate)
+    if fit is not None and fit.high is not None and fit.estimate > 0:
+        narrow = fit.bracket is None or (fit.bracket[1] - fit.bracket[0]) / fit.bracket[1] <= spec.tolerance
+        if narrow and (fit.high - fit.low) / fit.high <= spec.tolerance:
+            return None, f"bracketed within {spec.tolerance:.0%} (the levels' fit)"
+        a, b = grid.snap(fit.low), grid.snap(fit.high)
+        if fit.bracket is not None:  # the crossing lies between these two levels: measure there first
+            a, b = (grid.index(fit.bracket[0]), grid.index(fit.bracket[1])) if not narrow else (a, b)
+        free = [k for k in range(a, b + 1) if k not in measured]
+        if not free:
+            return None, (f"every rate between {grid.rate(a):.3g} and {grid.rate(b):.3g}/s measured: "
+                          f"the measurement's noise band")
+        target = math.log(fit.estimate)
+        return grid.rate(min(free, key=lambda k: (abs(math.log(grid.rate(k)) - target), k))), ""
+    if (hi.rate - lo.rate) / hi.rate <= spec.tolerance:
+        return None, f"bracketed within {spec.tolerance:.0%}"
+    inside = sorted(k for k in measured if k_lo <= k <= k_hi)
+    gaps = [(b - a, a, b) for a, b in zip(inside, inside[1:]) if b - a > 1]
     if not gaps:
         return None, (f"the levels between {lo.rate:.3g} and {hi.rate:.3g}/s stayed undecided: "
                       f"the measurement's noise band")
-    width, a, b = max(gaps, key=lambda g: g[0])
-    x = a.rate + width / 2
-    usable = (math.isfinite(a.violation) and math.isfinite(b.violation) and not b.saturated
-              and a.violation <= 0 < b.violation)
-    if usable:
-        x = a.rate + width * (-a.violation) / (b.violation - a.violation)
-    return float(min(max(x, a.rate + width / 4), b.rate - width / 4)), ""
+    _, a, b = max(gaps)
+    return grid.rate((a + b) // 2), ""
 
 
 # ---------------------------------------------------------------- the search
@@ -325,6 +279,8 @@ class LevelResult:
     windows: int = 1  # windows measured at this rate (an undecided level is measured again)
     intervals: Mapping[str, Interval] = field(default_factory=dict)
     confidence: Optional[float] = None
+    grid_index: Optional[int] = None  # its point of the study's RateGrid (the draw every trial replays there)
+    contradicts: bool = False  # met above a level that missed, or missed below one that met (set by the fit)
 
     @property
     def point(self) -> LevelPoint:
@@ -335,34 +291,41 @@ class LevelResult:
         """One row of the ``levels`` table (see :mod:`orchestrator.results.levels`)."""
         v = self.verdict.violation
         return {"level": self.level, "rate": self.rate, "planned_requests": self.planned_requests,
+                "grid_index": self.grid_index, "contradicts": self.contradicts,
                 "saturated": self.saturated_at_s is not None, "saturated_at_s": self.saturated_at_s,
                 "stopped_early": self.stopped_early, "slo_met": self.verdict.ok,
                 "slo_decided": self.verdict.decided, "windows": self.windows, "confidence": self.confidence,
                 "slo_violation": v if math.isfinite(v) else None,
-                "slo_failures": "; ".join(self.verdict.reasons) or None, **self.metrics.as_dict(), **(self.warmup.columns() if self.warmup else {}),
-                **intervals_to_columns(self.intervals)}
+                "slo_failures": "; ".join(self.verdict.reasons) or None, **self.metrics.as_dict(),
+                **(self.warmup.columns() if self.warmup else {}), **intervals_to_columns(self.intervals)}
 
 
 @dataclass
 class CapacityResult:
+    """A capacity search: its levels, why it stopped, and the fit of every level
+    (:mod:`orchestrator.trial.capacity_fit`, the engine's start noise included) that answers it."""
+
     levels: list[LevelResult]
     stop_reason: str
     confidence: float = DEFAULT_CONFIDENCE
+    fit: Optional[CapacityFit] = None
 
-    @property
-    def bracket(self) -> CapacityBracket:
-        return capacity_bracket([lv.point for lv in self.levels], self.confidence)
+    def __post_init__(self):
+        involved = set(self.fit.contradicting) if self.fit is not None else set()
+        for i, lv in enumerate(self.levels):
+            lv.contradicts = i in involved
 
     @property
     def best(self) -> Optional[LevelResult]:
-        i = capacity_index([lv.point for lv in self.levels], self.confidence)
+        if self.fit is None:
+            return None
+        i = capacity_index([lv.point for lv in self.levels], self.fit.estimate)
         return None if i is None else self.levels[i]
 
     @property
     def capacity_rps(self) -> float:
-        """The estimate: where the SLO margin crosses zero between the validated rate and the lowest
-        rate decided missed; 0 when no level met the SLOs."""
-        return self.bracket.estimate if self.best is not None else 0.0
+        """The fit's estimate: where the binding SLO margin crosses zero; 0 when no level met the SLOs."""
+        return self.fit.estimate if self.fit is not None and self.best is not None else 0.0
 
     @property
     def capacity_goodput(self) -> float:
@@ -370,13 +333,19 @@ class CapacityResult:
         return b.metrics.goodput if b is not None else 0.0
 
 
-def search_capacity(measure: Callable[[int, float], LevelResult], spec, start_rate: float) -> CapacityResult:
-    """Measure levels (``measure(level index, rate)``) as :func:`next_rate` asks, until it stops."""
+def search_capacity(measure: Callable[[int, float], LevelResult], spec, start_rate: float,
+                    fit: Optional[Callable[[Sequence[LevelResult], bool], Optional[CapacityFit]]] = None
+                    ) -> CapacityResult:
+    """Measure levels (``measure(level index, rate)``) as :func:`next_rate` asks, until it stops.
+    ``fit(levels, with_start_noise)``: the levels' capacity fit; the search steers by the fit within
+    this start (what more levels can narrow), the answer carries the engine's start noise too."""
     levels: list[LevelResult] = []
     while True:
-        rate, why = next_rate([lv.point for lv in levels], spec, start_rate)
+        current = fit(levels, False) if fit is not None and levels else None
+        rate, why = next_rate([lv.point for lv in levels], spec, start_rate, current)
         if rate is None:
-            return CapacityResult(levels, why, spec.confidence)
+            final = fit(levels, True) if fit is not None and levels else None
+            return CapacityResult(levels, why, spec.confidence, final)
         levels.append(measure(len(levels), rate))
 
 

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
+import numpy as np
+
+from orchestrator.failures import too_many_failures
 from orchestrator.loadgen import Endpoint, run_load_sync
 from orchestrator.measure.columns import SessionColumns
-from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, metric_intervals
+from orchestrator.measure.confidence import (BOOTSTRAP_SAMPLES, DEFAULT_CONFIDENCE, Interval, MetricDraws, metric_draws,
+                                             metric_intervals)
 from orchestrator.measure.harness import harness_verdict
 from orchestrator.measure.measurement import LevelMeasurement
 from orchestrator.measure.metrics import (ENGINE_WINDOW_METRIC_NAMES, LoadMetrics, in_window, measurement_window,
@@ -29,7 +34,9 @@ from orchestrator.measure.saturation import SaturationDetector, detect_saturatio
 from orchestrator.measure.session_metrics import session_columns, turn_table
 from orchestrator.measure.telemetry import TelemetrySampler
 from orchestrator.measure.warmup import WarmupOutcome
-from orchestrator.trial.capacity import LevelResult, judge_level, level_workload, search_capacity
+from orchestrator.trial.capacity import (LevelResult, RateGrid, draw_level, judge_level, level_workload,
+                                         search_capacity)
+from orchestrator.trial.capacity_fit import FAILED_MARGIN, CapacityFit, LevelMargins, fit_capacity
 from orchestrator.trial.plan import LoadPlan
 from orchestrator.trial.result import CapacityOutcome
 
@@ -46,13 +53,33 @@ def summarise_records(plan: LoadPlan, records: list[RequestRecord], requested_ra
 
 
 def record_intervals(plan: LoadPlan, records: list[RequestRecord], metrics, *, confidence: float, gpus: int = 1,
-                     window_scale: float = 1.0) -> dict[str, Interval]:
+                     window_scale: float = 1.0, seed: Optional[int] = None) -> dict[str, Interval]:
     """Intervals (:mod:`orchestrator.measure.confidence`) of ``metrics`` over the requests
     :func:`summarise_records` measures (the same measurement window)."""
     wl = plan.workload
     measured = in_window(records, measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale))
     return metric_intervals(measured, metrics, confidence=confidence, gpus=gpus, slo=plan.request_slo,
-                            seed=plan.seed, window_noise=plan.window_noise)
+                            seed=plan.seed if seed is None else seed, window_noise=plan.window_noise,
+                            start_noise=plan.start_noise)
+
+
+def bootstrap_seed(seed: int, grid_index: int) -> int:
+    """The bootstrap's seed for the requests of grid point ``grid_index`` drawn with ``seed``: every
+    trial that replays those requests resamples the same blocks of them (paired draws)."""
+    return int(np.random.SeedSequence([seed, 7919, draw_level(grid_index)]).generate_state(1)[0])
+
+
+def noise_seed(plan: LoadPlan, *key: int) -> int:
+    """A seed of this trial's own (its window and start noise), never another trial's."""
+    return int(np.random.SeedSequence([plan.noise_seed, 104729, *key]).generate_state(1)[0])
+
+
+def start_shift(plan: LoadPlan, metrics) -> dict[str, np.ndarray]:
+    """This trial's engine-start shift per metric, one per bootstrap draw (log units): the same for
+    every level and every metric column of the trial, as one start moves them all."""
+    rng = np.random.default_rng(noise_seed(plan, 0))
+    return {m: rng.normal(0.0, plan.start_noise.sd_of(m), BOOTSTRAP_SAMPLES)
+            for m in dict.fromkeys(metrics) if plan.start_noise.sd_of(m) > 0}
 
 
 @dataclass
@@ -130,6 +157,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
     slo = list(plan.capacity_slo)
     slo_metrics = [c.metric for c in slo]
     base_rate = requests.requested_rate
+    grid = RateGrid.of(spec, spec.start_rate or base_rate or spec.min_rate)
     records: list[RequestRecord] = []
     spent = [0]  # windows measured so far (capacity.max_windows)
     # Each level is decided at a stricter confidence than the capacity's: the capacity's interval
@@ -137,7 +165,9 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
     decide_at = level_confidence(spec.confidence)
 
     def measure_level(level: int, rate: float) -> LevelResult:
-        # Prompts of the level's own: no level is answered from the prefix cache an earlier one filled.
+        # Prompts of the level's own: no level is answered from the prefix cache an earlier one filled;
+        # the draw of its grid point, the same in every trial of the study (paired comparisons).
+        k = grid.index(rate)
         workload = level_workload(plan.workload, rate, spec, base_rate)
         # A level replays the workload compressed (or stretched) in time unless its duration is
         # fixed: the warm-up and cool-down windows scale with it, excluding the same requests.
@@ -149,7 +179,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
         for window in range(spec.repeats + 1):
             # The level measured again is a fresh draw (arrivals, lengths, prompts): an undecided
             # verdict is decided by more of the workload, not by the same requests twice.
-            rs = plan.requests(workload, level=level, replicate=window)
+            rs = plan.requests(workload, level=draw_level(k), replicate=window)
             if level > 0 or window > 0:  # the engine is warm after the first level
                 rs = dataclasses.replace(rs, warmup=(), warmup_stream=None)
             # Requests in flight, not sessions: a session workload's rate is sessions per second.
@@ -167,7 +197,8 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
             saturated_at = monitor.saturated_at if monitor is not None else \
                 detect_saturation(recs, spec.saturation, floor)
             m = summarise_records(plan, mine, rs.requested_rate, window_scale=scale)
-            intervals = record_intervals(plan, mine, slo_metrics, confidence=decide_at, window_scale=scale)
+            intervals = record_intervals(plan, mine, slo_metrics, confidence=decide_at, window_scale=scale,
+                                         seed=bootstrap_seed(plan.seed, k))
             verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None,
                                   intervals=intervals, confidence=decide_at)
             log.info("level %d at %.3g req/s (window %d): %s", level, rate, window,
@@ -180,12 +211,57 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
         return LevelResult(level, rate, planned, mine, m, verdict, saturated_at,
                            stopped_early=monitor is not None and monitor.saturated_at is not None,
                            telemetry=telemetry, warmup=warm, windows=window + 1, intervals=intervals,
-                           confidence=decide_at)
+                           confidence=decide_at, grid_index=k)
 
-    result = search_capacity(measure_level, spec, spec.start_rate or base_rate or spec.min_rate)
+    shift = start_shift(plan, slo_metrics)
+    margins_of: dict[tuple[int, int], LevelMargins] = {}
+
+    def fit(levels: Sequence[LevelResult], with_start: bool) -> Optional[CapacityFit]:
+        for lv in levels:
+            if (lv.level, lv.windows) not in margins_of:
+                margins_of[(lv.level, lv.windows)] = level_margins(plan, lv, base_rate)
+        return fit_capacity([margins_of[(lv.level, lv.windows)] for lv in levels], confidence=spec.confidence,
+                            samples=BOOTSTRAP_SAMPLES, start_shift=shift if with_start else None,
+                            resolution=spec.tolerance)
+
+    result = search_capacity(measure_level, spec, grid.start, fit)
     chosen = result.best or min(result.levels, key=lambda lv: lv.rate)
     return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result, warmup=result.levels[0].warmup,
                      levels_base_rate=base_rate)
+
+
+def level_margins(plan: LoadPlan, lv: LevelResult, base_rate: Optional[float]) -> LevelMargins:
+    """A measured level as the capacity fit reads it: each SLO's log margin (> 0: missed) by the level's
+    values, and by each bootstrap draw of them (the level's requests resampled as every trial resamples
+    that grid point's, widened, moved by this trial's window noise)."""
+    spec = plan.capacity
+    scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / lv.rate
+    wl = plan.workload
+    measured = in_window(lv.records, measurement_window(lv.records, wl.warmup_s * scale, wl.cooldown_s * scale))
+    slo = list(plan.capacity_slo)
+    draws = metric_draws(measured, [c.metric for c in slo], slo=plan.request_slo,
+                         seed=bootstrap_seed(plan.seed, lv.grid_index or 0), window_noise=plan.window_noise,
+                         noise_seed=noise_seed(plan, 1, lv.level), start_shift={})
+    values = lv.metrics.as_dict()
+    margins: dict[str, float] = {}
+    margin_draws: dict[str, np.ndarray] = {}
+    for c in slo:
+        upper = c.op in ("<=", "<")
+        v = values.get(c.metric)
+        point = (math.log(v / c.value) if upper else math.log(c.value / v)) \
+            if v is not None and v > 0 and c.value > 0 else FAILED_MARGIN
+        if c.metric in margins and margins[c.metric] >= point:  # the same metric limited twice: the binding one
+            continue
+        margins[c.metric] = point
+        d: Optional[MetricDraws] = draws.get(c.metric)
+        if d is not None and c.value > 0:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                x = np.log(np.where(d.draws > 0, d.draws, np.nan) / c.value)
+            x = x if upper else -x
+            margin_draws[c.metric] = np.where(np.isfinite(x), x, FAILED_MARGIN if not upper else -FAILED_MARGIN)
+    failed = lv.saturated_at_s is not None or too_many_failures(lv.metrics, plan.max_error_rate) \
+        or lv.metrics.num_requests == 0
+    return LevelMargins(lv.rate, margins, margin_draws, failed, lv.windows, met=lv.verdict.ok)
 
 
 def level_confidence(confidence: float) -> float:
@@ -219,31 +295,56 @@ def _wait_idle(ep, timeout_s: float = 30.0) -> None:
 
 def phase_metrics(plan: LoadPlan, phase: LoadPhase, gpus: int):
     """The trial's load metrics (the load window's, or the capacity level's), the capacity
-    search's answer and the metrics' intervals: ``(LoadMetrics, CapacityOutcome or None,
-    {metric: Interval}, confidence)``."""
+    search's answer, the metrics' intervals and the paired draws of the metrics comparisons read
+    (:mod:`orchestrator.results.paired`): ``(LoadMetrics, CapacityOutcome or None, {metric: Interval},
+    confidence, {metric: draws})``."""
 
     cap = phase.capacity
     wanted = list(plan.interval_metrics)
     if cap is None:
         intervals = record_intervals(plan, phase.records, wanted, confidence=DEFAULT_CONFIDENCE, gpus=gpus)
+        draws = row_draws(plan, phase.records, gpus=gpus)
         return summarise_records(plan, phase.records, phase.requested_rate, gpus), None, intervals, \
-            DEFAULT_CONFIDENCE
+            DEFAULT_CONFIDENCE, draws
     chosen = cap.best or min(cap.levels, key=lambda lv: lv.rate)
     m = dataclasses.replace(chosen.metrics, output_throughput_per_gpu=chosen.metrics.output_throughput / max(gpus, 1))
     spec = plan.capacity
     base_rate = phase.levels_base_rate
     scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / chosen.rate
+    seed = bootstrap_seed(plan.seed, chosen.grid_index or 0)
     intervals = record_intervals(plan, chosen.records, wanted, confidence=spec.confidence, gpus=gpus,
-                                 window_scale=scale)
-    bracket = cap.bracket
-    if cap.best is not None:
-        intervals["capacity_rps"] = Interval(bracket.low, bracket.high)
+                                 window_scale=scale, seed=seed)
+    draws = row_draws(plan, chosen.records, gpus=gpus, window_scale=scale, seed=seed)
+    fit = cap.fit
+    if cap.best is not None and fit is not None:
+        intervals["capacity_rps"] = Interval(fit.low, fit.high)
+        draws["capacity_rps"] = np.asarray(fit.draws, dtype=float)
     outcome = CapacityOutcome(
         capacity_rps=cap.capacity_rps, capacity_goodput=cap.capacity_goodput, levels=len(cap.levels),
         stop_reason=cap.stop_reason, level_of_row=chosen.level,
         curve=tuple((lv.rate, lv.metrics.request_throughput, lv.verdict.ok) for lv in cap.levels),
-        low=bracket.low, high=bracket.high, confidence=spec.confidence)
-    return m, outcome, intervals, spec.confidence
+        low=fit.low if fit is not None else None, high=fit.high if fit is not None else None,
+        confidence=spec.confidence,
+        conditioned=fit.conditioned if fit is not None and cap.best is not None else None,
+        binding=fit.binding if fit is not None else None,
+        margin_slope=fit.slope if fit is not None else None,
+        margin_sd=fit.margin_sd if fit is not None else None,
+        contradictions=fit.contradictions if fit is not None else 0)
+    return m, outcome, intervals, spec.confidence, draws
+
+
+def row_draws(plan: LoadPlan, records: list[RequestRecord], *, gpus: int = 1, window_scale: float = 1.0,
+              seed: Optional[int] = None) -> dict[str, np.ndarray]:
+    """The paired draws of the metrics the study compares trials by (``LoadPlan.paired_metrics``), over
+    the requests the row's metrics measure: the same resamples in every trial that replayed them."""
+    if not plan.paired_metrics:
+        return {}
+    wl = plan.workload
+    measured = in_window(records, measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale))
+    got = metric_draws(measured, plan.paired_metrics, gpus=gpus, slo=plan.request_slo,
+                       seed=plan.seed if seed is None else seed, window_noise=plan.window_noise,
+                       noise_seed=noise_seed(plan, 2), start_shift=start_shift(plan, plan.paired_metrics))
+    return {m: d.draws for m, d in got.items()}
 
 
 def session_results(plan: LoadPlan, phase: LoadPhase, metrics) -> tuple[SessionColumns, list[dict[str, Any]]]:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.hardware.accelerator import DeviceDefaults
 from orchestrator.hardware.engine_args import EngineArgs
-from orchestrator.measure.confidence import NO_WINDOW_NOISE, WindowNoise
+from orchestrator.measure.confidence import NO_START_NOISE, NO_WINDOW_NOISE, WindowNoise
 from orchestrator.measure.metrics import RequestSLO
 from orchestrator.models.shapes import ModelShape
 from orchestrator.study.capacity import CapacitySpec
@@ -47,8 +47,12 @@ class LoadPlan:
     capacity: Optional[CapacitySpec] = None
     capacity_slo: tuple[Constraint, ...] = ()
     interval_metrics: tuple[str, ...] = ()  # the load metrics the row gets an interval of
+    paired_metrics: tuple[str, ...] = ()  # the load metrics trials are compared by: the row keeps their draws
     max_error_rate: float = 0.0
     window_noise: WindowNoise = NO_WINDOW_NOISE  # the engine's, added to every latency interval
+    start_noise: WindowNoise = NO_START_NOISE  # the engine's between starts (a prior, or the study's replicates)
+    start_noise_source: str = ""  # where start_noise comes from, as the row states it
+    noise_seed: int = 0  # this trial's own: window and start noise drawn for it, never shared with another trial
 
     def requests(self, workload: Optional[WorkloadSpec] = None, *, level: int = 0,
                  replicate: int = 0) -> RequestSet:

@@ -60,6 +60,11 @@ class CapacityOutcome:
     low: Optional[float] = None
     high: Optional[float] = None
     confidence: Optional[float] = None
+    conditioned: Optional[bool] = None  # False: the binding margin hardly grows with the rate (see capacity_fit)
+    binding: Optional[str] = None  # the SLO metric whose margin crosses zero first
+    margin_slope: Optional[float] = None  # its growth per unit of log rate at the crossing
+    margin_sd: Optional[float] = None  # its noise there (log units, start noise included)
+    contradictions: int = 0  # levels met at a rate above a level missed
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,11 @@ class TrialResult:
     measurement: int = 0  # which measurement of its configuration (> 0: measured again, racing)
     sessions: SessionColumns = field(default_factory=SessionColumns)  # multi-turn session columns (session_metrics)
     turns: tuple[Mapping[str, Any], ...] = ()  # multi-turn: one row per turn index (session_metrics.turn_table)
+    # The bootstrap draws of the compared metrics (orchestrator.results.paired), and where the start noise
+    # in them comes from.
+    draws: Mapping[str, Any] = field(default_factory=dict)
+    draws_seed: Optional[int] = None
+    start_noise: Optional[str] = None
 
     @property
     def completed(self) -> bool:
@@ -106,8 +116,14 @@ class TrialResult:
         out: dict[str, Any] = dict(self.metrics.as_dict()) if self.metrics is not None else {}
         out.update(self.telemetry)
         if self.capacity is not None:
-            out["capacity_rps"] = self.capacity.capacity_rps
-            out["capacity_goodput"] = self.capacity.capacity_goodput
+            cap = self.capacity
+            out["capacity_rps"] = cap.capacity_rps
+            out["capacity_goodput"] = cap.capacity_goodput
+            out["capacity_conditioned"] = cap.conditioned
+            out["capacity_binding"] = cap.binding
+            out["capacity_margin_slope"] = cap.margin_slope
+            out["capacity_margin_sd"] = cap.margin_sd
+            out["capacity_contradictions"] = float(cap.contradictions)
         for k in ("kv_cache_tokens", "kv_cache_gib"):
             if self.engine_facts.get(k) is not None:
                 out[k] = float(self.engine_facts[k])

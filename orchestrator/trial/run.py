@@ -97,11 +97,13 @@ class _Builder:
         sessions = SessionColumns()
         turns: list = []
         intervals: dict = {}
+        draws: dict = {}
         confidence = None
         phase = self.phase
         if phase is not None and plan is not None:
             load = plan.load
-            metrics, capacity, intervals, confidence = phase_metrics(load, phase, self.args.gpus if self.args else 1)
+            metrics, capacity, intervals, confidence, draws = phase_metrics(load, phase,
+                                                                            self.args.gpus if self.args else 1)
             sessions, turns = session_results(load, phase, metrics)
             if self.status is TrialStatus.COMPLETED:
                 first = next((r.error for r in phase.records if r.error and not r.warmup), None)
@@ -128,7 +130,9 @@ class _Builder:
             failure=self.failure, metrics=metrics, telemetry=telemetry, warmup=warmup, harness=harness,
             engine_facts=dict(self.engine_facts or {}), timings=timings, capacity=capacity, records=records,
             levels=levels, unit_metrics=unit, probe=self.probe or ProbeColumns(), intervals=intervals,
-            confidence=confidence, measurement=self.measurement, sessions=sessions, turns=tuple(turns))
+            confidence=confidence, measurement=self.measurement, sessions=sessions, turns=tuple(turns),
+            draws=draws, draws_seed=plan.load.seed if plan is not None else None,
+            start_noise=plan.load.start_noise_source if plan is not None else None)
 
 
 def execute_trial(plan: TrialPlan, engine: Engine, ctx: TrialContext) -> TrialResult:

@@ -14,7 +14,9 @@ from orchestrator.measure.metrics import summarise
 from orchestrator.measure.records import RequestRecord
 from orchestrator.measure.saturation import SaturationDetector, detect_saturation
 from orchestrator.study.spec import CapacitySpec, Constraint, SaturationSettings, StudyFileError, parse_study
-from orchestrator.trial.capacity import LevelPoint, capacity_index, judge_level, level_workload, next_rate
+from orchestrator.trial.capacity import (LevelPoint, RateGrid, capacity_index, draw_level, judge_level, level_workload,
+                                         next_rate)
+from orchestrator.trial.capacity_fit import LevelMargins, fit_capacity, isotonic
 
 
 # ---------------------------------------------------------------- saturation
@@ -118,62 +120,101 @@ def test_a_level_is_decided_only_when_every_interval_is_on_one_side_of_its_limit
     assert judge_level(metrics(150, failed=2), slo, intervals={"ttft_p99_ms": Interval(1, 1e6)}).outcome == "missed"
 
 
-def test_the_line_through_the_levels_narrows_the_bracket_around_its_crossing():
-    from orchestrator.trial.capacity import capacity_bracket, knee_fit
+def margins(rate: float, boundary: float, noise: float = 0.0, samples: int = 200, seed: int = 0,
+            slope: float = 2.0) -> LevelMargins:
+    """A level of a system whose log SLO margin grows ``slope`` per unit of log rate and crosses zero at
+    ``boundary``; its bootstrap draws spread ``noise`` around the value."""
+    m = slope * math.log(rate / boundary)
+    rng = np.random.default_rng(seed + int(rate * 1000))
+    draws = m + rng.normal(0, noise, samples) if noise else np.full(samples, m)
+    return LevelMargins(rate, {"ttft_p99_ms": m}, {"ttft_p99_ms": draws})
 
-    # Margins log(value / limit) linear in the rate, crossing at 20 req/s, each known to +-0.05.
-    pts = [LevelPoint(r, r <= 20, r / 20 - 1, decided=abs(r - 20) > 2, margin=0.08 * (r - 20), margin_sd=0.05)
-           for r in (12, 16, 19, 21, 24, 30)]
-    crossing, lo, hi = knee_fit(pts)
-    assert crossing == pytest.approx(20.0, rel=1e-6) and lo < 20 < hi and hi - lo < 4
-    cap = capacity_bracket(pts)
-    assert cap.fitted and cap.estimate == pytest.approx(20.0) and 16 <= cap.low < 20 < cap.high <= 24
-    # Levels that disagree more than their intervals say widen the answer.
-    noisy = [dataclasses.replace(p, margin=p.margin + (0.3 if i % 2 else -0.3)) for i, p in enumerate(pts)]
-    _, lo2, hi2 = knee_fit(noisy)
-    assert hi2 - lo2 > 2 * (hi - lo)
-    # Without levels near the knee, the decided levels alone bound it.
-    far = [LevelPoint(10, True, -0.5, margin=-0.7), LevelPoint(40, False, 1.0, margin=0.7)]
-    cap = capacity_bracket(far)
-    assert not cap.fitted and (cap.low, cap.high) == (10, 40)
+
+def test_the_fit_crosses_where_the_margin_does_and_its_interval_comes_from_the_draws():
+    levels = [margins(r, 20.0, noise=0.05) for r in (12, 16, 19, 21, 24, 30)]
+    fit = fit_capacity(levels, confidence=0.9, samples=200)
+    assert fit.estimate == pytest.approx(20.0, rel=1e-6) and fit.binding == "ttft_p99_ms"
+    assert fit.low < 20 < fit.high and (fit.high - fit.low) / 20 < 0.1
+    assert fit.conditioned and fit.contradictions == 0
+    noisier = fit_capacity([margins(r, 20.0, noise=0.3) for r in (12, 16, 19, 21, 24, 30)], confidence=0.9,
+                           samples=200)
+    assert noisier.high - noisier.low > 2 * (fit.high - fit.low)
+    # A margin that hardly grows with the rate near its limit: ill-conditioned, and said so.
+    flat = fit_capacity([margins(r, 20.0, noise=0.05, slope=0.2) for r in (12, 16, 19, 21, 24, 30)],
+                        confidence=0.9, samples=200)
+    assert flat.conditioned is False and flat.condition > 0.15 and flat.slope == pytest.approx(0.2, rel=0.01)
+    # Every level met: the capacity is at least the highest rate, unbounded above.
+    above = fit_capacity([margins(r, 100.0) for r in (10, 20)], confidence=0.9, samples=200)
+    assert above.estimate == 20 and above.high is None and above.conditioned is None
+
+
+def test_contradictory_levels_are_counted_and_the_estimate_follows_every_level_not_the_bracket():
+    """Planted: missed at 54 req/s, met at 60 and 67.5 (by their values), missed at 75. The decided
+    levels would bound the capacity below 54; the fit pools 54 with the levels above it and crosses
+    above it."""
+    def level(rate, m, met):
+        return LevelMargins(rate, {"ttft_p99_ms": m}, {"ttft_p99_ms": np.full(100, m)}, met=met)
+
+    levels = [level(40, -0.6, True), level(54, 0.03, False), level(60, -0.05, True), level(67.5, -0.04, True),
+              level(75, 0.4, False)]
+    fit = fit_capacity(levels, confidence=0.9, samples=100)
+    assert fit.contradictions == 2 and fit.contradicting == (1, 2, 3)
+    assert 54 < fit.estimate < 75, fit  # above the level that missed: the data, not a clamp
+
+
+def test_isotonic_fit_is_the_pool_adjacent_violators_answer():
+    y = np.array([[0.1, -0.2, 0.3, 0.2, 0.5]])
+    w = np.array([1.0, 1.0, 1.0, 3.0, 1.0])
+    assert isotonic(y, w)[0] == pytest.approx([-0.05, -0.05, 0.225, 0.225, 0.5])
+
+
+def test_the_rate_grid_is_shared_and_growth_is_a_whole_number_of_steps():
+    grid = RateGrid.of(SPEC, 8.0)
+    assert grid.rate(grid.index(16.0)) == pytest.approx(16.0) and grid.step < 1 + SPEC.tolerance
+    assert {draw_level(k) for k in range(-5, 6)} == set(range(11)) and draw_level(0) == 0
 
 
 SPEC = CapacitySpec(min_rate=1, max_rate=100, growth=2, tolerance=0.05, max_levels=12)
 
 
-def run(boundary: float, spec=SPEC, start: float = 8.0) -> list[LevelPoint]:
-    """Drive the proposer against a system whose SLO margin is linear in the rate."""
+def run(boundary: float, spec=SPEC, start: float = 8.0):
+    """Drive the proposer against a system whose SLO margin is linear in the log rate, as a trial
+    does: the fit of the levels so far steers it."""
     points: list[LevelPoint] = []
+    levels: list[LevelMargins] = []
     while True:
-        rate, why = next_rate(points, spec, start)
+        fit = fit_capacity(levels, confidence=0.9, samples=50, resolution=spec.tolerance) if levels else None
+        rate, why = next_rate(points, spec, start, fit)
         if rate is None:
-            return points, why
-        margin = (rate - boundary) / boundary
-        points.append(LevelPoint(rate, margin <= 0, margin))
+            return points, why, fit
+        m = margins(rate, boundary, samples=50)
+        levels.append(m)
+        points.append(LevelPoint(rate, m.margins["ttft_p99_ms"] <= 0, m.margins["ttft_p99_ms"]))
 
 
 @pytest.mark.parametrize("boundary", [1.7, 9.3, 31.0, 77.7])
 def test_proposer_brackets_the_boundary_within_tolerance(boundary):
-    points, why = run(boundary)
-    best = points[capacity_index(points)]
-    assert best.ok and best.rate <= boundary and best.rate >= boundary * (1 - SPEC.tolerance)
+    points, why, fit = run(boundary)
+    assert fit.estimate == pytest.approx(boundary, rel=SPEC.tolerance)
+    best = points[capacity_index(points, fit.estimate)]
+    assert best.ok and boundary * (1 - SPEC.tolerance) <= best.rate <= boundary
     assert why.startswith("bracketed") and len(points) <= 9
 
 
 def test_proposer_stops_at_the_rate_limits():
-    points, why = run(500.0)
-    assert why == "max_rate (100/s) met the SLOs" and max(p.rate for p in points) == 100
-    points, why = run(0.5)
-    assert why == "min_rate (1/s) failed the SLOs" and capacity_index(points) is None
+    points, why, _ = run(500.0)
+    assert why == "max_rate (100/s) met the SLOs" and max(p.rate for p in points) <= 100
+    points, why, fit = run(0.5)
+    assert why == "min_rate (1/s) failed the SLOs" and capacity_index(points, fit.estimate) is None
     few = SPEC.model_copy(update={"max_levels": 3})
     assert run(9.3, few)[1] == "max_levels (3) measured"
 
 
-def test_proposer_bisects_when_the_margin_is_unusable():
+def test_proposer_splits_the_bracket_on_the_grid_without_a_fit():
+    grid = RateGrid.of(SPEC, 8)
     pts = [LevelPoint(8, True, -0.2), LevelPoint(16, False, math.inf, saturated=True)]
-    assert next_rate(pts, SPEC, 8)[0] == 12.0
-    pts = [LevelPoint(8, True, -0.5), LevelPoint(16, False, 0.01)]  # interpolation, kept off the edge
-    assert next_rate(pts, SPEC, 8)[0] == 14.0
+    rate, _ = next_rate(pts, SPEC, 8)
+    assert 8 < rate < 16 and rate == pytest.approx(grid.rate((grid.index(8) + grid.index(16)) // 2))
 
 
 # ---------------------------------------------------------------- the search vs a dense sweep
@@ -217,7 +258,8 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
         m = _summarise(plan, recs, rate)
         sat = detect_saturation(recs, study.capacity.saturation) is not None
         sweep.append(LevelPoint(rate, judge_level(m, study.capacity_slo(), saturated=sat).ok, 0.0))
-    dense = sweep[capacity_index(sweep)].rate
+    first_miss = next((i for i, p in enumerate(sweep) if not p.ok), len(sweep))
+    dense = sweep[first_miss - 1].rate
     assert 8 < dense < 13.5  # the boundary lies inside the sweep
     low, high = out.row["capacity_rps_low"], out.row["capacity_rps_high"]
     assert low <= dense <= high and low <= found <= high, (low, dense, found, high)
@@ -233,11 +275,18 @@ def test_capacity_trial_row_levels_and_records():
                         ctx=TrialContext("r"))
     row, levels = out.row, out.levels
     assert row["status"] == "completed" and row["capacity_rps"] > 0
-    # The interval: validated (decided met) below, decided missed above, the estimate inside.
+    # The answer is the fit of every level: between the highest level met and the lowest missed (by
+    # their values) where the levels agree, an interval from the bootstrap, the binding metric named.
     low, high = row["capacity_rps_low"], row["capacity_rps_high"]
-    assert row["confidence"] == 0.9 and low <= row["capacity_rps"] <= high
-    assert low == max(lv["rate"] for lv in levels if lv["slo_met"] and lv["slo_decided"] and lv["rate"] < high)
-    assert high == min(lv["rate"] for lv in levels if not lv["slo_met"] and lv["slo_decided"])
+    assert row["confidence"] == 0.9 and high is not None and low < high
+    met = [lv["rate"] for lv in levels if lv["slo_met"]]
+    missed = [lv["rate"] for lv in levels if not lv["slo_met"]]
+    if row["capacity_contradictions"] == 0:
+        assert max(met) <= row["capacity_rps"] <= min(missed)
+    assert row["capacity_binding"] in ("ttft_p99_ms", "tpot_p50_ms") and row["start_noise"] == "none (simulator)"
+    assert row["capacity_contradictions"] == sum(lv["slo_met"] and lv["contradicts"] for lv in levels)
+    # Every level is a point of the study's grid: another configuration measured there replays its requests.
+    assert all(lv["grid_index"] is not None for lv in levels) and levels[0]["grid_index"] == 0
     # The row describes the highest level that met the SLOs at or below the estimate.
     best = max((lv for lv in levels if lv["slo_met"] and lv["rate"] <= row["capacity_rps"]), key=lambda lv: lv["rate"])
     assert row["capacity_goodput"] == best["goodput"] and row["ttft_p99_ms"] == best["ttft_p99_ms"]
