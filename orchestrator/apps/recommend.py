@@ -24,8 +24,10 @@ from orchestrator.hardware.accelerator import runs_on_cpu
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import GPUS, get_gpu
 from orchestrator.hardware.pricing import unit_columns
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
 from orchestrator.redaction import EnvRef, holds_secret, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
+from orchestrator.results.decisions import PICK_RULE, pick
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
 from orchestrator.results.ties import combine_repeats
 from orchestrator.study.spec import Constraint, Study
@@ -171,36 +173,32 @@ def select_trial(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] 
     (metric, direction), = normalize_objectives([objective_text])
     completed = trials[trials["status"] == TrialStatus.COMPLETED] if "status" in trials.columns else trials
     pooled = combine_repeats(completed, [metric, "ttft_p99_ms"])  # a configuration measured again: pooled
-    ranked = best_under_slos(pooled, metric, direction, constraints)
+    confidence = study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE
+    ranked = best_under_slos(pooled, metric, direction, constraints, margin=study.analysis.equivalence_margin,
+                             confidence=confidence)
     if ranked.empty:
         raise RecommendError(_why_none(trials, constraints))
-    return break_tie(ranked[ranked["tied_with_best"]], metric)
+    return choose(ranked, metric, study.analysis.equivalence_margin)
 
 
-TIE_RULE = "fewer GPUs, then lower p99 TTFT, then closer to vLLM's defaults"
-
-
-def break_tie(contenders: pd.DataFrame, metric: str) -> pd.Series:
-    """The trial to deploy among ``contenders``, all tied with the best within the noise (the best
-    first): by :data:`TIE_RULE`, then the better measured value. Its ``choice`` says so."""
-    best = contenders.iloc[0].copy()
-    if len(contenders) == 1:
-        best["choice"] = None
-        return best
-
-    def key(item):
-        position, (_, row) = item
-        gpus = row.get("gpus")
-        ttft = row.get("ttft_p99_ms")
-        return (gpus if gpus is not None and not pd.isna(gpus) else 1,
-                ttft if ttft is not None and not pd.isna(ttft) else float("inf"),
-                distance_from_defaults(row), position)
-
-    _, (_, chosen) = min(enumerate(contenders.iterrows()), key=key)
-    chosen = chosen.copy()
-    others = len(contenders) - 1
-    chosen["choice"] = (f"tied on {metric} with {others} other{'s' if others != 1 else ''} within the noise "
-                        f"(best measured: trial {best['trial_id']}, {best[metric]:,.4g}); chosen by {TIE_RULE}")
+def choose(ranked: pd.DataFrame, metric: str, margin: float) -> pd.Series:
+    """The trial to deploy from :func:`best_under_slos`' ranking: among the best and those equivalent to
+    it (within ``margin``), the one :data:`PICK_RULE` picks; its ``choice`` says why, and names the
+    trials not yet told apart from the best (their difference straddles the margin)."""
+    best = ranked.iloc[0]
+    equivalent = ranked[ranked["equivalent_to_best"]]
+    undecided = ranked[ranked["tied_with_best"] & ~ranked["equivalent_to_best"]]
+    chosen = pick(equivalent, distance_from_defaults).copy() if len(equivalent) > 1 else best.copy()
+    notes = []
+    if len(equivalent) > 1:
+        others = len(equivalent) - 1
+        notes.append(f"equivalent on {metric} within ±{margin:.0%} to {others} other{'s' if others != 1 else ''} "
+                     f"(best measured: trial {best['trial_id']}, {best[metric]:,.4g}); chosen by {PICK_RULE}")
+    if len(undecided):
+        notes.append(f"not yet told apart from {len(undecided)} other{'s' if len(undecided) != 1 else ''} on {metric} "
+                     f"({', '.join(undecided['trial_id'].astype(str)[:3])}): their paired difference straddles "
+                     f"±{margin:.0%}; measure them again to decide")
+    chosen["choice"] = "; ".join(notes) or None
     return chosen
 
 

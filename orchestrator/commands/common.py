@@ -9,12 +9,14 @@ from typing import Optional
 
 import pandas as pd
 
+from orchestrator.apps.recommend import distance_from_defaults
 from orchestrator.failures import TrialStatus
 from orchestrator.hardware.pricing import unit_columns
 from orchestrator.results import load_trials
+from orchestrator.results.decisions import decide_front
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.outcomes import failure_lines, status_counts
-from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
+from orchestrator.results.ties import shown_with_intervals
 from orchestrator.study.load import load_study
 from orchestrator.study.spec import StudyFileError
 from orchestrator.study.state_dir import output_problem
@@ -83,7 +85,9 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     print("trials: " + status_counts(df))
     for line in floor_lines(study, df):
         print(line)
-    front = front_with_ties(df, study.objectives, study.constraints)
+    decision = decide_front(df, study.objectives, study.constraints, margin=study.analysis.equivalence_margin,
+                            confidence=comparison_confidence(study), distance=distance_from_defaults)
+    front = decision.front
     if front.empty:
         print(explain_empty_front(study, df))
         return
@@ -96,15 +100,47 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
         title += " under " + ", ".join(str(c) for c in study.constraints)
     print(title + ", intervals [low, high] where measured:")
     shown = shown_with_intervals(front, objectives)
-    shown["noise"] = ["" if strict and not tied else ("on the front only within the noise; " if not strict else "")
-                      + tie_note(int(tied)) for strict, tied in zip(front["strict_front"], front["tied_with"])]
-    shown["noise"] = shown["noise"].str.rstrip("; ")
+    shown["decided"] = [front_note(strict, tied, equivalent)
+                        for strict, tied, equivalent in zip(front["strict_front"], front["tied_with"],
+                                                            front["equivalent_with"])]
     with pd.option_context("display.width", 250, "display.max_columns", 50, "display.max_colwidth", 80):
-        print(shown[cols + ["noise"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
-    tied = front[front["tied_with"] > 0]
-    if len(tied):
-        print(f"{len(tied)} of {len(front)} front trials are tied with another within the noise: "
-              "their differences are not measured beyond it (docs/querying.md, \"Ties\").")
+        print(shown[cols + ["decided"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    for line in decision.lines():
+        print(line)
+    print(gpu_time_line(df, decision))
+
+
+def comparison_confidence(study) -> float:
+    """The confidence comparisons are decided at: the capacity search's, else the intervals' default."""
+    from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
+
+    return study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE
+
+
+def front_note(strict: bool, tied: int, equivalent: int) -> str:
+    """A front row's standing in words: empty when every comparison with it is decided."""
+    parts = []
+    if not strict:
+        parts.append("on the front only while a comparison is undecided")
+    if equivalent:
+        parts.append(f"equivalent to {equivalent} other{'s' if equivalent != 1 else ''}")
+    if tied:
+        parts.append(f"not yet told apart from {tied} other{'s' if tied != 1 else ''}")
+    return "; ".join(parts)
+
+
+def gpu_time_line(df, decision) -> str:
+    """GPU-seconds the trials spent (wall time x GPUs) and what they bought: the front's comparisons
+    decided and the ties left."""
+    import numpy as np
+
+    wall = pd.to_numeric(df.get("wall_time_s"), errors="coerce") if "wall_time_s" in df else pd.Series(dtype=float)
+    gpus = pd.to_numeric(df.get("gpus"), errors="coerce").fillna(1) if "gpus" in df else 1
+    spent = float(np.nansum(wall * gpus)) if len(wall) else 0.0
+    n = len(decision.front)
+    pairs = n * (n - 1) // 2
+    return (f"GPU time: {spent:,.0f} GPU-s over {len(df)} trials; front comparisons decided: "
+            f"{pairs - len(decision.ties)} of {pairs}, ties left: {len(decision.ties)}")
 
 
 def floor_lines(study, df) -> list[str]:

@@ -4,16 +4,22 @@ The requests of one window are not independent draws. Requests sent close togeth
 the engine's queue: one burst of arrivals lifts the TTFT of every request behind it, and a
 p99 over 600 requests is decided by the few bursts of that window. So the intervals come
 from a **block bootstrap** (Kunsch 1989): each window is cut into blocks of consecutive
-requests, ``block_s`` seconds of due times each; the blocks are drawn again with
-replacement (as many as there are), the metric is computed on the draw, and the interval
-is the central ``confidence`` share of :data:`BOOTSTRAP_SAMPLES` draws. Windows measured
-apart (a level measured again) are never joined inside a block. Alone, that interval is too narrow
-for tails: a window cannot see fluctuations slower than itself, and a redrawn p99 never
-exceeds the window's largest values (on the simulator, 90% bootstrap intervals of a 12 s
-window's p99 TTFT covered the truth 60-67% of the time). So each is widened by a factor
+requests (``block_s`` seconds of them at the window's rate, or a number the caller fixes),
+each block is weighted Poisson(1) (the Poisson bootstrap: a resample of the blocks), the metric
+is computed on the weighted requests, and the interval is the central ``confidence`` share of
+:data:`BOOTSTRAP_SAMPLES` resamples. A block's weight is drawn from a stream named by the seed,
+its window and its position: two sets of records cut from one draw of requests (two
+configurations, or two load levels replaying one draw at other rates) resample the same blocks
+alike, so their draws are **paired** (:func:`metric_draws`, :mod:`orchestrator.results.paired`).
+Windows measured apart (a level measured again) are never joined inside a block. Alone, that
+interval is too narrow for tails: a window cannot see fluctuations slower than itself, and a
+redrawn p99 never exceeds the window's largest values (on the simulator, 90% bootstrap intervals
+of a 12 s window's p99 TTFT covered the truth 60-67% of the time). So each is widened by a factor
 per statistic (:data:`INFLATION`), the one that made the simulator's intervals cover as
 often as they say; ``benchmarks/ci_coverage.py`` measures that coverage, and the
-repeatability benchmark checks the capacity intervals on real engines.
+repeatability benchmark checks the capacity intervals on real engines. The engine adds noise
+the requests do not show: between windows (:data:`GPU_WINDOW_NOISE`) and between engine starts
+(:data:`GPU_START_NOISE`), each a log-scale standard deviation per metric.
 
 Which metrics: the per-request latencies (``ttft``, ``tpot``, ``e2el``: mean and
 percentiles; ``itl``: the same over every token gap, a request's gaps staying in its
@@ -41,7 +47,7 @@ from orchestrator.measure.metrics import LATENCY_FAMILIES, PERCENTILES, RequestS
 from orchestrator.measure.records import RequestRecord
 
 __all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "GPU_WINDOW_NOISE", "CPU_WINDOW_NOISE",
-           "INTERVAL_METRICS", "Interval", "MetricDraws", "NO_START_NOISE", "NO_WINDOW_NOISE", "GPU_START_NOISE", "CPU_START_NOISE", "WindowNoise", "interval_columns",
+           "INTERVAL_METRICS", "Interval", "MetricDraws", "block_requests_for", "NO_START_NOISE", "NO_WINDOW_NOISE", "GPU_START_NOISE", "CPU_START_NOISE", "WindowNoise", "interval_columns",
            "metric_draws", "metric_intervals", "t_of", "z_of"]
 
 DEFAULT_CONFIDENCE = 0.90
@@ -167,39 +173,63 @@ def t_of(confidence: float, dof: float) -> float:
 class _Blocks:
     of_request: np.ndarray  # block index of each request (0..k-1)
     seconds: np.ndarray  # (k,) the seconds each block stands for (their sum: the windows' durations)
+    keys: tuple[tuple[int, int], ...]  # (window, j) of each block: j-th run of consecutive requests
+    duration: float = 0.0  # the windows' durations, summed
 
     @property
     def count(self) -> int:
         return len(self.seconds)
 
 
-def _blocks(records: Sequence[RequestRecord], block_s: float) -> _Blocks:
-    """Blocks of ``block_s`` seconds of due times (shorter in a window shorter than
-    :data:`MIN_BLOCKS` of them), window by window. A window's duration (first
-    send to last end, as :func:`orchestrator.measure.metrics.summarise`) is shared out over its blocks:
-    full blocks ``block_s`` each, its last block the rest."""
+def block_requests_for(rate: float, requests: int, block_s: float = BLOCK_S) -> int:
+    """Requests per block at ``rate`` requests per second for a window of ``requests``: ``block_s``
+    seconds of them, fewer when the window holds fewer than :data:`MIN_BLOCKS` such blocks."""
+    per = max(1, int(round(block_s * rate))) if rate > 0 else 1
+    return max(1, min(per, requests // MIN_BLOCKS))
+
+
+def _blocks(records: Sequence[RequestRecord], block_s: float, block_requests: Optional[int] = None) -> _Blocks:
+    """Blocks of consecutive requests (by their index in the window's draw), window by window:
+    ``block_requests`` each, or ``block_s`` seconds of the window's own rate (fewer in a window shorter
+    than :data:`MIN_BLOCKS` of them). A block is named by its position in its window, so that two
+    windows of one draw, at one rate or another (a capacity search's levels replay one draw, time
+    scaled), cut the same requests into the same blocks. A window's duration (first send to last end,
+    as :func:`orchestrator.measure.metrics.summarise`) is shared out over its blocks by their requests."""
     by_window: dict[int, list[int]] = {}
     for i, r in enumerate(records):
         by_window.setdefault(r.window, []).append(i)
     of_request = np.zeros(len(records), dtype=np.int64)
     seconds: list[float] = []
-    for _, idx in sorted(by_window.items()):
+    keys: list[tuple[int, int]] = []
+    total = 0.0
+    for w, idx in sorted(by_window.items()):
         recs = [records[i] for i in idx]
         due = np.array([r.scheduled_s for r in recs], dtype=float)
         span = float(due.max() - due.min())
-        size = min(block_s, span / MIN_BLOCKS) if span > 0 else block_s
-        local = np.floor((due - due.min()) / size).astype(np.int64)
+        per = block_requests or block_requests_for((len(recs) - 1) / span if span > 0 else 0.0, len(recs), block_s)
+        position = np.array([r.index for r in recs], dtype=np.int64)
+        local = (position - position.min()) // per
         used, local = np.unique(local, return_inverse=True)  # blocks without a request are dropped
         of_request[idx] = local + len(seconds)
+        keys.extend((int(w), int(j)) for j in used)
         sends = [r.sent_s for r in recs if r.sent_s is not None]
         ends = [e for r in recs for e in ((r.end_s if r.success else (r.finished_s or r.end_s)),) if e is not None]
         duration = (max(ends + sends) - min(sends)) if sends else 0.0
-        share = np.full(len(used), float(size))
-        share[-1] = max(duration - size * (len(used) - 1), 1e-9)
-        if duration <= 0:
-            share[:] = 1e-9
+        share = np.bincount(local, minlength=len(used)).astype(float) / max(len(recs), 1) * max(duration, 1e-9)
         seconds.extend(share.tolist())
-    return _Blocks(of_request, np.asarray(seconds, dtype=float))
+        total += max(duration, 1e-9 * len(used))
+    return _Blocks(of_request, np.asarray(seconds, dtype=float), tuple(keys), total)
+
+
+def _block_weights(blocks: _Blocks, seed: int, samples: int) -> np.ndarray:
+    """``(samples, k)`` bootstrap weights of the blocks: Poisson(1) each (the Poisson bootstrap), drawn
+    from a stream of the block's own name (window, position) and ``seed``, so that every set of records
+    cut from one draw of requests, in any trial, gives a block the same weight in every resample: their
+    draws are paired."""
+    out = np.empty((samples, blocks.count))
+    for col, (w, j) in enumerate(blocks.keys):
+        out[:, col] = np.random.default_rng(np.random.SeedSequence([seed, 31337, w, j])).poisson(1.0, samples)
+    return out
 
 
 class _SortedByBlock:
@@ -229,7 +259,7 @@ class _SortedByBlock:
             reached = cum >= target
             hi = np.where(reached, mid, hi)
             lo = np.where(reached, lo, mid + 1)
-        out = self.values[lo].astype(float)
+        out = self.values[np.minimum(lo, n - 1)].astype(float)
         out[total <= 0] = np.nan
         return out
 
@@ -280,6 +310,8 @@ class MetricDraws:
 
     point: float
     draws: np.ndarray
+    raw: Optional[np.ndarray] = None  # the same resamples not widened per statistic (the engine's noise still
+    # added): what a paired comparison differences, where both sides' widening would not cancel
 
 
 def _widened(draws: np.ndarray, point: float, inflation: tuple[float, float]) -> np.ndarray:
@@ -299,18 +331,17 @@ def _widened(draws: np.ndarray, point: float, inflation: tuple[float, float]) ->
 
 
 def _bootstrap(records: Sequence[RequestRecord], metrics: Iterable[str], *, gpus: int, slo: RequestSLO,
-               block_s: float, samples: int, seed: int):
+               block_s: float, samples: int, seed: int, block_requests: Optional[int] = None):
     """``(windows, {metric: (point, raw draws, inflation)})``: the block bootstrap of each metric
     over the measured records (see :func:`metric_intervals`)."""
     wanted = [m for m in dict.fromkeys(metrics) if m in LATENCY_INTERVAL_METRICS or m in THROUGHPUT_INTERVAL_METRICS]
     measured = [r for r in records if not r.warmup and r.sent_s is not None]
     if not wanted or not measured:
         return 0, {}
-    blocks = _blocks(measured, block_s)
+    blocks = _blocks(measured, block_s, block_requests)
     windows = len({r.window for r in measured})
-    rng = np.random.default_rng(seed)
     k = blocks.count
-    counts = rng.multinomial(k, np.full(k, 1.0 / k), size=samples).astype(float)  # (B, k)
+    counts = _block_weights(blocks, seed, samples)  # (B, k)
     ok = np.array([r.success for r in measured])
     g_all = blocks.of_request
     out: dict[str, tuple[float, np.ndarray, tuple[float, float]]] = {}
@@ -360,7 +391,7 @@ def _bootstrap(records: Sequence[RequestRecord], metrics: Iterable[str], *, gpus
         # exactly): what varies is what the requests carry and how many succeed. So a throughput is
         # drawn as a ratio, (per-request amount over the drawn blocks) x (the window's requests per
         # second); drawing the blocks' seconds too would add arrival noise the window does not have.
-        duration = float(blocks.seconds.sum())
+        duration = blocks.duration
         rate = len(measured) / duration if duration > 0 else 0.0
 
         def per_block(weights: Iterable[float]) -> np.ndarray:
@@ -386,13 +417,15 @@ def metric_intervals(records: Sequence[RequestRecord], metrics: Iterable[str], *
                      gpus: int = 1, slo: RequestSLO = RequestSLO(), block_s: float = BLOCK_S,
                      samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
                      window_noise: WindowNoise = NO_WINDOW_NOISE,
-                     start_noise: WindowNoise = NO_WINDOW_NOISE) -> dict[str, Interval]:
+                     start_noise: WindowNoise = NO_WINDOW_NOISE,
+                     block_requests: Optional[int] = None) -> dict[str, Interval]:
     """Intervals of ``metrics`` (those of :data:`INTERVAL_METRICS` a window has; the rest are left
     out) over the measured ``records`` of one or more windows (``RequestRecord.window``), already
     restricted to the measurement window as :func:`orchestrator.measure.metrics.summarise` does.
     ``window_noise``: the engine's between-window noise, added to the latency metrics it names;
     ``start_noise``: its between-start noise (every window of one trial shares one engine start)."""
-    windows, boot = _bootstrap(records, metrics, gpus=gpus, slo=slo, block_s=block_s, samples=samples, seed=seed)
+    windows, boot = _bootstrap(records, metrics, gpus=gpus, slo=slo, block_s=block_s, samples=samples, seed=seed,
+                               block_requests=block_requests)
     out: dict[str, Interval] = {}
     if not boot:
         return out
@@ -410,17 +443,20 @@ def metric_draws(records: Sequence[RequestRecord], metrics: Iterable[str], *, gp
                  slo: RequestSLO = RequestSLO(), block_s: float = BLOCK_S, samples: int = BOOTSTRAP_SAMPLES,
                  seed: int = 0, window_noise: WindowNoise = NO_WINDOW_NOISE,
                  start_noise: WindowNoise = NO_WINDOW_NOISE, noise_seed: Optional[int] = None,
-                 start_shift: Optional[Mapping[str, np.ndarray]] = None) -> dict[str, MetricDraws]:
+                 start_shift: Optional[Mapping[str, np.ndarray]] = None,
+                 block_requests: Optional[int] = None) -> dict[str, MetricDraws]:
     """The bootstrap :func:`metric_intervals` takes its intervals from, as draws: the same blocks
     resampled (``seed``), each draw widened per statistic, then moved by the engine's noise. Window
     noise is drawn per call (``noise_seed``: this trial's own, never shared with another trial);
     start noise is ``start_shift[metric]`` (log units, one per draw) where given, so that every level
     of one engine start moves together, or drawn here from ``start_noise``."""
-    windows, boot = _bootstrap(records, metrics, gpus=gpus, slo=slo, block_s=block_s, samples=samples, seed=seed)
+    windows, boot = _bootstrap(records, metrics, gpus=gpus, slo=slo, block_s=block_s, samples=samples, seed=seed,
+                               block_requests=block_requests)
     noise = np.random.default_rng(noise_seed)
     out: dict[str, MetricDraws] = {}
     for m, (point, draws, widen) in boot.items():
         d = _widened(draws, point, widen)
+        raw = np.array(draws, dtype=float)
         shift = np.zeros(len(d))
         w_sd = window_noise.sd_of(m) / math.sqrt(max(windows, 1))
         if w_sd > 0:
@@ -431,7 +467,8 @@ def metric_draws(records: Sequence[RequestRecord], metrics: Iterable[str], *, gp
             shift += noise.normal(0.0, start_noise.sd_of(m), len(d))
         if np.any(shift != 0):
             d = np.where(d > 0, d * np.exp(shift), d)
-        out[m] = MetricDraws(point, d)
+            raw = np.where(raw > 0, raw * np.exp(shift), raw)
+        out[m] = MetricDraws(point, d, raw)
     return out
 
 

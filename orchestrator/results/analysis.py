@@ -12,26 +12,35 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
+from orchestrator.results.paired import DEFAULT_EQUIVALENCE_MARGIN, EQUIVALENT, TIED, compare
 from orchestrator.results.pareto import ConstraintLike, _candidates, feasible_mask, normalize_objectives, to_losses
-from orchestrator.results.ties import tie_mask
 
 __all__ = ["best_per_gpu", "best_under_slos", "capacity_by_night", "config_history", "config_key", "param_importance"]
 
 
 def best_under_slos(df: pd.DataFrame, objective: str, direction: str,
-                    constraints: Sequence[ConstraintLike] = ()) -> pd.DataFrame:
+                    constraints: Sequence[ConstraintLike] = (), *, margin: float = DEFAULT_EQUIVALENCE_MARGIN,
+                    confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """Completed rows that meet every constraint, best ``objective`` first.
 
     Rows with a missing objective value are dropped; ``.iloc[0]`` is the best trial
     (an empty frame when none qualifies). Equal values keep their order in ``df``.
-    ``tied_with_best``: the row's interval of ``objective`` overlaps the best row's
-    (:mod:`orchestrator.results.ties`): it is not worse beyond the measurement's noise.
+    Each row compared with the best by their paired difference (:mod:`orchestrator.results.paired`):
+    ``equivalent_to_best`` (within ``margin``), ``tied_with_best`` (not decided worse: equivalent, or
+    its difference straddles the margin).
     """
     objs = normalize_objectives([(objective, direction)])
     cand, values = _candidates(df, objs, constraints)
     losses = to_losses(values, [direction])[:, 0]
     ranked = cand.iloc[np.argsort(losses, kind="stable")]
-    return ranked.assign(tied_with_best=tie_mask(ranked, 0, objective) if len(ranked) else np.zeros(0, dtype=bool))
+    if ranked.empty:
+        return ranked.assign(tied_with_best=np.zeros(0, dtype=bool), equivalent_to_best=np.zeros(0, dtype=bool))
+    rows = ranked.to_dict("records")
+    verdicts = [EQUIVALENT] + [getattr(compare(r, rows[0], objective, direction, margin=margin, confidence=confidence),
+                                       "verdict", TIED) for r in rows[1:]]
+    return ranked.assign(tied_with_best=[v in (EQUIVALENT, TIED) for v in verdicts],
+                         equivalent_to_best=[v == EQUIVALENT for v in verdicts])
 
 
 def config_key(df: pd.DataFrame) -> pd.Series:

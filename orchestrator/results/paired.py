@@ -35,8 +35,8 @@ import pandas as pd
 
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 
-__all__ = ["BETTER", "Comparison", "DEFAULT_EQUIVALENCE_MARGIN", "EQUIVALENT", "TIED", "WORSE", "compare",
-           "decode_draws", "draw_metrics", "encode_draws", "verdict_matrix"]
+__all__ = ["BETTER", "Comparison", "DEFAULT_EQUIVALENCE_MARGIN", "EQUIVALENT", "MEASUREMENTS", "PAIRED_WIDEN", "TIED",
+           "WORSE", "compare", "decode_draws", "draw_metrics", "encode_draws", "verdict_matrix"]
 
 DEFAULT_EQUIVALENCE_MARGIN = 0.05
 BETTER, WORSE, EQUIVALENT, TIED = "better", "worse", "equivalent", "tied"
@@ -48,6 +48,10 @@ DERIVED: dict[str, tuple[str, int]] = {
     "cost_per_mtok": ("output_throughput", -1), "output_throughput_per_gpu": ("output_throughput", 1),
 }
 _DIGITS = 5
+# How much wider than its bootstrap a paired difference's interval is drawn, around the measured difference:
+# the resamples see the requests both trials replayed, not what a window cannot show (benchmarks/decisions.py
+# measures how often the interval holds the true difference on the simulator; docs/benchmarks.md).
+PAIRED_WIDEN = 1.0
 
 
 def draw_metrics(metrics: Sequence[str]) -> tuple[str, ...]:
@@ -153,10 +157,55 @@ def _interval_sd(row: Mapping[str, Any], metric: str, z: float) -> Optional[floa
     return max(math.log(high / value), math.log(value / low)) / z
 
 
+MEASUREMENTS = "measurements_of"  # a pooled row's own measurements (row dicts), where it has several
+
+
+def _diff(a: Mapping[str, Any], b: Mapping[str, Any], metric: str) -> Optional[tuple[float, Optional[np.ndarray], bool]]:
+    """``(log a - log b, its draws or None, paired)`` of one measurement of each; None without both values."""
+    va, vb = _value(a, metric), _value(b, metric)
+    if va is None or vb is None or va <= 0 or vb <= 0:
+        return None
+    d = math.log(va) - math.log(vb)
+    seed_a, draws_a = decode_draws(a.get("draws_json"))
+    seed_b, draws_b = decode_draws(b.get("draws_json"))
+    la, lb = _log_draws(a, metric, draws_a), _log_draws(b, metric, draws_b)
+    if la is None or lb is None or len(la) != len(lb) or len(la) == 0:
+        return d, None, False
+    with np.errstate(invalid="ignore"):
+        return d, la - lb, seed_a is not None and seed_a == seed_b
+
+
+def _measurements(row: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    got = row.get(MEASUREMENTS)
+    return list(got) if isinstance(got, (list, tuple)) and got else [row]
+
+
+def _paired_diffs(a: Mapping[str, Any], b: Mapping[str, Any], metric: str) -> list[tuple[float, Optional[np.ndarray], bool]]:
+    """The differences a comparison pools: every pair of ``a``'s and ``b``'s measurements that replayed the
+    same requests (the same seed), or, with none, their latest measurements against each other."""
+    ma, mb = _measurements(a), _measurements(b)
+    seeds_b = {}
+    for r in mb:
+        seeds_b.setdefault(decode_draws(r.get("draws_json"))[0], []).append(r)
+    out = []
+    for ra in ma:
+        seed = decode_draws(ra.get("draws_json"))[0]
+        for rb in seeds_b.get(seed, []) if seed is not None else []:
+            got = _diff(ra, rb, metric)
+            if got is not None:
+                out.append(got)
+    if not out and len(ma) + len(mb) > 2:
+        got = _diff(ma[-1], mb[-1], metric)
+        out = [got] if got is not None else []
+    return out
+
+
 def compare(a: Mapping[str, Any], b: Mapping[str, Any], metric: str, direction: str, *,
             margin: float = DEFAULT_EQUIVALENCE_MARGIN, confidence: float = DEFAULT_CONFIDENCE) -> Optional[Comparison]:
     """``a`` against ``b`` on ``metric`` (rows as mappings; ``direction``: maximize or minimize), or None
-    when either lacks the value."""
+    when either lacks the value. A row pooled from several measurements of its configuration
+    (:data:`MEASUREMENTS`) is compared measurement by measurement where both replayed the same requests,
+    the paired differences averaged draw by draw."""
     va, vb = _value(a, metric), _value(b, metric)
     if va is None or vb is None:
         return None
@@ -166,23 +215,27 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], metric: str, direction: 
         better = (va > vb) == (direction == "maximize")
         r = (va / vb - 1.0) if vb > 0 else math.inf
         return Comparison(metric, direction, r, r, r, BETTER if better else WORSE, margin, False)
-    d = math.log(va) - math.log(vb)
     alpha = (1.0 - confidence) / 2.0
-    seed_a, draws_a = decode_draws(a.get("draws_json"))
-    seed_b, draws_b = decode_draws(b.get("draws_json"))
-    la, lb = _log_draws(a, metric, draws_a), _log_draws(b, metric, draws_b)
-    if la is not None and lb is not None and len(la) == len(lb) and len(la) > 0:
-        with np.errstate(invalid="ignore"):
-            diff = la - lb
-        unknown = np.isnan(diff)  # both unbounded in one draw
+    diffs = _paired_diffs(a, b, metric) if MEASUREMENTS in a or MEASUREMENTS in b else []
+    if not diffs:
+        got = _diff(a, b, metric)
+        diffs = [got] if got is not None else []
+    with_draws = [x for x in diffs if x[1] is not None]
+    if diffs and len(with_draws) == len(diffs):
+        d = float(np.mean([x[0] for x in diffs]))
+        draws = np.mean(np.vstack([x[1] for x in diffs]), axis=0)
+        unknown = np.isnan(draws)  # both unbounded in one resample
         if unknown.mean() > alpha:
             lo, hi = -math.inf, math.inf
         else:
-            diff = np.where(unknown, 0.0, diff)
-            lo, hi = (float(x) for x in np.quantile(diff, [alpha, 1.0 - alpha], method="inverted_cdf"))
-        paired = seed_a is not None and seed_a == seed_b
+            draws = np.where(unknown, 0.0, draws)
+            lo, hi = (float(x) for x in np.quantile(draws, [alpha, 1.0 - alpha], method="inverted_cdf"))
+            centre = float(np.median(draws))
+            lo, hi = d + PAIRED_WIDEN * (lo - centre), d + PAIRED_WIDEN * (hi - centre)
+        paired = all(x[2] for x in diffs)
     else:
         z = z_of(confidence)
+        d = math.log(va) - math.log(vb)
         sa, sb = _interval_sd(a, metric, z), _interval_sd(b, metric, z)
         if sa is None or sb is None:
             return None

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
-from orchestrator.results.paired import (BETTER, DEFAULT_EQUIVALENCE_MARGIN, EQUIVALENT, TIED, WORSE,
+from orchestrator.results.paired import (BETTER, DEFAULT_EQUIVALENCE_MARGIN, EQUIVALENT, MEASUREMENTS, TIED, WORSE,
                                          verdict_matrix)
 from orchestrator.results.pareto import (ConstraintLike, ObjectiveLike, _candidates, _order_best_first,
                                          normalize_objectives, pareto_mask, to_losses)
@@ -120,6 +120,9 @@ def front_with_ties(df: pd.DataFrame, objectives: Sequence[ObjectiveLike],
     present), best first by the first objective: the point values' front and the rows that only
     an undecided comparison keeps off it (``strict_front`` False)."""
     objs = normalize_objectives(objectives)
+    if "params_json" in df.columns and len(df):  # a configuration measured again is one candidate
+        done = df[df["status"] == "completed"] if "status" in df.columns else df
+        df = combine_repeats(done, [m for m, _ in objs], confidence)
     cand, values = _candidates(df, objs, constraints)
     front = noise_front(cand, objs, margin=margin, confidence=confidence)
     if front.empty:
@@ -167,6 +170,7 @@ def combine_repeats(df: pd.DataFrame, metrics: Sequence[str], confidence: float 
         row = group.iloc[-1].copy()
         row["measurements"] = len(group)
         if len(group) > 1:
+            row[MEASUREMENTS] = group.to_dict("records")  # compared measurement by measurement (paired)
             for m in metrics:
                 pooled = _pool(group, m, z)
                 if pooled is not None:

@@ -336,7 +336,8 @@ def searcher_class():
             if self._racer is not None and started is not None:
                 metric = self._racer.metric
                 self._racer.observe(started, bool(result.get("feasible")), result.get(metric),
-                                    result.get(f"{metric}_low"), result.get(f"{metric}_high"))
+                                    result.get(f"{metric}_low"), result.get(f"{metric}_high"),
+                                    result.get("draws_json"))
             if self._fidelity is not None and params is not None:
                 measured = json.loads(result.get(MEASURED_KEY) or "{}")
                 try:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from orchestrator.failures import TrialStatus, status_of, trial_lost
 from orchestrator.results.outcomes import outcome_summary
-from orchestrator.results.ties import bounds
+from orchestrator.results.paired import EQUIVALENT, TIED, compare
 from orchestrator.study.judge import feasible_mask
 from orchestrator.study.spec import Study
 
@@ -51,8 +51,9 @@ class ProgressPrinter:
         self.feasible = 0
         self.running = 0
         self.best: Optional[float] = None
-        # (value, low, high) of the first objective, and the configuration (a racing trial measures one again)
-        self.feasible_values: list[tuple[float, float, float, str]] = []
+        # (the first objective's value, interval and paired draws; the configuration: a racing trial measures
+        # one again)
+        self.feasible_values: list[tuple[dict, str]] = []
         self.quiet = quiet
         self.stream = stream  # None: sys.stdout at print time (a stored stream may not pickle)
         self.t0 = time.monotonic()
@@ -77,10 +78,12 @@ class ProgressPrinter:
             values = pd.to_numeric(trials.loc[ok, first.metric], errors="coerce").dropna()
             if len(values):
                 self.best = float(values.max() if first.resolved_direction == "maximize" else values.min())
-                low, high = bounds(trials.loc[values.index], first.metric)
                 keys = trials.loc[values.index, "params_json"] if "params_json" in trials else values.index.astype(str)
-                self.feasible_values += [(float(v), float(lo), float(hi), str(k))
-                                         for v, lo, hi, k in zip(values, low, high, keys)]
+                for i, k in zip(values.index, keys):
+                    row = trials.loc[i]
+                    self.feasible_values.append(({c: row.get(c) for c in (first.metric, f"{first.metric}_low",
+                                                                        f"{first.metric}_high", "draws_json")},
+                                                 str(k)))
 
     def _print(self, text: str) -> None:
         self._last_print = time.monotonic()
@@ -152,9 +155,9 @@ class ProgressPrinter:
                 low, high = result.get(f"{first.metric}_low"), result.get(f"{first.metric}_high")
                 key = json.dumps({k: v for k, v in params.items() if not k.startswith("__")}, sort_keys=True,
                                  default=str)
-                self.feasible_values.append((value, value if low is None else min(low, value),
-                                             (value if low is None else float("inf")) if high is None
-                                             else max(high, value), key))
+                self.feasible_values.append(({first.metric: value, f"{first.metric}_low": low,
+                                              f"{first.metric}_high": high, "draws_json": result.get("draws_json")},
+                                             key))
                 better = (self.best is None or (value > self.best if first.resolved_direction == "maximize"
                                                 else value < self.best))
                 if better:
@@ -169,21 +172,35 @@ class ProgressPrinter:
         left = self.total - self.done
         eta = elapsed / self.finished_here * left / 1 if self.finished_here else 0
         best = _fmt(self.best) if self.best is not None else "-"
-        tied = self.tied_with_best()
-        if tied:
-            best += f" (tied with {tied} other{'s' if tied != 1 else ''} within the noise)"
+        tied, equivalent = self.standing_of_best()
+        notes = ([f"not yet told apart from {tied}"] if tied else []) + ([f"equivalent to {equivalent}"]
+                                                                          if equivalent else [])
+        if notes:
+            best += f" ({', '.join(notes)})"
         width = len(str(self.total))
         self._print(f"[{self.done:>{width}}/{self.total}] {result.get('tid', '')} {status:<10} {shown}")
         self._print(f"{'':>{2 * width + 4}}{objs}{slo} | done {self.done}, running {self.running}, "
                     f"not completed {self.failed} | best {first.metric} {best} | "
                     f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
 
-    def tied_with_best(self) -> int:
-        """Configurations other than the best's whose interval of the first objective overlaps the best's."""
+    def standing_of_best(self) -> tuple[int, int]:
+        """``(not yet told apart, equivalent)``: other configurations compared with the best on the first
+        objective by their paired difference (:mod:`orchestrator.results.paired`; each configuration's
+        latest measurement)."""
         if self.best is None:
-            return 0
-        _, lo, hi, key = next((v for v in self.feasible_values if v[0] == self.best), (None, self.best, self.best, ""))
-        return len({k for _, l2, h2, k in self.feasible_values if l2 <= hi and lo <= h2 and k != key})
+            return 0, 0
+        first = self.study.objectives[0]
+        latest = {key: row for row, key in self.feasible_values}
+        best_key = next((key for row, key in self.feasible_values if row[first.metric] == self.best), None)
+        tied = equivalent = 0
+        for key, row in latest.items():
+            if key == best_key:
+                continue
+            c = compare(row, latest[best_key], first.metric, first.resolved_direction,
+                        margin=self.study.analysis.equivalence_margin)
+            tied += c is not None and c.verdict == TIED
+            equivalent += c is not None and c.verdict == EQUIVALENT
+        return tied, equivalent
 
     def finish(self, trials) -> None:
         """The run's outcome in one line per status; why, if nothing completed."""

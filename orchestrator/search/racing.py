@@ -1,14 +1,17 @@
 """Racing: before a run names its winner, measure again the configurations it cannot tell apart.
 
-A single measurement of a configuration is one draw of the workload; two configurations whose
-intervals overlap are tied within that noise (:mod:`orchestrator.results.ties`). The last
-``search.remeasure`` trials of a run's budget (and any trial the run would otherwise leave unused
-because its search stopped) go to the **leading contenders**: the best configuration by the first
-objective and every feasible configuration tied with it, pooled over their measurements. Each such
-trial measures the contender measured least often (the best first among equals) again, with a
-workload seed of its own (:func:`orchestrator.workload.synthesis.measurement_seed`), instead of a
-new draw from a far corner of the space. Once the best is ahead of every other beyond the noise,
-racing ends and the sampler has the budget back.
+A single measurement of a configuration is one draw of the workload and one engine start; two
+configurations whose paired difference straddles the study's equivalence margin are **tied**: not
+yet told apart (:mod:`orchestrator.results.paired`; equivalent ones are decided, and need nothing
+more). The last ``search.remeasure`` trials of a run's budget (and any trial the run would otherwise
+leave unused because its search stopped) go to the **leading contenders**: the best configuration by
+the first objective and every feasible configuration tied with it, pooled over their measurements.
+Each such trial measures the contender measured least often (the best first among equals) again, on
+a new engine start, with the workload seed of its k-th measurement
+(:func:`orchestrator.workload.synthesis.measurement_seed`): the leader and the runner-up measured a
+k-th time replay the same requests, so each round of racing is one more paired comparison between
+them (pooled draw by draw with the rounds before). Once the best is ahead of every other or
+equivalent to it, racing ends and the sampler has the budget back.
 
 A :class:`Racer` is state the searcher keeps (results it was told, trials it started); the
 choice itself is a pure function of that state.
@@ -25,6 +28,7 @@ import numpy as np
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
+from orchestrator.results.paired import DEFAULT_EQUIVALENCE_MARGIN, MEASUREMENTS, TIED, compare
 from orchestrator.results.ties import bounds, pool
 
 __all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "remeasure_trials"]
@@ -53,8 +57,10 @@ class Racer:
     left: int
     reserve: int
     confidence: float = DEFAULT_CONFIDENCE
+    margin: float = DEFAULT_EQUIVALENCE_MARGIN
     params: dict[str, dict] = field(default_factory=dict)
     measured: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)  # key -> (v, low, high)
+    draws: dict[str, list[Optional[str]]] = field(default_factory=dict)  # key -> each measurement's draws_json
     started: dict[str, int] = field(default_factory=dict)  # key -> measurements started (told or not)
 
     @classmethod
@@ -64,7 +70,8 @@ class Racer:
             return None
         first = study.objectives[0]
         confidence = study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE
-        return cls(first.metric, first.resolved_direction == "maximize", trials_left, reserve, confidence)
+        return cls(first.metric, first.resolved_direction == "maximize", trials_left, reserve, confidence,
+                   study.analysis.equivalence_margin)
 
     def trial_started(self, params: Mapping[str, Any]) -> None:
         self.left -= 1
@@ -73,8 +80,8 @@ class Racer:
         self.started[k] = self.started.get(k, 0) + 1
 
     def observe(self, params: Mapping[str, Any], feasible: bool, value: Optional[float],
-                low: Optional[float] = None, high: Optional[float] = None) -> None:
-        """A finished trial: only feasible ones with a value can lead."""
+                low: Optional[float] = None, high: Optional[float] = None, draws_json: Optional[str] = None) -> None:
+        """A finished trial: only feasible ones with a value can lead (``draws_json``: its paired draws)."""
         k = _key(params)
         self.params.setdefault(k, dict(params))
         self.started.setdefault(k, 1)
@@ -83,6 +90,7 @@ class Racer:
         lo = value if low is None else min(low, value)
         hi = (value if low is None else np.inf) if high is None else max(high, value)
         self.measured.setdefault(k, []).append((float(value), float(lo), float(hi)))
+        self.draws.setdefault(k, []).append(draws_json if isinstance(draws_json, str) else None)
 
     def observe_rows(self, frame) -> None:
         """Trials recorded before (a resumed run): their rows."""
@@ -94,10 +102,25 @@ class Racer:
             if params is None:
                 continue
             feasible = row.get("status") == TrialStatus.COMPLETED and bool(row.get("feasible"))
-            self.observe(params, feasible, finite_float(row.get(self.metric)), float(lo), float(hi))
+            self.observe(params, feasible, finite_float(row.get(self.metric)), float(lo), float(hi),
+                         row.get("draws_json"))
+
+    def _row(self, k: str, pooled: tuple[float, float, float]) -> dict[str, Any]:
+        """Configuration ``k`` as a row :func:`orchestrator.results.paired.compare` reads: its pooled value
+        and interval, and each measurement (value, interval, draws) to pair with another's."""
+        m = self.metric
+        rows = [{m: v, f"{m}_low": lo, f"{m}_high": (None if np.isinf(hi) else hi), "draws_json": d}
+                for (v, lo, hi), d in zip(self.measured[k], self.draws.get(k, []))]
+        value, lo, hi = pooled
+        out = {m: value, f"{m}_low": lo, f"{m}_high": None if np.isinf(hi) else hi,
+               "draws_json": rows[-1]["draws_json"] if rows else None}
+        if len(rows) > 1:
+            out[MEASUREMENTS] = rows
+        return out
 
     def contenders(self) -> list[str]:
-        """The best configuration (pooled measurements) first, then those tied with it."""
+        """The best configuration (pooled measurements) first, then those not yet told apart from it
+        (their paired difference straddles the equivalence margin)."""
         z = z_of(self.confidence)
         pooled = {}
         for k, ms in self.measured.items():
@@ -108,8 +131,16 @@ class Racer:
         if not pooled:
             return []
         best = max(pooled, key=lambda k: pooled[k][0] if self.maximize else -pooled[k][0])
-        _, lo, hi = pooled[best]
-        tied = [k for k, (_, l2, h2) in pooled.items() if k != best and l2 <= hi and lo <= h2]
+        direction = "maximize" if self.maximize else "minimize"
+        best_row = self._row(best, pooled[best])
+        tied = []
+        for k in pooled:
+            if k == best:
+                continue
+            c = compare(self._row(k, pooled[k]), best_row, self.metric, direction, margin=self.margin,
+                        confidence=self.confidence)
+            if c is not None and c.verdict == TIED:
+                tied.append(k)
         return [best] + sorted(tied, key=lambda k: -pooled[k][0] if self.maximize else pooled[k][0])
 
     def next_remeasure(self, stopping: bool = False) -> Optional[tuple[dict, int]]:

@@ -84,8 +84,8 @@ def _extra(result: "TrialResult") -> Optional[str]:
         extra["engine_facts"] = {k: v for k, v in result.engine_facts.items() if k != "endpoint"}
     if result.capacity is not None:
         cap = result.capacity
-        extra["capacity"] = {"levels": cap.levels, "stop_reason": cap.stop_reason, "level_of_row": cap.level_of_row,
-                             "curve": [list(p) for p in cap.curve]}
+        extra["capacity"] = {"levels": cap.levels, "windows": cap.windows, "stop_reason": cap.stop_reason,
+                             "level_of_row": cap.level_of_row, "curve": [list(p) for p in cap.curve]}
     if result.turns:  # a session workload: its rate (and capacity) counts sessions
         extra["rate_unit"] = "sessions/s"
         extra["turns"] = [dict(t) for t in result.turns]

@@ -102,6 +102,8 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
         out["status"], out["failure_kind"] = status_of(lost.kind).value, lost.kind.value
     out["feasible"] = judgement.feasible
     out["harness_bound"] = bool(row.get("harness_bound"))
+    if row.get("draws_json"):  # racing compares the leaders by their paired draws
+        out["draws_json"] = row["draws_json"]
     if study.search.fidelity == "sim":  # what the searcher fits the simulator's calibration to
         measured = {**{m: row.get(m) for m in fidelity_metrics(study) + noise_columns(study)}, "status": row["status"]}
         if study.capacity is not None:

@@ -32,6 +32,7 @@ from orchestrator.measure.metrics import LOAD_METRIC_NAMES, REQUEST_SLO_FAMILIES
 from orchestrator.models.shapes import ModelShape, find_model_config
 from orchestrator.redaction import redact
 from orchestrator.strict_model import StrictModel
+from orchestrator.study.analysis import AnalysisSettings
 from orchestrator.study.capacity import CAPACITY_DEFAULTS_ADDED_LATER, CapacitySpec, SaturationSettings
 from orchestrator.study.engine import (ENGINE_SPECS, EngineSpec, ExternalEngineSpec, SimCalibration, SimEngineSpec,
                                        SimFault, VllmEngineSpec, serving_arg_problems)
@@ -116,6 +117,7 @@ class Study(StrictModel):
     objectives: list[Objective] = Field(min_length=1)
     constraints: list[Constraint] = Field(default_factory=list)
     search: SearchSettings = SearchSettings()
+    analysis: AnalysisSettings = AnalysisSettings()
     budget: Budget = Budget()
     capacity: Optional[CapacitySpec] = None
     probe: Optional[ProbeSpec] = Field(default=None, description="reference-agreement probe (orchestrator.trial.probe)")
@@ -217,7 +219,7 @@ class Study(StrictModel):
         """Hash of what defines the measurements (not the budget): same hash, comparable trials."""
         # Redacted: a rotated token is the same study (and no hash of a secret is recorded).
         body = redact(self.model_dump(mode="json", exclude={"budget", "description", "output", "source_path",
-                                                             "search"}))
+                                                             "search", "analysis"}))
         if body.get("max_error_rate") == DEFAULT_MAX_ERROR_RATE:  # added later: hashed only when set
             body.pop("max_error_rate")
         if body["hardware"].get("price_per_gpu_hour") is None:  # added later: hashed only when set

@@ -57,6 +57,7 @@ class LevelMargins:
     failed: bool = False
     windows: int = 1
     met: Optional[bool] = None  # the level's verdict by its values (contradictions); None: margins decide
+    raw_draws: Mapping[str, np.ndarray] = field(default_factory=dict)  # not widened per statistic (pairing)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class CapacityFit:
     # rates): between them the fit interpolates, and the interval holds them when they lie further apart
     # than the resolution it was given.
     bracket: Optional[tuple[float, float]] = None
+    # The capacity of each resample from the levels' draws not widened per statistic: what a paired
+    # comparison with another trial differences (both sides' widening would not cancel there).
+    paired_draws: Optional[np.ndarray] = None
 
     @property
     def condition(self) -> Optional[float]:
@@ -168,13 +172,12 @@ def fit_capacity(levels: Sequence[LevelMargins], *, confidence: float, samples: 
         return FAILED_MARGIN if x.failed or v is None or not math.isfinite(v) else min(float(v), FAILED_MARGIN)
 
     shift = start_shift or {}
-    point_fits, draw_fits = {}, {}
-    for m in metrics:
-        y = np.array([point_of(x, m) for x in lv])
-        point_fits[m] = isotonic(y[None, :], weights)[0]
+    point_fits, draw_fits, raw_fits = {}, {}, {}
+
+    def fitted_draws(m: str, y: np.ndarray, which: str) -> np.ndarray:
         cols = []
         for x, p in zip(lv, y):
-            d = x.draws.get(m)
+            d = getattr(x, which).get(m)
             if x.failed or d is None or len(d) != samples or p >= FAILED_MARGIN:
                 col = np.full(samples, p)
             else:
@@ -183,17 +186,27 @@ def fit_capacity(levels: Sequence[LevelMargins], *, confidence: float, samples: 
         yd = np.column_stack(cols) if cols else np.zeros((samples, 0))
         if m in shift:
             yd = yd + np.asarray(shift[m], dtype=float)[:, None]
-        draw_fits[m] = isotonic(yd, weights)
+        return isotonic(yd, weights)
+
+    for m in metrics:
+        y = np.array([point_of(x, m) for x in lv])
+        point_fits[m] = isotonic(y[None, :], weights)[0]
+        draw_fits[m] = fitted_draws(m, y, "draws")
+        raw_fits[m] = fitted_draws(m, y, "raw_draws") if any(x.raw_draws for x in lv) else None
     if not metrics:  # no SLO metric: a level meets or misses by failing only
         y = np.array([FAILED_MARGIN if x.failed else -1.0 for x in lv])
         point_fits[""] = isotonic(y[None, :], weights)[0]
         draw_fits[""] = np.tile(point_fits[""], (samples, 1))
+        raw_fits[""] = None
         metrics = [""]
 
     point_cross = {m: float(_crossings(point_fits[m][None, :], log_rates)[0]) for m in metrics}
     binding = min(metrics, key=lambda m: point_cross[m])
     estimate = point_cross[binding]
     draws = np.min(np.column_stack([_crossings(draw_fits[m], log_rates) for m in metrics]), axis=1)
+    paired = None
+    if all(raw_fits[m] is not None for m in metrics):
+        paired = np.min(np.column_stack([_crossings(raw_fits[m], log_rates) for m in metrics]), axis=1)
 
     a = (1.0 - confidence) / 2.0
     lo_q, hi_q = np.quantile(draws, [a, 1.0 - a], method="inverted_cdf") if len(draws) else (estimate, estimate)
@@ -233,4 +246,4 @@ def fit_capacity(levels: Sequence[LevelMargins], *, confidence: float, samples: 
         if slope is not None:
             conditioned = bool(slope > 0 and sd / slope <= ILL_CONDITIONED)
     return CapacityFit(float(estimate), float(low), high, draws, confidence, binding or None, slope, sd,
-                       conditioned, count, involved, bracket)
+                       conditioned, count, involved, bracket, paired)

@@ -21,8 +21,8 @@ import numpy as np
 from orchestrator.failures import too_many_failures
 from orchestrator.loadgen import Endpoint, run_load_sync
 from orchestrator.measure.columns import SessionColumns
-from orchestrator.measure.confidence import (BOOTSTRAP_SAMPLES, DEFAULT_CONFIDENCE, Interval, MetricDraws, metric_draws,
-                                             metric_intervals)
+from orchestrator.measure.confidence import (BOOTSTRAP_SAMPLES, DEFAULT_CONFIDENCE, Interval, MetricDraws,
+                                             block_requests_for, metric_draws, metric_intervals)
 from orchestrator.measure.harness import harness_verdict
 from orchestrator.measure.measurement import LevelMeasurement
 from orchestrator.measure.metrics import (ENGINE_WINDOW_METRIC_NAMES, LoadMetrics, in_window, measurement_window,
@@ -53,20 +53,14 @@ def summarise_records(plan: LoadPlan, records: list[RequestRecord], requested_ra
 
 
 def record_intervals(plan: LoadPlan, records: list[RequestRecord], metrics, *, confidence: float, gpus: int = 1,
-                     window_scale: float = 1.0, seed: Optional[int] = None) -> dict[str, Interval]:
+                     window_scale: float = 1.0, block_requests: Optional[int] = None) -> dict[str, Interval]:
     """Intervals (:mod:`orchestrator.measure.confidence`) of ``metrics`` over the requests
     :func:`summarise_records` measures (the same measurement window)."""
     wl = plan.workload
     measured = in_window(records, measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale))
     return metric_intervals(measured, metrics, confidence=confidence, gpus=gpus, slo=plan.request_slo,
-                            seed=plan.seed if seed is None else seed, window_noise=plan.window_noise,
-                            start_noise=plan.start_noise)
-
-
-def bootstrap_seed(seed: int, grid_index: int) -> int:
-    """The bootstrap's seed for the requests of grid point ``grid_index`` drawn with ``seed``: every
-    trial that replays those requests resamples the same blocks of them (paired draws)."""
-    return int(np.random.SeedSequence([seed, 7919, draw_level(grid_index)]).generate_state(1)[0])
+                            seed=plan.seed, window_noise=plan.window_noise, start_noise=plan.start_noise,
+                            block_requests=block_requests)
 
 
 def noise_seed(plan: LoadPlan, *key: int) -> int:
@@ -158,6 +152,9 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
     slo_metrics = [c.metric for c in slo]
     base_rate = requests.requested_rate
     grid = RateGrid.of(spec, spec.start_rate or base_rate or spec.min_rate)
+    # One cut of the draw into blocks for every level (and every trial): the levels replay one draw, time
+    # scaled, and a block of it weighs the same in a resample wherever it is measured (paired draws).
+    block_requests = capacity_block_requests(plan, grid.start, base_rate)
     records: list[RequestRecord] = []
     spent = [0]  # windows measured so far (capacity.max_windows)
     # Each level is decided at a stricter confidence than the capacity's: the capacity's interval
@@ -198,7 +195,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
                 detect_saturation(recs, spec.saturation, floor)
             m = summarise_records(plan, mine, rs.requested_rate, window_scale=scale)
             intervals = record_intervals(plan, mine, slo_metrics, confidence=decide_at, window_scale=scale,
-                                         seed=bootstrap_seed(plan.seed, k))
+                                         block_requests=block_requests)
             verdict = judge_level(m, slo, max_error_rate=spec.max_error_rate, saturated=saturated_at is not None,
                                   intervals=intervals, confidence=decide_at)
             log.info("level %d at %.3g req/s (window %d): %s", level, rate, window,
@@ -219,7 +216,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
     def fit(levels: Sequence[LevelResult], with_start: bool) -> Optional[CapacityFit]:
         for lv in levels:
             if (lv.level, lv.windows) not in margins_of:
-                margins_of[(lv.level, lv.windows)] = level_margins(plan, lv, base_rate)
+                margins_of[(lv.level, lv.windows)] = level_margins(plan, lv, base_rate, block_requests)
         return fit_capacity([margins_of[(lv.level, lv.windows)] for lv in levels], confidence=spec.confidence,
                             samples=BOOTSTRAP_SAMPLES, start_shift=shift if with_start else None,
                             resolution=spec.tolerance)
@@ -230,7 +227,15 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
                      levels_base_rate=base_rate)
 
 
-def level_margins(plan: LoadPlan, lv: LevelResult, base_rate: Optional[float]) -> LevelMargins:
+def capacity_block_requests(plan: LoadPlan, start_rate: float, base_rate: Optional[float]) -> int:
+    """Requests per bootstrap block of a capacity search: ``BLOCK_S`` seconds at its start rate (the
+    same for every level and every trial of the study)."""
+    n = len(plan.requests(level_workload(plan.workload, start_rate, plan.capacity, base_rate)).measured)
+    return block_requests_for(start_rate, n)
+
+
+def level_margins(plan: LoadPlan, lv: LevelResult, base_rate: Optional[float],
+                  block_requests: Optional[int] = None) -> LevelMargins:
     """A measured level as the capacity fit reads it: each SLO's log margin (> 0: missed) by the level's
     values, and by each bootstrap draw of them (the level's requests resampled as every trial resamples
     that grid point's, widened, moved by this trial's window noise)."""
@@ -240,11 +245,12 @@ def level_margins(plan: LoadPlan, lv: LevelResult, base_rate: Optional[float]) -
     measured = in_window(lv.records, measurement_window(lv.records, wl.warmup_s * scale, wl.cooldown_s * scale))
     slo = list(plan.capacity_slo)
     draws = metric_draws(measured, [c.metric for c in slo], slo=plan.request_slo,
-                         seed=bootstrap_seed(plan.seed, lv.grid_index or 0), window_noise=plan.window_noise,
+                         seed=plan.seed, block_requests=block_requests, window_noise=plan.window_noise,
                          noise_seed=noise_seed(plan, 1, lv.level), start_shift={})
     values = lv.metrics.as_dict()
     margins: dict[str, float] = {}
     margin_draws: dict[str, np.ndarray] = {}
+    raw_draws: dict[str, np.ndarray] = {}
     for c in slo:
         upper = c.op in ("<=", "<")
         v = values.get(c.metric)
@@ -255,13 +261,14 @@ def level_margins(plan: LoadPlan, lv: LevelResult, base_rate: Optional[float]) -
         margins[c.metric] = point
         d: Optional[MetricDraws] = draws.get(c.metric)
         if d is not None and c.value > 0:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                x = np.log(np.where(d.draws > 0, d.draws, np.nan) / c.value)
-            x = x if upper else -x
-            margin_draws[c.metric] = np.where(np.isfinite(x), x, FAILED_MARGIN if not upper else -FAILED_MARGIN)
+            for sample, into in ((d.draws, margin_draws), (d.raw, raw_draws)):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    x = np.log(np.where(sample > 0, sample, np.nan) / c.value)
+                x = x if upper else -x
+                into[c.metric] = np.where(np.isfinite(x), x, FAILED_MARGIN if not upper else -FAILED_MARGIN)
     failed = lv.saturated_at_s is not None or too_many_failures(lv.metrics, plan.max_error_rate) \
         or lv.metrics.num_requests == 0
-    return LevelMargins(lv.rate, margins, margin_draws, failed, lv.windows, met=lv.verdict.ok)
+    return LevelMargins(lv.rate, margins, margin_draws, failed, lv.windows, met=lv.verdict.ok, raw_draws=raw_draws)
 
 
 def level_confidence(confidence: float) -> float:
@@ -311,14 +318,16 @@ def phase_metrics(plan: LoadPlan, phase: LoadPhase, gpus: int):
     spec = plan.capacity
     base_rate = phase.levels_base_rate
     scale = 1.0 if spec.level_duration_s or not base_rate else base_rate / chosen.rate
-    seed = bootstrap_seed(plan.seed, chosen.grid_index or 0)
+    blocks = capacity_block_requests(plan, RateGrid.of(spec, spec.start_rate or base_rate or spec.min_rate).start,
+                                     base_rate)
     intervals = record_intervals(plan, chosen.records, wanted, confidence=spec.confidence, gpus=gpus,
-                                 window_scale=scale, seed=seed)
-    draws = row_draws(plan, chosen.records, gpus=gpus, window_scale=scale, seed=seed)
+                                 window_scale=scale, block_requests=blocks)
+    draws = row_draws(plan, chosen.records, gpus=gpus, window_scale=scale, block_requests=blocks)
     fit = cap.fit
     if cap.best is not None and fit is not None:
         intervals["capacity_rps"] = Interval(fit.low, fit.high)
-        draws["capacity_rps"] = np.asarray(fit.draws, dtype=float)
+        draws["capacity_rps"] = np.asarray(fit.paired_draws if fit.paired_draws is not None else fit.draws,
+                                           dtype=float)
     outcome = CapacityOutcome(
         capacity_rps=cap.capacity_rps, capacity_goodput=cap.capacity_goodput, levels=len(cap.levels),
         stop_reason=cap.stop_reason, level_of_row=chosen.level,
@@ -329,12 +338,13 @@ def phase_metrics(plan: LoadPlan, phase: LoadPhase, gpus: int):
         binding=fit.binding if fit is not None else None,
         margin_slope=fit.slope if fit is not None else None,
         margin_sd=fit.margin_sd if fit is not None else None,
-        contradictions=fit.contradictions if fit is not None else 0)
+        contradictions=fit.contradictions if fit is not None else 0,
+        windows=sum(lv.windows for lv in cap.levels))
     return m, outcome, intervals, spec.confidence, draws
 
 
 def row_draws(plan: LoadPlan, records: list[RequestRecord], *, gpus: int = 1, window_scale: float = 1.0,
-              seed: Optional[int] = None) -> dict[str, np.ndarray]:
+              block_requests: Optional[int] = None) -> dict[str, np.ndarray]:
     """The paired draws of the metrics the study compares trials by (``LoadPlan.paired_metrics``), over
     the requests the row's metrics measure: the same resamples in every trial that replayed them."""
     if not plan.paired_metrics:
@@ -342,9 +352,9 @@ def row_draws(plan: LoadPlan, records: list[RequestRecord], *, gpus: int = 1, wi
     wl = plan.workload
     measured = in_window(records, measurement_window(records, wl.warmup_s * window_scale, wl.cooldown_s * window_scale))
     got = metric_draws(measured, plan.paired_metrics, gpus=gpus, slo=plan.request_slo,
-                       seed=plan.seed if seed is None else seed, window_noise=plan.window_noise,
+                       seed=plan.seed, block_requests=block_requests, window_noise=plan.window_noise,
                        noise_seed=noise_seed(plan, 2), start_shift=start_shift(plan, plan.paired_metrics))
-    return {m: d.draws for m, d in got.items()}
+    return {m: d.raw for m, d in got.items()}
 
 
 def session_results(plan: LoadPlan, phase: LoadPhase, metrics) -> tuple[SessionColumns, list[dict[str, Any]]]:

@@ -65,6 +65,7 @@ class CapacityOutcome:
     margin_slope: Optional[float] = None  # its growth per unit of log rate at the crossing
     margin_sd: Optional[float] = None  # its noise there (log units, start noise included)
     contradictions: int = 0  # levels met at a rate above a level missed
+    windows: int = 0  # load windows measured (levels and their measurements again)
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,16 @@ its prompts, and its warm-up requests, from streams of its own (spawn key
 and its prefix cache holds: vLLM caches prefixes by default, and a replayed prompt
 is answered from the cache (measured on an H200: TTFT 30 ms instead of 79 ms).
 The shared-prefix contents are the same at every level (sharing them is the point).
-The arrival gaps, the lengths and the prefix groups of level k > 0 are a draw of their own
-too (spawn key ``(REPLICATE_KEY, 0, k)``): a capacity search fits a line through its levels'
-SLO margins, and levels that replayed one draw of bursts (as they did once, to pair them)
-moved together, so one unlucky draw moved the whole trial's capacity (on the simulator, a
-seed's capacity spread +-30% around the median). Every trial of a study still sees the
-same draw at each level index. A level measured again (``replicate`` r > 0) is a fresh
-draw of all of these and of its prompts (``(REPLICATE_KEY, r, k)``).
+The arrival gaps, the lengths and the prefix groups are the same draw at every level
+(time-scaled to the level's rate: a Poisson or gamma gap is the unit draw over the rate):
+common random numbers. Every configuration of a study, at every rate, replays the same
+sequence of requests, so two configurations are compared on the same requests wherever
+each is measured, and a capacity search's levels differ by their rate alone, not by their
+luck (a burst one level drew and the next did not). What one draw of the workload leaves
+unknown, the bootstrap over blocks of its requests says (:mod:`orchestrator.measure.confidence`).
+A level measured again (``replicate`` r > 0) is a fresh draw of all of these and of its
+prompts (``(REPLICATE_KEY, r, 0)`` for the arrivals, lengths and groups: the same r-th draw
+at every level).
 Datasets take the next ``num_requests`` entries of their seeded order at each level
 (entries ``k n .. (k + 1) n - 1``, cycling once the file is used up: only then does a
 level repeat a text prompt). A trace's text prompts are the trace's own: every level
@@ -113,7 +116,7 @@ def build_requests(spec: WorkloadSpec, seed: int, vocab_size: int,
         return _build_from_file(spec, seed, vocab_size, base_dir, level, replicate)
     seqs = seed_streams(seed)
     own = level_streams(seed, level, seqs, replicate)
-    draws = replicate_streams(seed, replicate, seqs, level)
+    draws = replicate_streams(seed, replicate, seqs, 0)
     n = spec.num_requests
 
     prefix_rng = make_rng(seqs["prefix"])  # prefix contents first, then the measured requests' groups
