@@ -2,14 +2,15 @@
 # Engine starts as replicates on one GPU (docs/benchmarks.md, "Engine starts as replicates"): for each
 # configuration named, one bare `vllm serve` start measured by search_spaces/starts-h100.yaml's capacity
 # search (the external engine, seed 0: every start replays the same requests), then the server stopped.
-#   bash benchmarks/starts_gpu.sh MODEL_DIR RESULTS "defaults tuned defaults" [FIRST_START_NUMBER]
+#   bash benchmarks/starts_gpu.sh MODEL_DIR RESULTS "defaults tuned defaults"
+# Each configuration's starts are numbered on from those already in RESULTS (k1, k2, ...).
 # defaults: max_num_seqs 1024, max_num_batched_tokens 8192 (vLLM 0.26's own on an H100); tuned: 256, 512.
 # A device call lasts at most 10 minutes: a start and its search take ~3 minutes; a start that would not
 # finish within DEADLINE_S (default 560) of the call's beginning is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-model=$1 out=$2 configs=$3 k=${4:-1}
+model=$1 out=$2 configs=$3
 study=${STUDY:-search_spaces/starts-h100.yaml}
 mkdir -p "$out"
 t_begin=$(date +%s)
@@ -20,8 +21,9 @@ for config in $configs; do
     tuned) seqs=256 tokens=512 ;;
     *) echo "unknown configuration $config"; exit 2 ;;
   esac
-  if (( $(date +%s) - t_begin > ${DEADLINE_S:-560} - 200 )); then
-    echo "skipped $config start $k: not enough of the call left"; k=$((k + 1)); continue
+  k=$(( $(ls -d "$out"/starts-h100-$config-k*-s0 2>/dev/null | wc -l) + 1 ))
+  if (( $(date +%s) - t_begin > ${DEADLINE_S:-560} - ${START_S:-200} )); then
+    echo "skipped $config start $k: not enough of the call left"; continue
   fi
   t0=$(date +%s)
   python3 -m vllm.entrypoints.openai.api_server --model "$model" --served-model-name llama-3.1-8b \
@@ -39,6 +41,6 @@ for config in $configs; do
     --params "{\"max_num_seqs\": $seqs, \"max_num_batched_tokens\": $tokens}" || rc=$?
   kill $server; wait $server 2>/dev/null
   echo "$config start $k: done after $(( $(date +%s) - t0 )) s"
-  k=$((k + 1))
+  sleep 2  # the GPU's memory back before the next start
 done
 exit $rc
