@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 model=$1 out=$2 configs=$3
 study=${STUDY:-search_spaces/starts-h100.yaml}
+prefix=$(sed -n 's/^name: *//p' "$study")
 mkdir -p "$out"
 t_begin=$(date +%s)
 rc=0
@@ -21,7 +22,7 @@ for config in $configs; do
     tuned) seqs=256 tokens=512 ;;
     *) echo "unknown configuration $config"; exit 2 ;;
   esac
-  k=$(( $(ls -d "$out"/starts-h100-$config-k*-s0 2>/dev/null | wc -l) + 1 ))
+  k=$(( $(ls -d "$out"/$prefix-$config-k*-s0 2>/dev/null | wc -l) + 1 ))
   if (( $(date +%s) - t_begin > ${DEADLINE_S:-560} - ${START_S:-200} )); then
     echo "skipped $config start $k: not enough of the call left"; continue
   fi
@@ -37,7 +38,7 @@ for config in $configs; do
     sleep 1
   done
   echo "$config start $k: vllm serve up after $(( $(date +%s) - t0 )) s"
-  python3 benchmarks/repeatability.py run "$study" --seeds 0 --output "$out" --label "starts-h100-$config-k$k" \
+  python3 benchmarks/repeatability.py run "$study" --seeds 0 --output "$out" --label "$prefix-$config-k$k" \
     --params "{\"max_num_seqs\": $seqs, \"max_num_batched_tokens\": $tokens}" || rc=$?
   kill $server; wait $server 2>/dev/null
   echo "$config start $k: done after $(( $(date +%s) - t0 )) s"
