@@ -24,7 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.measure.confidence import BLOCK_S, DEFAULT_CONFIDENCE, metric_intervals  # noqa: E402
+from orchestrator.measure.blocks import BLOCK_S  # noqa: E402
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, metric_intervals  # noqa: E402
 from orchestrator.measure.metrics import summarise  # noqa: E402
 
 METRICS = ("ttft_p99_ms", "ttft_p90_ms", "ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms", "e2el_p99_ms", "output_throughput")

@@ -64,16 +64,21 @@ def main(argv=None) -> int:
 
 def rejudge(study_dir: Path) -> list[str]:
     """Each recorded level judged again from its requests (all its windows pooled), without and with
-    the window noise the study's engine gets, and the capacity bracket over those levels."""
+    the window noise the study's engine gets, and the capacity fit over those levels."""
+    import dataclasses
+
     from orchestrator.apps.interchange import records_from_request_rows
-    from orchestrator.measure.confidence import NO_WINDOW_NOISE, metric_intervals
+    from orchestrator.measure.confidence import metric_intervals
+    from orchestrator.measure.engine_noise import NO_WINDOW_NOISE
     from orchestrator.measure.metrics import summarise
     from orchestrator.results.definition import read_study_definition
     from orchestrator.results.levels import load_levels
     from orchestrator.results.query import load_requests
-    from orchestrator.search.trial_plan import window_noise
-    from orchestrator.trial.capacity import LevelResult, capacity_bracket, judge_level
-    from orchestrator.trial.load_phase import level_confidence
+    from orchestrator.measure.confidence import BOOTSTRAP_SAMPLES
+    from orchestrator.search.trial_plan import load_plan, window_noise
+    from orchestrator.trial.capacity import LevelResult, judge_level
+    from orchestrator.trial.capacity_fit import fit_capacity
+    from orchestrator.trial.load_phase import level_confidence, level_margins
 
     study = read_study_definition(str(study_dir))
     slo, confidence = study.capacity_slo(), study.capacity.confidence
@@ -81,7 +86,8 @@ def rejudge(study_dir: Path) -> list[str]:
     requests, levels = load_requests(study_dir), load_levels(study_dir).sort_values("level")
     lines = []
     for label, noise in (("as drawn", NO_WINDOW_NOISE), ("window noise", window_noise(study))):
-        points = []
+        plan = dataclasses.replace(load_plan(study), window_noise=noise)
+        results = []
         for _, lv in levels.iterrows():
             records = records_from_request_rows(requests[requests["level"] == lv["level"]])
             intervals = metric_intervals(records, [c.metric for c in slo], confidence=decide_at, seed=study.seed,
@@ -89,10 +95,12 @@ def rejudge(study_dir: Path) -> list[str]:
             metrics = summarise(records)
             verdict = judge_level(metrics, slo, intervals=intervals, confidence=decide_at,
                                   saturated=bool(lv["saturated"]))
-            points.append(LevelResult(int(lv["level"]), float(lv["rate"]), len(records), records, metrics, verdict,
-                                      saturated_at_s=lv["saturated_at_s"] if lv["saturated"] else None,
-                                      windows=int(lv["windows"])).point)
-        b = capacity_bracket(points, confidence)
+            results.append(LevelResult(int(lv["level"]), float(lv["rate"]), len(records), records, metrics, verdict,
+                                       saturated_at_s=lv["saturated_at_s"] if lv["saturated"] else None,
+                                       windows=int(lv["windows"])))
+        points = [r.point for r in results]
+        b = fit_capacity([level_margins(plan, r, None) for r in results], confidence=confidence,
+                         samples=BOOTSTRAP_SAMPLES, resolution=study.capacity.tolerance)
         high = "none" if b.high is None else f"{b.high:.1f}"
         verdicts = " ".join(f"{p.rate:.1f}:{'met' if p.ok else 'missed'}{'' if p.decided else '?'}" for p in points)
         lines.append(f"{study_dir.name} {label}: {b.estimate:.1f} [{b.low:.1f}, {high}]  {verdicts}")

@@ -4,6 +4,7 @@ true capacities. Pure functions of the benchmark's Parquet files."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +57,6 @@ def decisions_table(folder: Path) -> str:
 
 
 def _windows(extra: object) -> float:
-    import json
-
     if not isinstance(extra, str):
         return float("nan")
     cap = json.loads(extra).get("capacity") or {}

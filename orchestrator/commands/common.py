@@ -7,11 +7,13 @@ import os
 import sys
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from orchestrator.apps.recommend import distance_from_defaults
 from orchestrator.failures import TrialStatus
 from orchestrator.hardware.pricing import unit_columns
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
 from orchestrator.results import load_trials
 from orchestrator.results.decisions import decide_front
 from orchestrator.results.definition import read_study_definition
@@ -112,8 +114,6 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
 
 def comparison_confidence(study) -> float:
     """The confidence comparisons are decided at: the capacity search's, else the intervals' default."""
-    from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
-
     return study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE
 
 
@@ -132,8 +132,6 @@ def front_note(strict: bool, tied: int, equivalent: int) -> str:
 def gpu_time_line(df, decision) -> str:
     """GPU-seconds the trials spent (wall time x GPUs) and what they bought: the front's comparisons
     decided and the ties left."""
-    import numpy as np
-
     wall = pd.to_numeric(df.get("wall_time_s"), errors="coerce") if "wall_time_s" in df else pd.Series(dtype=float)
     gpus = pd.to_numeric(df.get("gpus"), errors="coerce").fillna(1) if "gpus" in df else 1
     spent = float(np.nansum(wall * gpus)) if len(wall) else 0.0

@@ -43,17 +43,16 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.measure.blocks import BLOCK_S, SortedByBlock, block_weights, cut_blocks, weighted_means
+from orchestrator.measure.engine_noise import NO_WINDOW_NOISE, WindowNoise
 from orchestrator.measure.metrics import LATENCY_FAMILIES, PERCENTILES, RequestSLO
 from orchestrator.measure.records import RequestRecord
 
-__all__ = ["BLOCK_S", "BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "GPU_WINDOW_NOISE", "CPU_WINDOW_NOISE",
-           "INTERVAL_METRICS", "Interval", "MetricDraws", "block_requests_for", "NO_START_NOISE", "NO_WINDOW_NOISE", "GPU_START_NOISE", "CPU_START_NOISE", "WindowNoise", "interval_columns",
+__all__ = ["BOOTSTRAP_SAMPLES", "DEFAULT_CONFIDENCE", "INTERVAL_METRICS", "Interval", "MetricDraws", "interval_columns",
            "metric_draws", "metric_intervals", "t_of", "z_of"]
 
 DEFAULT_CONFIDENCE = 0.90
 BOOTSTRAP_SAMPLES = 400
-BLOCK_S = 2.0  # seconds of due times per block (benchmarks/ci_coverage.py)
-MIN_BLOCKS = 6  # a shorter window gets shorter blocks: a bootstrap over two or three blocks is no spread
 # How much wider than the block bootstrap's an interval must be to cover the truth as often as it
 # says, by statistic, (below, above) the value: what the simulator needed over many seeds
 # (benchmarks/ci_coverage.py). A window cannot see fluctuations slower than itself (near capacity
@@ -75,52 +74,6 @@ MIN_TAIL = 5.0
 MAX_RATIO = 10.0
 _ITL_CAP = 200_000  # token gaps kept for the ITL interval (a seeded subsample beyond: memory, not accuracy)
 
-
-@dataclass(frozen=True)
-class WindowNoise:
-    """How far a latency statistic moves between windows measured apart at one rate, beyond what one
-    window's own requests show: a log-scale standard deviation per metric (``ttft_p99_ms``: 0.27),
-    none for a metric not named. A real engine's state and the machine beside it change from one
-    window to the next; the block bootstrap of one window cannot see that, so each interval of a
-    named metric is widened by it (in quadrature, both sides, divided by the square root of the
-    windows pooled). Measured by ``benchmarks/window_noise.py`` (docs/benchmarks.md, "Window noise")."""
-
-    sd: tuple[tuple[str, float], ...] = ()
-
-    @classmethod
-    def of(cls, sd: Mapping[str, float]) -> "WindowNoise":
-        return cls(tuple(sorted((k, float(v)) for k, v in sd.items() if v > 0)))
-
-    def sd_of(self, metric: str) -> float:
-        return dict(self.sd).get(metric, 0.0)
-
-
-NO_WINDOW_NOISE = WindowNoise()
-# benchmarks/window_noise.py on results/examples/repeatability-h200/windows.parquet: capacity levels of
-# vLLM 0.26 on one H200 measured in two windows (7 levels, 14 windows, near the knee). Tails of TTFT
-# move between windows by more than their requests show; medians, TPOT's p50, ITL and E2E latency do
-# not. p95 is not measured: between p90's and p99's; TPOT p90/p95 as its p99.
-GPU_WINDOW_NOISE = WindowNoise.of({"ttft_p90_ms": 0.18, "ttft_p95_ms": 0.22, "ttft_p99_ms": 0.27,
-                                   "tpot_p90_ms": 0.12, "tpot_p95_ms": 0.12, "tpot_p99_ms": 0.12})
-# The same on vLLM's CPU build, one configuration at a fixed rate over five seeds (each its own engine
-# start; results/examples/repeatability-cpu-vllm): only TTFT's median moved beyond its intervals.
-CPU_WINDOW_NOISE = WindowNoise.of({"ttft_mean_ms": 0.17, "ttft_p50_ms": 0.17})
-
-# Start-to-start noise: how far a metric moves between two engine starts of one configuration, beyond
-# what the windows of one start show (log-scale standard deviation; one shift per start, shared by every
-# window and level of it). One start cannot see it; a capacity's interval and every paired comparison
-# carry it (orchestrator.trial.capacity_fit, orchestrator.results.paired). The simulator has none: the
-# same requests give the same numbers. The real engines' priors are measured by starting the engine
-# anew for every replicate (benchmarks/repeatability.py --starts; docs/benchmarks.md, "Engine starts
-# as replicates"); a study's own replicate starts (racing) replace them where it has them.
-NO_START_NOISE = WindowNoise()
-# vLLM 0.26 on an H100 (results/examples/starts-h100): the inter-token tail moves between starts
-# (the defaults' ITL p99 at one rate: 24-27 ms on one start, 32-38 ms on the next), the rest hardly.
-GPU_START_NOISE = WindowNoise.of({"itl_p90_ms": 0.15, "itl_p95_ms": 0.15, "itl_p99_ms": 0.15,
-                                  "tpot_p50_ms": 0.03, "tpot_p90_ms": 0.05, "tpot_p99_ms": 0.05,
-                                  "ttft_p50_ms": 0.05, "ttft_p90_ms": 0.05, "ttft_p99_ms": 0.05})
-# vLLM's CPU build (results/examples/starts-cpu-vllm).
-CPU_START_NOISE = WindowNoise.of({"ttft_p99_ms": 0.05, "ttft_p90_ms": 0.05, "ttft_p95_ms": 0.05})
 
 _STATS = ("mean",) + tuple(f"p{p}" for p in PERCENTILES)
 LATENCY_INTERVAL_METRICS = tuple(f"{fam}_{s}_ms" for fam in LATENCY_FAMILIES for s in _STATS)
@@ -166,111 +119,6 @@ def t_of(confidence: float, dof: float) -> float:
     g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384.0
     g4 = (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160.0
     return z + g1 / dof + g2 / dof ** 2 + g3 / dof ** 3 + g4 / dof ** 4
-
-
-# ------------------------------------------------------------------ blocks
-@dataclass(frozen=True)
-class _Blocks:
-    of_request: np.ndarray  # block index of each request (0..k-1)
-    seconds: np.ndarray  # (k,) the seconds each block stands for (their sum: the windows' durations)
-    keys: tuple[tuple[int, int], ...]  # (window, j) of each block: j-th run of consecutive requests
-    duration: float = 0.0  # the windows' durations, summed
-
-    @property
-    def count(self) -> int:
-        return len(self.seconds)
-
-
-def block_requests_for(rate: float, requests: int, block_s: float = BLOCK_S) -> int:
-    """Requests per block at ``rate`` requests per second for a window of ``requests``: ``block_s``
-    seconds of them, fewer when the window holds fewer than :data:`MIN_BLOCKS` such blocks."""
-    per = max(1, int(round(block_s * rate))) if rate > 0 else 1
-    return max(1, min(per, requests // MIN_BLOCKS))
-
-
-def _blocks(records: Sequence[RequestRecord], block_s: float, block_requests: Optional[int] = None) -> _Blocks:
-    """Blocks of consecutive requests (by their index in the window's draw), window by window:
-    ``block_requests`` each, or ``block_s`` seconds of the window's own rate (fewer in a window shorter
-    than :data:`MIN_BLOCKS` of them). A block is named by its position in its window, so that two
-    windows of one draw, at one rate or another (a capacity search's levels replay one draw, time
-    scaled), cut the same requests into the same blocks. A window's duration (first send to last end,
-    as :func:`orchestrator.measure.metrics.summarise`) is shared out over its blocks by their requests."""
-    by_window: dict[int, list[int]] = {}
-    for i, r in enumerate(records):
-        by_window.setdefault(r.window, []).append(i)
-    of_request = np.zeros(len(records), dtype=np.int64)
-    seconds: list[float] = []
-    keys: list[tuple[int, int]] = []
-    total = 0.0
-    for w, idx in sorted(by_window.items()):
-        recs = [records[i] for i in idx]
-        due = np.array([r.scheduled_s for r in recs], dtype=float)
-        span = float(due.max() - due.min())
-        per = block_requests or block_requests_for((len(recs) - 1) / span if span > 0 else 0.0, len(recs), block_s)
-        position = np.array([r.index for r in recs], dtype=np.int64)
-        local = (position - position.min()) // per
-        used, local = np.unique(local, return_inverse=True)  # blocks without a request are dropped
-        of_request[idx] = local + len(seconds)
-        keys.extend((int(w), int(j)) for j in used)
-        sends = [r.sent_s for r in recs if r.sent_s is not None]
-        ends = [e for r in recs for e in ((r.end_s if r.success else (r.finished_s or r.end_s)),) if e is not None]
-        duration = (max(ends + sends) - min(sends)) if sends else 0.0
-        share = np.bincount(local, minlength=len(used)).astype(float) / max(len(recs), 1) * max(duration, 1e-9)
-        seconds.extend(share.tolist())
-        total += max(duration, 1e-9 * len(used))
-    return _Blocks(of_request, np.asarray(seconds, dtype=float), tuple(keys), total)
-
-
-def _block_weights(blocks: _Blocks, seed: int, samples: int) -> np.ndarray:
-    """``(samples, k)`` bootstrap weights of the blocks: Poisson(1) each (the Poisson bootstrap), drawn
-    from a stream of the block's own name (window, position) and ``seed``, so that every set of records
-    cut from one draw of requests, in any trial, gives a block the same weight in every resample: their
-    draws are paired."""
-    out = np.empty((samples, blocks.count))
-    for col, (w, j) in enumerate(blocks.keys):
-        out[:, col] = np.random.default_rng(np.random.SeedSequence([seed, 31337, w, j])).poisson(1.0, samples)
-    return out
-
-
-class _SortedByBlock:
-    """A family's values sorted once, with each block's running count along them: the weighted
-    quantiles of every draw found by bisection (``log2(n)`` steps of ``(B, k)`` work) instead of a
-    cumulative sum over every value per draw (``(B, n)``: ITL has a value per token)."""
-
-    def __init__(self, values: np.ndarray, groups: np.ndarray, k: int):
-        order = np.argsort(values, kind="stable")
-        self.values = values[order]
-        g = groups[order]
-        self.running = np.zeros((len(g) + 1, k), dtype=np.int32)  # [i, blk]: values of blk among the first i
-        np.add.at(self.running[1:], (np.arange(len(g)), g), 1)
-        np.cumsum(self.running, axis=0, out=self.running)
-
-    def quantiles(self, counts: np.ndarray, q: float) -> np.ndarray:
-        """Per draw (row of ``counts``, (B, k)): the ``q`` quantile of the values each weighted by its
-        block's count (inverted CDF). NaN when a draw holds no value."""
-        n = len(self.values)
-        total = counts @ self.running[n]
-        target = np.maximum(q * total, 1e-12)
-        lo = np.zeros(len(counts), dtype=np.int64)  # the answer: the first i with cum(i + 1) >= target
-        hi = np.full(len(counts), n - 1, dtype=np.int64)
-        while np.any(lo < hi):
-            mid = (lo + hi) // 2
-            cum = np.einsum("bk,bk->b", self.running[mid + 1], counts)
-            reached = cum >= target
-            hi = np.where(reached, mid, hi)
-            lo = np.where(reached, lo, mid + 1)
-        out = self.values[np.minimum(lo, n - 1)].astype(float)
-        out[total <= 0] = np.nan
-        return out
-
-
-def _weighted_means(values: np.ndarray, groups: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    k = counts.shape[1]
-    sums = np.bincount(groups, weights=values, minlength=k)
-    ns = np.bincount(groups, minlength=k).astype(float)
-    num, den = counts @ sums, counts @ ns
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / den, np.nan)
 
 
 def _band(draws: np.ndarray, confidence: float, point: float, inflation: tuple[float, float]) -> Optional[Interval]:
@@ -338,10 +186,10 @@ def _bootstrap(records: Sequence[RequestRecord], metrics: Iterable[str], *, gpus
     measured = [r for r in records if not r.warmup and r.sent_s is not None]
     if not wanted or not measured:
         return 0, {}
-    blocks = _blocks(measured, block_s, block_requests)
+    blocks = cut_blocks(measured, block_s, block_requests)
     windows = len({r.window for r in measured})
     k = blocks.count
-    counts = _block_weights(blocks, seed, samples)  # (B, k)
+    counts = block_weights(blocks, seed, samples)  # (B, k)
     ok = np.array([r.success for r in measured])
     g_all = blocks.of_request
     out: dict[str, tuple[float, np.ndarray, tuple[float, float]]] = {}
@@ -374,10 +222,10 @@ def _bootstrap(records: Sequence[RequestRecord], metrics: Iterable[str], *, gpus
         for m in names:
             stat = m[len(fam) + 1:-3]
             if stat == "mean":
-                draws, point = _weighted_means(values, groups, counts), float(values.mean())
+                draws, point = weighted_means(values, groups, counts), float(values.mean())
             else:
                 q = int(stat[1:])
-                ordered = ordered or _SortedByBlock(values, groups, k)
+                ordered = ordered or SortedByBlock(values, groups, k)
                 draws, point = ordered.quantiles(counts, q / 100.0), float(np.percentile(values, q))
             widen = SLOW_TAIL_INFLATION.get(stat, INFLATION[stat]) if fam != "ttft" else INFLATION[stat]
             if stat != "mean" and stat != "p50":

@@ -18,8 +18,9 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.engines import Engine, EngineContext, EngineTarget, create_engine
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.measure.confidence import (CPU_START_NOISE, CPU_WINDOW_NOISE, GPU_START_NOISE, GPU_WINDOW_NOISE,
-                                             INTERVAL_METRICS, NO_START_NOISE, NO_WINDOW_NOISE, WindowNoise)
+from orchestrator.measure.confidence import INTERVAL_METRICS
+from orchestrator.measure.engine_noise import (CPU_START_NOISE, CPU_WINDOW_NOISE, GPU_START_NOISE, GPU_WINDOW_NOISE,
+                                               NO_START_NOISE, NO_WINDOW_NOISE, WindowNoise)
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES
 from orchestrator.results.paired import draw_metrics
 from orchestrator.search import feasibility

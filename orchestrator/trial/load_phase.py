@@ -21,8 +21,9 @@ import numpy as np
 from orchestrator.failures import too_many_failures
 from orchestrator.loadgen import Endpoint, run_load_sync
 from orchestrator.measure.columns import SessionColumns
-from orchestrator.measure.confidence import (BOOTSTRAP_SAMPLES, DEFAULT_CONFIDENCE, Interval, MetricDraws,
-                                             block_requests_for, metric_draws, metric_intervals)
+from orchestrator.measure.blocks import block_requests_for
+from orchestrator.measure.confidence import (BOOTSTRAP_SAMPLES, DEFAULT_CONFIDENCE, Interval, MetricDraws, metric_draws,
+                                             metric_intervals)
 from orchestrator.measure.harness import harness_verdict
 from orchestrator.measure.measurement import LevelMeasurement
 from orchestrator.measure.metrics import (ENGINE_WINDOW_METRIC_NAMES, LoadMetrics, in_window, measurement_window,

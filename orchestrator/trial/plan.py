@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.hardware.accelerator import DeviceDefaults
 from orchestrator.hardware.engine_args import EngineArgs
-from orchestrator.measure.confidence import NO_START_NOISE, NO_WINDOW_NOISE, WindowNoise
+from orchestrator.measure.engine_noise import NO_START_NOISE, NO_WINDOW_NOISE, WindowNoise
 from orchestrator.measure.metrics import RequestSLO
 from orchestrator.models.shapes import ModelShape
 from orchestrator.study.capacity import CapacitySpec

@@ -73,7 +73,7 @@ def test_student_t_quantiles(confidence, dof, expected):
 
 
 def test_window_noise_widens_the_metrics_it_names_in_quadrature_and_less_when_windows_are_pooled():
-    from orchestrator.measure.confidence import WindowNoise
+    from orchestrator.measure.engine_noise import WindowNoise
 
     first, again = window(12, seed=1), window(12, seed=2, replicate_as=1)
     noise = WindowNoise.of({"ttft_p99_ms": 0.3})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import sim_study
-from orchestrator.measure.confidence import CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, NO_WINDOW_NOISE, WindowNoise
+from orchestrator.measure.engine_noise import CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, NO_WINDOW_NOISE, WindowNoise
 from orchestrator.search.trial_plan import load_plan, window_noise
 from orchestrator.study.spec import parse_study
 
