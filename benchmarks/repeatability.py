@@ -18,6 +18,7 @@ repeatability table is (``orchestrator.apps.docs_tables``).
 
     python benchmarks/repeatability.py run STUDY.yaml --seeds 0-4 --output DIR [--params '{...}'] [--label L]
     python benchmarks/repeatability.py run STUDY.yaml --seeds 0-4 --output DIR --rate 40 --duration 12
+    python benchmarks/repeatability.py run STUDY.yaml --seeds 0 --starts 5 --output DIR   # engine starts as replicates
     python benchmarks/repeatability.py table DIR [DIR ...]
 
 What the timer covers: ``trial wall s`` is each trial's own ``wall_time_s`` (engine start,
@@ -44,7 +45,7 @@ def seeds_of(text: str) -> list[int]:
 
 
 def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate, duration,
-              virtual: bool = False) -> dict:
+              virtual: bool = False, start: int = 0) -> dict:
     """The study file's document, made into one configuration measured once with ``seed``."""
     from orchestrator.study.file import read_study_document
 
@@ -62,6 +63,8 @@ def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate,
     doc.update(space=space, seed=seed, output=output, budget={"trials": 1, "max_concurrent_trials": 1})
     doc.pop("search", None)
     base = label or doc["name"]
+    if start:  # the same seed started again: the k-th engine start of this configuration
+        base = f"{base}-k{start}"
     if rate is None:
         doc["name"] = f"{base}-s{seed}"
         return doc
@@ -81,12 +84,14 @@ def run(args) -> int:
 
     params = json.loads(args.params) if args.params else {}
     for seed in seeds_of(args.seeds):
-        doc = study_doc(args.study, seed, args.output, params, args.label, args.rate, args.duration, args.virtual)
-        study = parse_study(doc, source_path=args.study)
-        t0 = time.monotonic()
-        write_study_definition(study)  # study.json beside the data: show, pareto and report read it
-        result = run_study(study, quiet=True, resume=False)
-        print(f"{study.name}: run {result.run_id} in {time.monotonic() - t0:.0f} s", flush=True)
+        for start in range(1, args.starts + 1) if args.starts else [0]:
+            doc = study_doc(args.study, seed, args.output, params, args.label, args.rate, args.duration,
+                            args.virtual, start)
+            study = parse_study(doc, source_path=args.study)
+            t0 = time.monotonic()
+            write_study_definition(study)  # study.json beside the data: show, pareto and report read it
+            result = run_study(study, quiet=True, resume=False)
+            print(f"{study.name}: run {result.run_id} in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
 
@@ -109,6 +114,9 @@ def main() -> int:
     r.add_argument("--rate", type=float, help="fixed rate instead of the capacity search")
     r.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals at --rate")
     r.add_argument("--virtual", action="store_true", help="the simulator in virtual time instead of the file's engine")
+    r.add_argument("--starts", type=int, default=0,
+                   help="start the engine this many times per seed (studies <label>-k<k>-s<seed>): what moves "
+                        "between engine starts of one configuration on the same requests")
     r.set_defaults(func=run)
     t = sub.add_parser("table")
     t.add_argument("dirs", nargs="+")

@@ -21,7 +21,7 @@ from orchestrator.results.query import load_trials
 
 __all__ = ["capacity_spread", "repeatability_table", "fixed_rate_table", "series_of"]
 
-_SEED = re.compile(r"^(?P<series>.+?)(?:-r(?P<rate>[0-9.]+))?-s(?P<seed>\d+)$")
+_SEED = re.compile(r"^(?P<series>.+?)(?:-k(?P<start>\d+))?(?:-r(?P<rate>[0-9.]+))?-s(?P<seed>\d+)$")
 FIXED_METRICS = (("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"), ("tpot_p50_ms", "TPOT p50 ms"))
 
 

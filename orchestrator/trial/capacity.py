@@ -194,7 +194,11 @@ class RateGrid:
         return math.floor(math.log(self.max_rate / self.start) / math.log(self.step) + 1e-9)
 
     def snap(self, rate: float) -> int:
-        """The grid index nearest ``rate`` (log scale), inside the rate limits."""
+        """The grid index nearest ``rate`` (log scale), inside the rate limits (0: the lowest; inf: the highest)."""
+        if not rate > 0:
+            return self.lowest
+        if math.isinf(rate):
+            return self.highest
         return min(max(self.index(rate), self.lowest), self.highest)
 
 

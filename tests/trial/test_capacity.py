@@ -172,6 +172,8 @@ def test_the_rate_grid_is_shared_and_growth_is_a_whole_number_of_steps():
     grid = RateGrid.of(SPEC, 8.0)
     assert grid.rate(grid.index(16.0)) == pytest.approx(16.0) and grid.step < 1 + SPEC.tolerance
     assert {draw_level(k) for k in range(-5, 6)} == set(range(11)) and draw_level(0) == 0
+    # An interval that reaches below every level measured (0) or above them (inf) snaps to the grid's ends.
+    assert grid.snap(0.0) == grid.lowest and grid.snap(math.inf) == grid.highest
 
 
 SPEC = CapacitySpec(min_rate=1, max_rate=100, growth=2, tolerance=0.05, max_levels=12)
