@@ -74,7 +74,7 @@ class CapacityFit:
     binding: Optional[str] = None  # the SLO metric whose margin crosses zero first
     slope: Optional[float] = None  # its fitted margin's growth per unit of log rate at the crossing
     margin_sd: Optional[float] = None  # its margin's noise near the crossing (log units, start noise included)
-    conditioned: Optional[bool] = None  # None: no crossing inside the measured rates
+    conditioned: Optional[bool] = None  # None: every level met (no crossing), or a single level
     contradictions: int = 0  # levels met at a rate above a level missed
     contradicting: tuple[int, ...] = ()  # indexes (in the order given) of every level in a contradiction
     # The two measured rates the point fit crosses zero between (None: no crossing inside the measured
@@ -228,22 +228,24 @@ def fit_capacity(levels: Sequence[LevelMargins], *, confidence: float, samples: 
         bracket = (float(rates[i - 1]), float(rates[i]))
         if resolution is not None and (bracket[1] - bracket[0]) / bracket[1] > resolution:
             low, high = min(low, bracket[0]), max(high if high is not None else bracket[1], bracket[1])
-    if binding and 0 < estimate and point_cross[binding] < math.inf and point_cross[binding] > 0:
+    if point_cross[binding] == 0.0:  # every level missed: the capacity lies below the lowest one
+        high = max(high if high is not None else 0.0, float(rates[0]))
+    if binding and point_cross[binding] < math.inf and len(lv) > 1:
+        # How well the binding margin pins the capacity down: its growth per unit of log rate between the two
+        # levels around the crossing (the two lowest when every level missed) against its noise there.
         f = point_fits[binding]
-        i = int(np.argmax(f > 0))
-        slope = float((f[i] - f[i - 1]) / (log_rates[i] - log_rates[i - 1])) if i > 0 else None
-        near = [i - 1, i] if i > 0 else [i]
-        ys = np.array([point_of(lv[k], binding) for k in near])
+        i = max(int(np.argmax(f > 0)), 1)
+        slope = float((f[i] - f[i - 1]) / (log_rates[i] - log_rates[i - 1]))
         cols = []
-        for k, p in zip(near, ys):
+        for k in (i - 1, i):
             d = lv[k].draws.get(binding)
-            col = np.full(samples, p) if d is None or len(d) != samples else np.asarray(d, dtype=float)
+            col = np.full(samples, point_of(lv[k], binding)) if d is None or len(d) != samples else \
+                np.asarray(d, dtype=float)
             if binding in shift:
                 col = col + np.asarray(shift[binding], dtype=float)
             cols.append(col[np.isfinite(col)])
         spreads = [float(np.std(c)) for c in cols if len(c) > 1]
         sd = float(np.mean(spreads)) if spreads else 0.0
-        if slope is not None:
-            conditioned = bool(slope > 0 and sd / slope <= ILL_CONDITIONED)
+        conditioned = bool(slope > 0 and sd / slope <= ILL_CONDITIONED)
     return CapacityFit(float(estimate), float(low), high, draws, confidence, binding or None, slope, sd,
                        conditioned, count, involved, bracket, paired)

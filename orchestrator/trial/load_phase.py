@@ -203,7 +203,8 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
                      ("meets the SLOs" if verdict.ok else "; ".join(verdict.reasons))
                      + ("" if verdict.decided else f" (undecided at {decide_at:.1%})"))
             spent[0] += 1
-            if verdict.decided or saturated_at is not None or (spec.max_windows and spent[0] >= spec.max_windows):
+            far = verdict.margin is not None and abs(verdict.margin) > NEAR_LIMIT
+            if verdict.decided or far or saturated_at is not None or (spec.max_windows and spent[0] >= spec.max_windows):
                 break
         records.extend(mine)
         return LevelResult(level, rate, planned, mine, m, verdict, saturated_at,
@@ -272,6 +273,14 @@ def level_margins(plan: LoadPlan, lv: LevelResult, base_rate: Optional[float],
     return LevelMargins(lv.rate, margins, margin_draws, failed, lv.windows, met=lv.verdict.ok, raw_draws=raw_draws)
 
 
+# An undecided level is measured again only when its binding SLO metric lies within this many log units of
+# its limit (0.78x .. 1.28x): a level far from the limit tells the fit little more the second time, and a
+# window spent there is one the levels around the crossing do not get (on an H100 the search once spent
+# three of its eight windows again on levels at a third and a half of the TTFT limit, and stopped with the
+# capacity bracketed between levels 25% apart).
+NEAR_LIMIT = 0.25
+
+
 def level_confidence(confidence: float) -> float:
     """The confidence a capacity search decides each level at, for a capacity interval at
     ``confidence``: each of the two decisions bounding it may be wrong (1 - confidence) / 2 of the
@@ -325,8 +334,8 @@ def phase_metrics(plan: LoadPlan, phase: LoadPhase, gpus: int):
                                  window_scale=scale, block_requests=blocks)
     draws = row_draws(plan, chosen.records, gpus=gpus, window_scale=scale, block_requests=blocks)
     fit = cap.fit
-    if cap.best is not None and fit is not None:
-        intervals["capacity_rps"] = Interval(fit.low, fit.high)
+    if fit is not None:  # no level met: the capacity lies below the lowest, its interval [0, high]
+        intervals["capacity_rps"] = Interval(fit.low if cap.best is not None else 0.0, fit.high)
         draws["capacity_rps"] = np.asarray(fit.paired_draws if fit.paired_draws is not None else fit.draws,
                                            dtype=float)
     outcome = CapacityOutcome(
@@ -335,7 +344,7 @@ def phase_metrics(plan: LoadPlan, phase: LoadPhase, gpus: int):
         curve=tuple((lv.rate, lv.metrics.request_throughput, lv.verdict.ok) for lv in cap.levels),
         low=fit.low if fit is not None else None, high=fit.high if fit is not None else None,
         confidence=spec.confidence,
-        conditioned=fit.conditioned if fit is not None and cap.best is not None else None,
+        conditioned=fit.conditioned if fit is not None else None,
         binding=fit.binding if fit is not None else None,
         margin_slope=fit.slope if fit is not None else None,
         margin_sd=fit.margin_sd if fit is not None else None,
