@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -17,16 +18,18 @@ from orchestrator.results.paired import (BETTER, DEFAULT_EQUIVALENCE_MARGIN, EQU
 from orchestrator.results.query import load_trials
 from orchestrator.results.repeatability import series_of
 
-__all__ = ["decision_counts", "decisions_table", "paired_starts_table", "starts_table"]
+__all__ = ["decision_counts", "decisions_table", "interval_coverage_table", "paired_starts_table", "starts_table"]
 
 
-def decision_counts(trials: pd.DataFrame, pair: str, margin: float = DEFAULT_EQUIVALENCE_MARGIN) -> dict:
-    """Per seed, ``b`` against ``a`` on capacity: verdict counts and the median interval half-width."""
+def decision_counts(trials: pd.DataFrame, pair: str, margin: float = DEFAULT_EQUIVALENCE_MARGIN,
+                    true_difference: Optional[float] = None) -> dict:
+    """Per seed, ``b`` against ``a`` on capacity: verdict counts, the median interval half-width, and how
+    many intervals hold ``true_difference`` (b / a - 1)."""
     mine = trials[trials["pair"] == pair]
-    verdicts, halves = [], []
+    verdicts, halves, holding = [], [], 0
     for _, seed in mine.groupby("seed"):
-        a = seed[seed["side"] == "a"]
-        b = seed[seed["side"] == "b"]
+        a = seed[(seed["side"] == "a") & (seed["status"] == "completed")]
+        b = seed[(seed["side"] == "b") & (seed["status"] == "completed")]
         if a.empty or b.empty:
             continue
         c = compare(b.iloc[0].to_dict(), a.iloc[0].to_dict(), "capacity_rps", "maximize", margin=margin)
@@ -34,30 +37,51 @@ def decision_counts(trials: pd.DataFrame, pair: str, margin: float = DEFAULT_EQU
             continue
         verdicts.append(c.verdict)
         halves.append((c.high - c.low) / 2)
+        holding += true_difference is not None and c.low <= true_difference <= c.high
     return {"seeds": len(verdicts), **{v: verdicts.count(v) for v in (BETTER, WORSE, EQUIVALENT, TIED)},
-            "half_width": float(np.median(halves)) if halves else float("nan")}
+            "half_width": float(np.median(halves)) if halves else float("nan"), "holding": holding}
 
 
 def decisions_table(folder: Path) -> str:
     folder = Path(folder)
     trials = pd.read_parquet(folder / "trials.parquet")
-    truth = pd.read_parquet(folder / "truth.parquet") if (folder / "truth.parquet").exists() else None
-    true_cap = truth.groupby("config")["capacity_rps"].median().to_dict() if truth is not None else {}
+    truth = pd.read_parquet(folder / "truth.parquet")
+    truth = truth[truth["status"] == "completed"]
+    true_cap = truth.groupby("config")["capacity_rps"].median().to_dict()
     lines = ["| pair (b against a) | true capacity a → b req/s | true difference | seeds | ranked b better | "
-             "equivalent within ±5% | tied | ranked wrong | median paired half-width | windows a trial (median) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "equivalent within ±5% | tied | ranked b worse | paired intervals holding the true difference | "
+             "median paired half-width | windows a trial (median) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for pair in dict.fromkeys(trials["pair"]):
         mine = trials[trials["pair"] == pair]
         a_cfg = mine[mine["side"] == "a"]["config"].iloc[0]
         b_cfg = mine[mine["side"] == "b"]["config"].iloc[0]
         label = f"{pair}: {a_cfg} → {b_cfg}" if a_cfg != b_cfg else f"{pair}: {a_cfg} twice"
-        ta, tb = true_cap.get(a_cfg), true_cap.get(b_cfg)
-        truth_cell = f"{ta:.1f} → {tb:.1f}" if ta and tb else "-"
-        diff = f"{(tb / ta - 1) * 100:+.1f}%" if ta and tb else "-"
-        n = decision_counts(trials, pair)
+        ta, tb = true_cap[a_cfg], true_cap[b_cfg]
+        n = decision_counts(trials, pair, true_difference=tb / ta - 1)
         windows = mine["extra_json"].map(_windows).median()
-        lines.append(f"| {label} | {truth_cell} | {diff} | {n['seeds']} | {n[BETTER]} | {n[EQUIVALENT]} | {n[TIED]} | "
-                     f"{n[WORSE]} | ±{n['half_width'] * 100:.1f}% | {windows:.0f} |")
+        lines.append(f"| {label} | {ta:.1f} → {tb:.1f} | {(tb / ta - 1) * 100:+.1f}% | {n['seeds']} | {n[BETTER]} | "
+                     f"{n[EQUIVALENT]} | {n[TIED]} | {n[WORSE]} | {n['holding']} of {n['seeds']} | "
+                     f"±{n['half_width'] * 100:.1f}% | {windows:.0f} |")
+    return "\n".join(lines)
+
+
+def interval_coverage_table(folder: Path) -> str:
+    """Each configuration of the decisions benchmark: how many of its trials' capacity intervals hold its
+    true capacity (the median over the truth seeds), and their median half-width."""
+    folder = Path(folder)
+    trials = pd.read_parquet(folder / "trials.parquet").drop_duplicates(["seed", "config"])
+    truth = pd.read_parquet(folder / "truth.parquet")
+    true_cap = truth[truth["status"] == "completed"].groupby("config")["capacity_rps"].median()
+    lines = ["| configuration | true capacity req/s | trials | intervals holding it | median half-width | "
+             "ill-conditioned |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for cfg, g in trials[trials["status"] == "completed"].groupby("config", sort=False):
+        high = g["capacity_rps_high"].fillna(np.inf)
+        holds = int(((g["capacity_rps_low"] <= true_cap[cfg]) & (true_cap[cfg] <= high)).sum())
+        half = float(np.median((high - g["capacity_rps_low"]) / 2 / g["capacity_rps"]))
+        ill = int((g["capacity_conditioned"].astype("boolean") == False).sum())  # noqa: E712
+        lines.append(f"| {cfg} ({json.loads(g['params_json'].iloc[0])}) | {true_cap[cfg]:.1f} | {len(g)} | "
+                     f"{holds} of {len(g)} | ±{half * 100:.1f}% | {ill} |")
     return "\n".join(lines)
 
 

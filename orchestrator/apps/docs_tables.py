@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from orchestrator.apps import decision_tables
 from orchestrator.apps import h200_tables as h200
 from orchestrator.apps import kv_tables, trained_tables, window_noise
 from orchestrator.results import repeatability
@@ -76,6 +77,12 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
                               _EX + "repeatability-sim"), window_noise.docs_window_noise_table),
     DocTable("repeatability-fixed-rate", (_EX + "repeatability-sim", _EX + "repeatability-cpu-vllm",
                                           _EX + "repeatability-h100"), repeatability.fixed_rate_table),
+    # docs/benchmarks.md: decisions
+    DocTable("decisions-sim", (_EX + "decisions-sim",), decision_tables.decisions_table),
+    DocTable("decisions-sim-intervals", (_EX + "decisions-sim",), decision_tables.interval_coverage_table),
+    DocTable("starts", (_EX + "starts-h100", _EX + "starts-cpu-vllm"), decision_tables.starts_table),
+    DocTable("starts-paired-h100", (_EX + "starts-h100",),
+             functools.partial(decision_tables.paired_starts_table, better="tuned", baseline="defaults")),
     # docs/benchmarks.md: learned weights
     DocTable("trained-quantization-h100", (_EX + "trained-base-quant-h100",), trained_tables.quantization_table),
     DocTable("trained-speculation-h100", (_EX + "trained-base-spec-h100",), trained_tables.speculation_table),
