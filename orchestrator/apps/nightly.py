@@ -41,9 +41,9 @@ from pydantic import ValidationError
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.metrics import default_direction
 from orchestrator.results.analysis import best_under_slos, config_key
+from orchestrator.results.paired import EQUIVALENT, WORSE, compare
 from orchestrator.results.pareto import pareto_front
 from orchestrator.results.query import resolve_location
-from orchestrator.results.ties import bounds
 from orchestrator.study.spec import Study
 from orchestrator.workload.spec import WorkloadSpec
 
@@ -234,27 +234,27 @@ def _worse(metric: str, previous: Optional[float], current: Optional[float]) -> 
     return (current - previous) / abs(previous)
 
 
-def _beyond_noise(metric: str, previous: Optional[pd.Series], current: Optional[pd.Series]) -> Optional[bool]:
-    """Whether ``current`` is worse than ``previous`` beyond both measurements' noise (their intervals
-    do not overlap); None when neither row has an interval of ``metric``."""
+def _beyond_noise(metric: str, previous: Optional[pd.Series], current: Optional[pd.Series]):
+    """The paired comparison of ``current`` against ``previous`` (:mod:`orchestrator.results.paired`: two
+    nights of one study replay the same requests), or None when neither row has an interval of ``metric``."""
     if previous is None or current is None:
         return None
     both = pd.DataFrame([previous, current])
-    if not any(f"{metric}_{end}" in both and both[f"{metric}_{end}"].notna().any() for end in ("low", "high")):
+    if not any(f"{metric}_{end}" in both and both[f"{metric}_{end}"].notna().any() for end in ("low", "high")) \
+            and not both.get("draws_json", pd.Series(dtype=object)).notna().any():
         return None
-    low, high = bounds(both, metric)
-    if default_direction(metric) == "maximize":
-        return bool(high[1] < low[0])
-    return bool(low[1] > high[0])
+    return compare(current.to_dict(), previous.to_dict(), metric, default_direction(metric))
 
 
 def _regression(metric: str, worse: Optional[float], previous, current, policy: NightlyPolicy) -> tuple[bool, str]:
-    """(flagged, note): worse by at least the threshold, and beyond the noise where it is known."""
+    """(flagged, note): worse by at least the threshold, and decided worse by the paired comparison where
+    one is known."""
     if worse is None or worse <= policy.threshold:
         return False, ""
-    beyond = _beyond_noise(metric, previous, current)
-    if beyond is False:
-        return False, f"{worse:+.1%} worse, within the noise (the two nights' intervals overlap)"
+    c = _beyond_noise(metric, previous, current)
+    if c is not None and c.verdict != WORSE:
+        return False, (f"{worse:+.1%} worse, within the noise (the paired difference {c.describe()} is "
+                       f"{'within the equivalence margin' if c.verdict == EQUIVALENT else 'not decided'})")
     return True, ""
 
 

@@ -34,12 +34,13 @@ import pyarrow as pa
 from orchestrator.apps.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
                                        importance_figure, level_figure, nightly_figure, pareto_figure, timeline_figure)
 from orchestrator.apps.nightly import load_summaries
-from orchestrator.apps.recommend import RecommendError, recommend
+from orchestrator.apps.recommend import RecommendError, distance_from_defaults, recommend
 from orchestrator.apps.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table, curve_trials,
-                                             front_of, front_table, importances, level_curves, load_curves,
-                                             point_categories)
+                                             front_of, front_table, importances, leaders_table, level_curves,
+                                             load_curves, point_categories)
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.harness import harness_bound_mask
+from orchestrator.results.decisions import decide_front
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.levels import load_levels
 from orchestrator.results.outcomes import failure_breakdown
@@ -258,12 +259,21 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
         table_body = ['<p class="note">No trial completed: there is no front.</p>']
     elif under_slos:
         tied = int((front["noise"] != "").sum())
-        noise = (f' {tied} of them are tied with another within the measurement noise, or on the front only '
-                 'within it (column <i>noise</i>): their differences are not measured beyond it. '
-                 'Intervals are [low, high] at the confidence the trials were measured with.') if tied else ""
-        table_body = [f'<p class="note">{len(front)} trial(s): each meets every SLO and no other trial that '
-                      f'does is better in every objective beyond the measurement noise.{noise}</p>',
-                      table_html(front, text_columns=["trial_id", "noise"] + [o.metric for o in study.objectives])]
+        noise = (f' {tied} of them are equivalent to another, or not yet told apart from one (column '
+                 '<i>noise</i>). Intervals are [low, high] at the confidence the trials were measured with; '
+                 'trials are compared by their paired differences (the same requests).') if tied else ""
+        decision = decide_front(trials, study.objectives, study.constraints,
+                                margin=study.analysis.equivalence_margin, confidence=study.comparison_confidence,
+                                distance=distance_from_defaults)
+        table_body = [f'<p class="note">{len(front)} configuration(s): each meets every SLO and no other '
+                      f'configuration that does is better by a decided comparison.{noise}</p>',
+                      table_html(front, text_columns=["trial_id", "noise"] + [o.metric for o in study.objectives]),
+                      '<p class="note">' + "<br>".join(html.escape(line) for line in decision.lines()) + '</p>']
+        leaders = leaders_table(trials, study, list(decision.front["trial_id"]))
+        if len(leaders):
+            table_body += ['<p class="note">The leaders against the first trial (the baseline), each objective\'s '
+                           'paired difference [90% interval] and its verdict:</p>',
+                           table_html(leaders, text_columns=list(leaders.columns))]
     else:
         table_body = ['<p class="note bad">No completed trial met every SLO. Below is the front of the '
                       'completed trials ignoring the SLOs (diamonds in the figures): the closest candidates.</p>',

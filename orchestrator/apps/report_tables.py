@@ -18,7 +18,9 @@ from orchestrator.hardware.pricing import unit_columns
 from orchestrator.measure.metrics import PROBE_METRIC_NAMES
 from orchestrator.results.analysis import param_importance
 from orchestrator.results.pareto import pareto_front
-from orchestrator.results.ties import front_with_ties, shown_with_intervals, tie_note
+from orchestrator.results.decisions import front_note
+from orchestrator.results.paired import compare
+from orchestrator.results.ties import front_with_ties, shown_with_intervals
 from orchestrator.study.spec import Study
 
 
@@ -159,12 +161,32 @@ def config_table(trials: pd.DataFrame, study: Study, trial_ids: Sequence[str]) -
 
 def front_of(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
     """The study's Pareto front under its SLOs, or (when no trial met them) ignoring them; and which it is.
-    Noise-aware (:func:`orchestrator.results.ties.front_with_ties`): rows only the noise keeps off the
-    point values' front are on it, marked (``strict_front`` False, ``tied_with``)."""
-    front = front_with_ties(trials, study.objectives, study.constraints)
+    Decided comparisons (:func:`orchestrator.results.ties.front_with_ties`): rows only an undecided
+    comparison keeps off the point values' front are on it, marked (``strict_front`` False, ``tied_with``)."""
+    kw = {"margin": study.analysis.equivalence_margin, "confidence": study.comparison_confidence}
+    front = front_with_ties(trials, study.objectives, study.constraints, **kw)
     if len(front) or not study.constraints:
         return front, True
-    return front_with_ties(trials, study.objectives), False
+    return front_with_ties(trials, study.objectives, **kw), False
+
+
+def leaders_table(trials: pd.DataFrame, study: Study, leaders: Sequence[str], top: int = 5) -> pd.DataFrame:
+    """The leaders (front trial ids, best first) against the baseline (the first trial: vLLM's defaults or
+    the study's first initial point), one paired comparison per objective: ``+x% [low, high] (verdict)``."""
+    done = trials[trials["status"] == "completed"] if "status" in trials else trials
+    if done.empty:
+        return pd.DataFrame()
+    base = done.sort_values("trial_number").iloc[0]
+    rows = []
+    for tid in [t for t in leaders if t != base["trial_id"]][:top]:
+        row = done[done["trial_id"] == tid].iloc[-1]
+        out = {"trial_id": tid, "against": base["trial_id"]}
+        for o in study.objectives:
+            c = compare(row.to_dict(), base.to_dict(), o.metric, o.resolved_direction,
+                        margin=study.analysis.equivalence_margin, confidence=study.comparison_confidence)
+            out[o.metric] = "-" if c is None else f"{c.describe()} ({c.verdict})"
+        rows.append(out)
+    return pd.DataFrame(rows)
 
 
 def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]:
@@ -179,8 +201,7 @@ def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]
         cols.append("harness_bound")
     objectives = [o.metric for o in study.objectives]
     shown = shown_with_intervals(front, objectives)
-    shown["noise"] = [("" if strict else "only within the noise; ") + tie_note(int(tied))
-                      for strict, tied in zip(front["strict_front"], front["tied_with"])]
-    shown["noise"] = shown["noise"].str.rstrip("; ")
+    shown["noise"] = [front_note(strict, tied, equivalent) for strict, tied, equivalent
+                      in zip(front["strict_front"], front["tied_with"], front["equivalent_with"])]
     order = front[y].to_numpy(dtype=float).argsort(kind="stable")[::-1] if y in front else slice(None)
     return shown.iloc[order][cols + ["noise"]], under_slos

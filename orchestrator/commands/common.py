@@ -13,9 +13,8 @@ import pandas as pd
 from orchestrator.apps.recommend import distance_from_defaults
 from orchestrator.failures import TrialStatus
 from orchestrator.hardware.pricing import unit_columns
-from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
 from orchestrator.results import load_trials
-from orchestrator.results.decisions import decide_front
+from orchestrator.results.decisions import decide_front, front_note
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.outcomes import failure_lines, status_counts
 from orchestrator.results.ties import shown_with_intervals
@@ -88,7 +87,7 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     for line in floor_lines(study, df):
         print(line)
     decision = decide_front(df, study.objectives, study.constraints, margin=study.analysis.equivalence_margin,
-                            confidence=comparison_confidence(study), distance=distance_from_defaults)
+                            confidence=study.comparison_confidence, distance=distance_from_defaults)
     front = decision.front
     if front.empty:
         print(explain_empty_front(study, df))
@@ -110,23 +109,6 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
     for line in decision.lines():
         print(line)
     print(gpu_time_line(df, decision))
-
-
-def comparison_confidence(study) -> float:
-    """The confidence comparisons are decided at: the capacity search's, else the intervals' default."""
-    return study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE
-
-
-def front_note(strict: bool, tied: int, equivalent: int) -> str:
-    """A front row's standing in words: empty when every comparison with it is decided."""
-    parts = []
-    if not strict:
-        parts.append("on the front only while a comparison is undecided")
-    if equivalent:
-        parts.append(f"equivalent to {equivalent} other{'s' if equivalent != 1 else ''}")
-    if tied:
-        parts.append(f"not yet told apart from {tied} other{'s' if tied != 1 else ''}")
-    return "; ".join(parts)
 
 
 def gpu_time_line(df, decision) -> str:

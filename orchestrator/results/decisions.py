@@ -24,7 +24,7 @@ from orchestrator.results.paired import DEFAULT_EQUIVALENCE_MARGIN, compare
 from orchestrator.results.pareto import ConstraintLike, ObjectiveLike, normalize_objectives
 from orchestrator.results.ties import front_with_ties
 
-__all__ = ["FrontDecision", "PICK_RULE", "decide_front", "pick", "pick_key"]
+__all__ = ["FrontDecision", "PICK_RULE", "decide_front", "front_note", "pick", "pick_key"]
 
 PICK_RULE = "fewer GPUs, then less GPU memory, then closer to vLLM's defaults"
 
@@ -51,6 +51,19 @@ def pick(rows: pd.DataFrame, distance=None) -> pd.Series:
     how far a row is from vLLM's defaults (0 for all when not given). Ties keep ``rows``' order."""
     keyed = [(pick_key(r, distance(r) if distance else 0), i) for i, (_, r) in enumerate(rows.iterrows())]
     return rows.iloc[min(keyed)[1]]
+
+
+def front_note(strict: bool, tied: int, equivalent: int) -> str:
+    """A front row's standing in words (``strict_front``, ``tied_with``, ``equivalent_with`` of
+    :func:`~orchestrator.results.ties.front_with_ties`): empty when every comparison with it is decided."""
+    parts = []
+    if not strict:
+        parts.append("on the front only while a comparison is undecided")
+    if equivalent:
+        parts.append(f"equivalent to {equivalent} other{'s' if equivalent != 1 else ''}")
+    if tied:
+        parts.append(f"not yet told apart from {tied} other{'s' if tied != 1 else ''}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from orchestrator.hardware.accelerator import CPU, DeviceDefaults, runs_on_cpu
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.hardware.gpus import GPUS, get_gpu
 from orchestrator.hardware.pricing import GpuHourPrice, gpu_hour_price
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
 from orchestrator.measure.metrics import LOAD_METRIC_NAMES, REQUEST_SLO_FAMILIES, RequestSLO
 from orchestrator.models.shapes import ModelShape, find_model_config
 from orchestrator.redaction import redact
@@ -238,6 +239,11 @@ class Study(StrictModel):
     @property
     def base_dir(self) -> Optional[Path]:
         return Path(self.source_path).parent if self.source_path else None
+
+    @property
+    def comparison_confidence(self) -> float:
+        """The confidence comparisons of its trials are decided at: the capacity search's, else the intervals'."""
+        return self.capacity.confidence if self.capacity is not None else DEFAULT_CONFIDENCE
 
     @property
     def on_cpu(self) -> bool:
