@@ -7,8 +7,9 @@ generator talks to ``vllm serve``'s HTTP port directly, as production clients of
 plain vLLM server do. On an H200 this measured the same TTFT and throughput as bare
 ``vllm serve``, where ``ray.serve.llm``'s ingress served 40% of it (docs/benchmarks.md).
 
-The server is a child process of the replica, in its own process group:
-* it dies with the replica (``PR_SET_PDEATHSIG``) even if Serve kills the actor;
+The server is a child process of the replica, in its own process group, under a supervisor
+(:data:`_SUPERVISOR`):
+* it dies with the replica, engine core and workers included, even if Serve kills the actor;
 * ``__del__`` (Serve's graceful shutdown) stops the whole group, engine core included;
 * its log goes to a file in Ray's log directory, so failures reach the classifier.
 
@@ -47,25 +48,76 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# The server starts through this launcher, which asks the kernel to kill it when the replica dies
-# (PR_SET_PDEATHSIG, kept across exec) and then becomes the server (exec, same pid). Not a
-# ``preexec_fn``: Python code between fork and exec in a Ray worker runs grpc's fork handlers, and
-# a server once aborted there before exec ("epoll_wait error: Bad file descriptor", SIGABRT, exit -6).
-_DIE_WITH_PARENT = """\
-import ctypes, os, signal, sys
+# The server starts under this supervisor, the leader of the server's own process group (the
+# replica starts it in a new session): vLLM's API server, its engine core and workers all belong to
+# that group. The supervisor ends the whole group, gracefully and then for good, when
+# * the replica dies (the kernel sends it SIGTERM: PR_SET_PDEATHSIG; and it looks every second,
+#   since that signal follows the thread that started it, not the process),
+# * it is told to stop (SIGTERM or SIGINT: the replica's teardown, a signal to the group),
+# * the server exits on its own (its engine core must not outlive it);
+# and exits with the server's code. Without it, a killed replica took only the API server with it
+# (the signal went to that one process) and left vLLM's engine core holding the accelerator.
+# No ``preexec_fn``: Python code between fork and exec in a Ray worker runs grpc's fork handlers, and a
+# server once aborted there before exec ("epoll_wait error: Bad file descriptor", SIGABRT, exit -6).
+_SUPERVISOR = """\
+import ctypes, os, signal, subprocess, sys, time
+replica = int(sys.argv[1])
 try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-except Exception:  # not Linux: the replica's __del__ still stops the group
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except Exception:  # not Linux: the replica's teardown and the watch below still end the group
     pass
-if os.getppid() != int(sys.argv[1]):  # the replica died before the line above
+if os.getppid() != replica:  # the replica died before the line above
     sys.exit(1)
-os.execv(sys.argv[2], sys.argv[2:])
+me = os.getpid()
+
+def others():
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == me and fields[0] != "Z":  # same group, alive
+                    out.append(int(name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+def end_group(grace_s):
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in others():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and others():
+            time.sleep(0.1)
+
+server = subprocess.Popen(sys.argv[2:])
+stopping = []
+def stop(signum, frame):
+    stopping.append(signum)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, stop)
+while True:
+    try:
+        code = server.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        code = None
+    if stopping or os.getppid() != replica:
+        end_group(float(os.environ.get("VLLM_SUPERVISOR_GRACE_S", "10")))
+        server.poll()
+        sys.exit(128 + (stopping[0] if stopping else signal.SIGTERM))
+    if code is not None:
+        end_group(2.0)
+        sys.exit(code if code >= 0 else 128 - code)
 """
 
 
 def launched(cmd: list[str]) -> list[str]:
-    """``cmd`` (a full path first) started by :data:`_DIE_WITH_PARENT` from this process."""
-    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
+    """``cmd`` (a full path first) started by :data:`_SUPERVISOR` from this process."""
+    return [sys.executable, "-c", _SUPERVISOR, str(os.getpid()), *cmd]
 
 
 def ray_logs_dir() -> Path:

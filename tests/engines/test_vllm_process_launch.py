@@ -1,19 +1,26 @@
-"""How the ``engine`` ingress starts ``vllm serve``: through a launcher that becomes the server (the
-same pid) and that the kernel kills when the replica that started it dies, with no Python code run
-between fork and exec in the replica (that ran grpc's fork handlers, and a server aborted there)."""
+"""How the ``engine`` ingress starts ``vllm serve``: under a supervisor, the leader of the server's own
+process group, that ends the whole group (the API server, and the engine core and workers it starts)
+when the replica that started it dies, when it is told to stop, or when the server exits, with no
+Python code run between fork and exec in the replica (that ran grpc's fork handlers, and a server
+aborted there).
+
+The stand-in server starts a child that ignores SIGTERM, as vLLM's engine core did when a stopped
+study left it holding the GPU."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 
 from orchestrator.engines.vllm_process import launched
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc are Linux's")
 
 # A stand-in replica: starts the command as the replica does, prints its pid, then waits to be killed.
 REPLICA = """\
@@ -21,28 +28,73 @@ import subprocess, sys
 from orchestrator.engines.vllm_process import launched
 proc = subprocess.Popen(launched(sys.argv[1:]), start_new_session=True)
 print(proc.pid, flush=True)
-proc.wait()
+print(proc.wait(), flush=True)  # the supervisor's exit code
+"""
+
+# A stand-in server: starts an "engine core" that ignores SIGTERM, prints both pids, then serves until
+# told to exit (a file appearing) with the code it is given.
+SERVER = """\
+import os, signal, subprocess, sys, time
+core = subprocess.Popen([sys.executable, "-c",
+                         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+print(os.getpid(), core.pid, flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+sys.exit(int(sys.argv[2]))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_the_launched_server_is_the_same_process_and_dies_with_its_replica():
-    sleep = shutil.which("sleep")
-    replica = subprocess.Popen([sys.executable, "-c", REPLICA, sleep, "300"], stdout=subprocess.PIPE, text=True,
+def _start(tmp_path, code: int = 0):
+    replica = subprocess.Popen([sys.executable, "-c", REPLICA, sys.executable, "-c", SERVER,
+                                str(tmp_path / "exit"), str(code)], stdout=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    try:
-        server = psutil.Process(int(replica.stdout.readline()))
-        # exec, not a child: the pid the replica holds is the server's (what it stops and reports).
-        for _ in range(200):
-            if server.cmdline()[:1] == [sleep]:
-                break
-            psutil.wait_procs([server], timeout=0.05)
-        assert server.cmdline() == [sleep, "300"]
-        assert server.ppid() == replica.pid and os.getpgid(server.pid) == server.pid  # a group of its own
+    supervisor = psutil.Process(int(replica.stdout.readline()))
+    server_pid, core_pid = (int(x) for x in replica.stdout.readline().split())
+    return replica, supervisor, psutil.Process(server_pid), psutil.Process(core_pid)
 
+
+def _gone(*procs, timeout: float = 30.0) -> bool:
+    _, alive = psutil.wait_procs(list(procs), timeout=timeout)
+    return not alive
+
+
+def test_a_killed_replica_takes_the_server_and_its_engine_core_with_it(tmp_path):
+    replica, supervisor, server, core = _start(tmp_path)
+    try:
+        # One group, led by the supervisor: what the replica's teardown stops with one killpg.
+        assert os.getpgid(supervisor.pid) == supervisor.pid == os.getpgid(server.pid) == os.getpgid(core.pid)
+        assert server.ppid() == supervisor.pid and supervisor.ppid() == replica.pid
+        t0 = time.monotonic()
         replica.send_signal(signal.SIGKILL)  # as Ray kills an actor: no cleanup code runs
-        gone, alive = psutil.wait_procs([server], timeout=30)
-        assert server in gone and not alive, "the server outlived its replica"
+        assert _gone(supervisor, server, core), "the server or its engine core outlived the replica"
+        assert time.monotonic() - t0 < 30
+    finally:
+        replica.kill()
+        replica.wait()
+        for p in (server, core):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_a_signal_to_the_group_ends_every_process_of_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_SUPERVISOR_GRACE_S", "1")
+    replica, supervisor, server, core = _start(tmp_path)
+    try:
+        os.killpg(supervisor.pid, signal.SIGTERM)  # the replica's teardown; the core ignores it
+        assert _gone(supervisor, server, core, timeout=20)
+        assert replica.wait(timeout=10) == 0
+    finally:
+        replica.kill()
+
+
+def test_a_server_that_exits_takes_its_engine_core_along_and_its_code_is_the_supervisors(tmp_path):
+    replica, supervisor, server, core = _start(tmp_path, code=3)
+    try:
+        (tmp_path / "exit").write_text("")
+        assert replica.stdout.readline().strip() == "3"  # what the replica's poll() reports
+        assert _gone(supervisor, server, core, timeout=10)
     finally:
         replica.kill()
         replica.wait()
