@@ -8,6 +8,7 @@ from orchestrator.failures import TrialStatus
 from orchestrator.results import load_trials
 from orchestrator.results.definition import write_study_definition
 from orchestrator.search import StudyStopped, run_study
+from orchestrator.search.stop_signals import StudyInterrupted, stop_on_signals
 
 
 def cmd_validate(args) -> int:
@@ -28,12 +29,16 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
 
     write_study_definition(study)
-    try:
-        run = run_study(study, address=args.address, serve_port=args.port, resume=not args.new_run,
-                        quiet=args.quiet, max_trials=args.max_trials)
-    except StudyStopped as e:  # a clear reason (infeasible space, full disk, run in use): no traceback
-        err(str(e))
-        return e.exit_code
+    with stop_on_signals():  # SIGTERM / SIGINT: stop gracefully, a second one at once; no engine left behind
+        try:
+            run = run_study(study, address=args.address, serve_port=args.port, resume=not args.new_run,
+                            quiet=args.quiet, max_trials=args.max_trials)
+        except StudyStopped as e:  # a clear reason (infeasible space, full disk, run in use): no traceback
+            err(str(e))
+            return e.exit_code
+        except StudyInterrupted as e:
+            err(e.line(study.name))
+            return e.exit_code
     print()
     print(f"run {run.run_id}: {run.trials_run} trial(s) in {run.elapsed_s:.0f} s"
           + (" (resumed)" if run.resumed else ""))
@@ -42,14 +47,21 @@ def cmd_run(args) -> int:
     print(f"trials:   {run.trials_dir}")
     print(f"requests: {run.requests_dir}")
     print(f"read them: python -c \"import pandas as pd; print(pd.read_parquet('{run.trials_dir}'))\"")
-    return _exit_code(run)
+    return _exit_code(run, study)
 
 
-def _exit_code(run) -> int:
-    """Non-zero when trials ran in this run and not one of them was measured: a study that measured
-    nothing has failed, whatever the reason (``ray job submit`` and cron see it)."""
+def _exit_code(run, study=None) -> int:
+    """Non-zero when this run set out to run trials and measured none (none ran, or none completed): a
+    study that measured nothing has failed, whatever the reason (``ray job submit`` and cron see it)."""
     if run.trials_run == 0:
-        return EXIT_OK
+        if not run.planned:
+            return EXIT_OK  # the budget was spent before: nothing to do
+        wall = study.budget.wall_time_s if study is not None else None
+        why = (f"budget.wall_time_s ({wall:g} s) ended the run before a trial started" if wall is not None else
+               "no trial started: every configuration proposed was pruned before it started, or the search "
+               "ended first (see the lines above)")
+        err(f"run {run.run_id}: no trial recorded: {why}")
+        return EXIT_FAILURE
     rows = load_trials(run.study_dir)
     rows = rows[rows["run_id"] == run.run_id] if len(rows) else rows
     if len(rows) and not (rows["status"] == TrialStatus.COMPLETED).any():

@@ -37,6 +37,7 @@ from orchestrator.search.first_points import enqueue_initial_points, enqueue_pro
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter
 from orchestrator.search.racing import Racer
+from orchestrator.search.stop_signals import StudyInterrupted
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.resume import (RunInProgress, RunLock, RunState, check_state, drop_orphan_requests,
                                         process_identity, stop_orphans)
@@ -73,6 +74,7 @@ class StudyRun:
     trials_run: int
     elapsed_s: float
     retried: list[int] = field(default_factory=list)  # Optuna trial numbers interrupted before and queued again
+    planned: int = 0  # trials this run set out to run (0: the budget was already spent)
     lost: int = 0  # trials whose process was lost for good (recorded as error rows)
     gpu_peaks: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (most leased at once, size)
 
@@ -157,6 +159,9 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
         outcome = _tune(study, run, engine, store, state_dir, storage, ostudy_name, printer,
                         space=trimmed_space(study, drop or {}, storage, ostudy_name),
                         serve_port=serve_port, remaining=remaining, started_here=started_here, resumed=resumed)
+    except StudyInterrupted as e:
+        e.running = printer.running  # the trials stopped in flight: they run again when the run resumes
+        raise
     finally:
         if started_here:
             ray.shutdown()  # takes Serve and every replica with it
@@ -170,7 +175,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     run.save(state_dir)
     printer.finish(store.read_trials(run_id=run.run_id))
     result = _summary(store, run, resumed, n_done - done, t_start, retried=fixed.retried)
-    result.lost, result.gpu_peaks = outcome.lost, outcome.gpu_peaks
+    result.lost, result.gpu_peaks, result.planned = outcome.lost, outcome.gpu_peaks, remaining
     return result
 
 
