@@ -107,6 +107,12 @@ _PARAM = re.compile(r"([?&#;])([^=&#;?\s]+)=([^&#;\s]*)")
 # Outside URLs: NAME=value (HF_TOKEN=hf_..., --api-key=...) and "name": "value" (JSON, a dict's repr).
 _ASSIGNED = re.compile(r"(?<![\w.])([A-Za-z][\w.-]*)=(\"[^\"]*\"|'[^']*'|[^\s&;,#'\"]+)")
 _QUOTED = re.compile(r"([\"'])([A-Za-z][\w.-]*)\1(\s*:\s*)([\"'])(.*?)(?<!\\)\4")
+# A command-line flag and its value, space-separated (``--hf-token hf_...``, ``--api-key KEY``).
+_FLAG_VALUE = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(\s+)([^\s'\"-][^\s'\"]*)")
+# Credential-shaped tokens wherever they stand, by the prefixes their issuers give them: Hugging Face,
+# OpenAI-style keys, GitHub, GitLab, Slack, AWS access key ids, and a bearer token.
+_TOKEN = re.compile(r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|glpat-[A-Za-z0-9_-]{16,}"
+                    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b|(?<=Bearer )[A-Za-z0-9._~+/=-]{16,}")
 
 
 def _url_parts(url: str) -> tuple[str, str, str, str]:
@@ -140,8 +146,9 @@ def _clean_url(match: "re.Match[str]") -> str:
 
 def scrub(text: Optional[str], secrets: Iterable[str] = ()) -> Optional[str]:
     """``text`` with every occurrence of a known secret value, every URL's userinfo, every
-    credential-like URL parameter's value and every value assigned to a secret-named key
-    (``HF_TOKEN=...``, ``"api_key": "..."``) replaced by ``***``: the one text redactor."""
+    credential-like URL parameter's value, every value assigned to a secret-named key
+    (``HF_TOKEN=...``, ``"api_key": "..."``, ``--hf-token VALUE``) and every credential-shaped token
+    (``hf_...``, ``sk-...``, ``ghp_...``, ``AKIA...``) replaced by ``***``: the one text redactor."""
     if not text:
         return text
     for s in sorted({s for s in secrets if s and len(s) >= _MIN_SCRUB_LEN}, key=len, reverse=True):
@@ -153,7 +160,9 @@ def scrub(text: Optional[str], secrets: Iterable[str] = ()) -> Optional[str]:
     if ":" in text:
         text = _QUOTED.sub(lambda m: f"{m[1]}{m[2]}{m[1]}{m[3]}{m[4]}{REDACTED}{m[4]}" if is_secret_key(m[2])
                            else m[0], text)
-    return text
+    if "-" in text:
+        text = _FLAG_VALUE.sub(lambda m: f"{m[1]}{m[2]}{REDACTED}" if is_secret_key(m[1].lstrip("-")) else m[0], text)
+    return _TOKEN.sub(REDACTED, text)
 
 
 def holds_secret(text: str) -> bool:

@@ -129,3 +129,32 @@ def test_the_text_redactor_hides_credentials_whatever_their_name(text, shown):
 def test_known_secret_values_are_hidden_wherever_they_appear():
     shown = scrub("engine said: bad token hf_xyz987 (hf_xyz987)", {"hf_xyz987"})
     assert shown == f"engine said: bad token {REDACTED} ({REDACTED})"
+
+
+# Credential-shaped values in the wrong place of a study file: refused, and never echoed back.
+SHAPED = ("hf_AbCdEfGhIjKlMnOpQrStUv12", "sk-proj-AbCdEfGhIjKlMnOpQrSt", "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123",
+          "AKIAABCDEFGHIJKLMNOP")
+
+
+@pytest.mark.parametrize("section", [
+    lambda t: {"engine": f"vllm --hf-token {t}"},                              # a string where a mapping goes
+    lambda t: {"engine": {"kind": "vllm", "load_format": t}},                  # a bad value of a known key
+    lambda t: {"space": {"max_num_seqs": [t, 4]}},                             # inside a list
+    lambda t: {"workload": {"arrival": {"kind": "poisson", "rate": t}}},       # a number expected
+    lambda t: {"model": {"name": ["tiny-llama", {"token": t}]}},               # a malformed section
+    lambda t: {"objectives": [f"maximize {t}"]},                               # inside an objective's text
+    lambda t: {"hardware": {"gpu": f"H100 --api-key {t}"}},
+])
+def test_no_refusal_echoes_a_credential_shaped_value(section, study_doc, tmp_path):
+    import yaml
+
+    from orchestrator.study.load import load_study
+    from orchestrator.study.spec import StudyFileError
+
+    for token in SHAPED:
+        doc = {**study_doc, **section(token), "output": str(tmp_path / "out")}
+        path = tmp_path / "study.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        with pytest.raises(StudyFileError) as e:
+            load_study(path)
+        assert token not in str(e.value) and token[:12] not in str(e.value), str(e.value)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.redaction import is_secret_key, redact
+from orchestrator.redaction import is_secret_key, redact, scrub
 
 # The model describing the mapping at a key path of a document (None: unknown).
 ModelAt = Callable[[Any, tuple[str, ...]], Optional[type[BaseModel]]]
@@ -43,9 +43,10 @@ def _one_line(text: str) -> str:
 
 def _short(value: Any) -> str:
     """The value redacted (secret keys' values, URL credentials); a long mapping by its keys only,
-    a long list of mappings by its length: the offending block may hold a credential under any name."""
+    a long list of mappings by its length: the offending block may hold a credential under any name; the
+    text through the one text redactor (a credential in a string, a flag's value)."""
     value = redact(value)
-    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    text = scrub(json.dumps(value, default=str) if not isinstance(value, str) else repr(value))
     if len(text) <= 80:
         return text
     if isinstance(value, Mapping):
