@@ -154,6 +154,10 @@ class Study(StrictModel):
     def _check(self):
         problems = search_problems(self.search, self.space, self.budget.trials) + probe_problems(self)
         problems += fidelity_problems(self.search, self.engine.kind, self.on_cpu)
+        if self.engine.kind == "sim" and self.hardware.gpu == "CPU":  # run would look it up in the GPU catalog
+            problems.append(Problem("hardware.gpu", f"the simulated engine models a GPU; name one of the catalog's: "
+                                                    f"{', '.join(GPUS)} (CPU is for engine kind vllm, its CPU "
+                                                    f"build, or external)", self.hardware.gpu, True))
         if problems:
             raise LocatedError(problems)
         metrics = [o.metric for o in self.objectives]

@@ -452,3 +452,14 @@ def test_study_files_too_large_or_too_nested_are_refused_in_one_line(tmp_path, k
     with pytest.raises(StudyFileError) as e:
         load_study(path)
     assert said in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)[:300]
+
+
+def test_the_simulator_on_cpu_is_refused_by_validate_not_by_run(study_doc):
+    """`hardware.gpu: CPU` means vLLM's CPU build; the simulator models a GPU from its catalog, and run looked
+    the name up there (a KeyError traceback). validate names the key and the allowed values."""
+    from orchestrator.study.spec import parse_study
+
+    with pytest.raises(StudyFileError) as e:
+        parse_study({**study_doc, "engine": {"kind": "sim"}, "hardware": {"gpu": "CPU"}})
+    text = str(e.value)
+    assert "hardware.gpu: the simulated engine models a GPU" in text and "H100-80GB" in text
