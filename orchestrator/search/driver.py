@@ -198,7 +198,9 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         _check_cluster_fits(study, engine, info)
     if engine.deploys_on_serve:
         serve_port = start_serve(serve_port)
-        _cleanup_apps(_dead_run_ids(state_dir, run.run_id))  # left by killed drivers on a cluster that outlived them
+        # Left by killed drivers on a cluster that outlived them, this run's own included when it resumes one
+        # (no trial of it runs yet: an application of it is a dead driver's, and its engine is still up).
+        _cleanup_apps(_dead_run_ids(state_dir, run.run_id) + ([run.run_id] if resumed else []))
 
     suffix = run.run_id.replace("-", "")[-10:]
     node_id = ray.get_runtime_context().get_node_id()

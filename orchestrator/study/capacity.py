@@ -62,9 +62,10 @@ class CapacitySpec(StrictModel):
                                   "intervals. Default: measured for the engine (none for the simulator); {}: none")
     start_noise: Optional[dict[str, float]] = Field(
         default=None, description="a latency metric's log-scale standard deviation between engine starts of one "
-                                  "configuration (e.g. {itl_p99_ms: 0.12}); widens the capacity's interval and "
-                                  "every comparison. Default: measured for the engine (none for the simulator); "
-                                  "{}: none")
+                                  "configuration (e.g. {itl_p99_ms: 0.12}), and the engine's speed's "
+                                  "(capacity_rps: the whole curve along the rate); widens the capacity's "
+                                  "interval and every comparison. Default: measured for the engine (none for "
+                                  "the simulator); {}: none")
     slo: Optional[list[Constraint]] = Field(
         default=None, description="what a level must meet; default: the study's constraints on load metrics")
     saturation: SaturationSettings = SaturationSettings()
@@ -80,11 +81,11 @@ class CapacitySpec(StrictModel):
 
     @field_validator("window_noise", "start_noise")
     @classmethod
-    def _latency_metrics_only(cls, v):
+    def _latency_metrics_only(cls, v, info):
+        allowed = LATENCY_INTERVAL_METRICS + (("capacity_rps",) if info.field_name == "start_noise" else ())
         for metric, sd in (v or {}).items():
-            if metric not in LATENCY_INTERVAL_METRICS:
-                raise ValueError(f"{metric!r} has no interval to widen; use one of "
-                                 f"{', '.join(LATENCY_INTERVAL_METRICS)}")
+            if metric not in allowed:
+                raise ValueError(f"{metric!r} has no interval to widen; use one of {', '.join(allowed)}")
             if not 0 <= sd <= 2:
                 raise ValueError(f"{metric}: {sd:g} is not a log-scale standard deviation in [0, 2]")
         return v

@@ -12,8 +12,9 @@ the fit follows all of them.
 Its interval comes from the same fit repeated on each bootstrap draw of the levels' metrics
 (:func:`orchestrator.measure.confidence.metric_draws`: blocks of requests resampled, widened per
 statistic, moved by the engine's window noise) plus one **start shift** per metric and draw, the
-same at every level: the engine's start-to-start noise (a prior per engine and GPU,
-:mod:`orchestrator.measure.start_noise`), which one start cannot see. A margin that hardly grows with
+same at every level, and one shift of the whole curve along the rate (the engine's speed): the
+engine's start-to-start noise (a prior per engine and GPU, :mod:`orchestrator.measure.engine_noise`),
+which one start cannot see. A margin that hardly grows with
 the rate near its limit turns a small shift into a large move of the capacity: the fit reports it
 (``conditioned`` False, with the binding metric, its slope and its noise) instead of a number that
 looks precise.
@@ -32,8 +33,8 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CapacityFit", "FAILED_MARGIN", "ILL_CONDITIONED", "LevelMargins", "contradictions", "fit_capacity",
-           "isotonic"]
+__all__ = ["CapacityFit", "FAILED_MARGIN", "ILL_CONDITIONED", "LevelMargins", "SPEED", "contradictions",
+           "fit_capacity", "isotonic"]
 
 # The log margin of a level missed by saturation, errors or a metric it could not measure: far above
 # any limit, so that the fit puts the capacity below it.
@@ -43,6 +44,9 @@ FAILED_MARGIN = 3.0
 # the load near its limit, so a few percent of latency between starts moves the capacity by tens of
 # percent (vLLM's defaults under an ITL p99 limit on an H100: 26 and 12 req/s on two starts).
 ILL_CONDITIONED = 0.15
+# The start shift that moves the rate axis, not a metric: an engine that runs faster or slower on one start
+# than the next serves every rate of its curve at another load (log units; the prior's ``capacity_rps``).
+SPEED = "capacity_rps"
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,8 @@ def fit_capacity(levels: Sequence[LevelMargins], *, confidence: float, samples: 
                  resolution: Optional[float] = None) -> Optional[CapacityFit]:
     """The capacity of ``levels`` (any order; a rate measured twice is two levels), or None without a
     level. ``start_shift``: per metric, one log shift per draw added to every level's draws (the
-    engine's start-to-start noise; the caller draws it, once per trial). ``resolution``: the widest
+    engine's start-to-start noise; the caller draws it, once per trial); under :data:`SPEED`, one log
+    factor per draw on the rate of the whole curve. ``resolution``: the widest
     gap between two levels (relative to the higher) across which a straight line is trusted; across a
     wider one the margin may bend anywhere, and the interval holds the whole gap."""
     if not levels:
@@ -207,6 +212,10 @@ def fit_capacity(levels: Sequence[LevelMargins], *, confidence: float, samples: 
     paired = None
     if all(raw_fits[m] is not None for m in metrics):
         paired = np.min(np.column_stack([_crossings(raw_fits[m], log_rates) for m in metrics]), axis=1)
+    if SPEED in shift:  # the engine's speed moves from start to start: every rate of the curve with it
+        speed = np.exp(np.asarray(shift[SPEED], dtype=float))
+        draws = draws * speed
+        paired = paired * speed if paired is not None else None
 
     a = (1.0 - confidence) / 2.0
     lo_q, hi_q = np.quantile(draws, [a, 1.0 - a], method="inverted_cdf") if len(draws) else (estimate, estimate)

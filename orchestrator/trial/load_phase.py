@@ -37,7 +37,7 @@ from orchestrator.measure.telemetry import TelemetrySampler
 from orchestrator.measure.warmup import WarmupOutcome
 from orchestrator.trial.capacity import (LevelResult, RateGrid, draw_level, judge_level, level_workload,
                                          search_capacity)
-from orchestrator.trial.capacity_fit import FAILED_MARGIN, CapacityFit, LevelMargins, fit_capacity
+from orchestrator.trial.capacity_fit import FAILED_MARGIN, SPEED, CapacityFit, LevelMargins, fit_capacity
 from orchestrator.trial.plan import LoadPlan
 from orchestrator.trial.result import CapacityOutcome
 
@@ -212,7 +212,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
                            telemetry=telemetry, warmup=warm, windows=window + 1, intervals=intervals,
                            confidence=decide_at, grid_index=k)
 
-    shift = start_shift(plan, slo_metrics)
+    shift = start_shift(plan, slo_metrics + [SPEED])
     margins_of: dict[tuple[int, int], LevelMargins] = {}
 
     def fit(levels: Sequence[LevelResult], with_start: bool) -> Optional[CapacityFit]:

@@ -27,7 +27,7 @@ ENGINE_UNIT = "vllm-cpu-engines"
 # TTFT) where no :data:`BURSTY` module runs beside them (the probe's trained model runs second); all
 # on one Ray (conftest's ``engine_cluster``).
 ENGINE_MODULES = ("test_vllm_cpu.py", "test_vllm_cpu_trained.py", "test_vllm_cpu_sessions.py",
-                  "test_engine_conformance.py", "test_vllm_cpu_serve_llm.py")
+                  "test_engine_conformance.py", "test_vllm_cpu_serve_llm.py", "test_vllm_cpu_stop.py")
 
 # The studies of the virtual simulator that need nothing but a local Ray for Tune, in process or as
 # ``orchestrator run --address`` (conftest's ``unit_ray``): one Ray for all, one module after another.
@@ -38,7 +38,7 @@ RAY_MODULES = ("test_search_fidelity.py", "test_unit_metrics.py", "test_nightly.
 
 SERVED_UNIT = "served-simulator"
 SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",
-                  "test_sessions_served.py", "test_study_served.py", "test_sim_http.py")
+                  "test_sessions_served.py", "test_study_served.py", "test_sim_http.py", "test_decisions_served.py")
 
 EXPECTED_S = {
     "test_trained_model.py": 70, SERVED_UNIT: 290, RAY_UNIT: 400, "test_faults_cluster.py": 220,
