@@ -255,6 +255,7 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
                   'SLO. Filled circles meet the SLOs but are dominated; hollow circles miss an SLO. Trials with '
                   'nothing to plot (could not start, pruned, failed) are in the strip below, by trial number.</p>']
     sections.append(Section("front", "Pareto front", front_body))
+    front_leaders = None
     if front.empty:
         table_body = ['<p class="note">No trial completed: there is no front.</p>']
     elif under_slos:
@@ -269,16 +270,17 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
                       f'configuration that does is better by a decided comparison.{noise}</p>',
                       table_html(front, text_columns=["trial_id", "noise"] + [o.metric for o in study.objectives]),
                       '<p class="note">' + "<br>".join(html.escape(line) for line in decision.lines()) + '</p>']
-        leaders = leaders_table(trials, study, list(decision.front["trial_id"]))
-        if len(leaders):
-            table_body += ['<p class="note">The leaders against the first trial (the baseline), each objective\'s '
-                           'paired difference [90% interval] and its verdict:</p>',
-                           table_html(leaders, text_columns=list(leaders.columns))]
+        front_leaders = leaders_table(trials, study, list(decision.front["trial_id"]))
     else:
         table_body = ['<p class="note bad">No completed trial met every SLO. Below is the front of the '
                       'completed trials ignoring the SLOs (diamonds in the figures): the closest candidates.</p>',
                       table_html(front, text_columns=["trial_id", "noise"] + [o.metric for o in study.objectives])]
     sections.append(Section("front-table", "Front table", table_body))
+    if front_leaders is not None and len(front_leaders):
+        sections.append(Section("leaders", "Leaders against the baseline", [
+            '<p class="note">The leaders against the first trial (the baseline: vLLM\'s defaults or the study\'s '
+            'first initial point), each objective\'s paired difference [90% interval] and its verdict.</p>',
+            table_html(front_leaders, text_columns=list(front_leaders.columns))]))
     harness = _harness_section(trials)
     if harness is not None:
         sections.append(harness)

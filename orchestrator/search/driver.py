@@ -27,7 +27,6 @@ from typing import Optional
 
 from orchestrator.cluster.connect import NAMESPACE, cluster_info, engine_resource, ensure_ray, local_ray, start_serve
 from orchestrator.cluster.gpu_ledger import GpuLedgerActor
-from orchestrator.engines.serve_app import delete_app
 from orchestrator.failures import TrialStatus, root_message, storage_problem
 from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
@@ -37,10 +36,11 @@ from orchestrator.search.first_points import enqueue_initial_points, enqueue_pro
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter
 from orchestrator.search.racing import Racer
-from orchestrator.search.stop_signals import StudyInterrupted
+from orchestrator.search.stop_signals import StudyInterrupted, rearm
+from orchestrator.search.stop_signals import check as check_stop  # the driver's checkpoints
 from orchestrator.search.reconcile import reconcile
-from orchestrator.search.resume import (RunInProgress, RunLock, RunState, check_state, drop_orphan_requests,
-                                        process_identity, stop_orphans)
+from orchestrator.search.resume import (RunInProgress, RunLock, RunState, check_state, cleanup_apps, dead_run_ids,
+                                        drop_orphan_requests, process_identity, stop_orphans)
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch
@@ -149,6 +149,8 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     except Exception as e:  # noqa: BLE001 - an environment problem, not a bug: say so in one line
         raise StudyStopped(f"study {study.name} stopped: could not start or reach Ray ({root_message(e)}).\n"
                            "  Nothing was lost; run the same command again to resume.") from None
+    rearm()  # Ray's own SIGTERM handler would abort the driver: a stop goes through the study's instead
+    check_stop()
     if started_here:
         mine = local_ray()
         if mine is not None:
@@ -200,7 +202,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         serve_port = start_serve(serve_port)
         # Left by killed drivers on a cluster that outlived them, this run's own included when it resumes one
         # (no trial of it runs yet: an application of it is a dead driver's, and its engine is still up).
-        _cleanup_apps(_dead_run_ids(state_dir, run.run_id) + ([run.run_id] if resumed else []))
+        cleanup_apps(dead_run_ids(state_dir, run.run_id))
 
     suffix = run.run_id.replace("-", "")[-10:]
     node_id = ray.get_runtime_context().get_node_id()
@@ -264,6 +266,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     out = _TuneOutcome()
     try:
         tuner.fit()
+        check_stop()  # a stop signal ended Tune's loop (its stopper): the run stops here
     except Exception as e:  # noqa: BLE001 - a full disk ends the study with a message, anything else is a bug
         problem = storage_problem(e)
         if problem is None:
@@ -276,7 +279,7 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
             except Exception:  # noqa: BLE001
                 pass
         if engine.deploys_on_serve:
-            _cleanup_apps([run.run_id])
+            cleanup_apps([run.run_id])
         for actor in (ledger, sink):
             if actor is not None:
                 try:
@@ -392,30 +395,6 @@ def _stopped_text(study: Study, store, run: RunState, why: str) -> str:
     return (f"study {study.name} stopped: {why}.\n"
             f"  {n} of {run.budget_trials} trials of run {run.run_id} are recorded; trials that were running "
             "will run again.\n  Free space (or fix the output location) and run the same command again to resume.")
-
-
-def _dead_run_ids(state_dir: Path, current: str) -> list[str]:
-    """This run and every other run of the study no live driver holds (their apps are orphans)."""
-
-    ids = [current]
-    for st in RunState.all(state_dir):
-        if st.run_id != current and st.status == "running" and not RunLock.held(state_dir, st.run_id):
-            ids.append(st.run_id)
-    return ids
-
-
-def _cleanup_apps(run_ids: list[str]) -> None:
-    """Delete Serve apps of these runs that a killed trial or driver left behind."""
-    try:
-        from ray import serve
-
-
-        prefixes = tuple(f"tune-{rid}" for rid in run_ids)
-        for name in list(serve.status().applications):
-            if name.startswith(prefixes):
-                delete_app(name, timeout_s=60)
-    except Exception as e:  # noqa: BLE001
-        log.warning("could not clean up Serve applications: %s", e)
 
 
 def _summary(store, run: RunState, resumed: bool, n: int, t_start: float, *, retried: list[int]) -> StudyRun:

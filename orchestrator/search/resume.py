@@ -2,6 +2,8 @@
 
 * ``<state>/_runs/<run_id>.json`` marks an unfinished run; the same command continues
   it under the same run id with the rest of its budget.
+* Serve applications of a run whose driver is gone (SIGKILL on a cluster that outlived it) still hold
+  their engines: the next run of the study deletes them before its first trial (:func:`cleanup_apps`).
 * ``<run_id>.lock`` is held (``flock``) by the driver running it: the kernel drops it
   when the driver dies, even by SIGKILL, so a second driver on the same run is refused
   while the first lives and welcome after.
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from orchestrator.engines.serve_app import delete_app
 from orchestrator.results.query import list_data_files
 
 try:
@@ -328,3 +331,27 @@ def drop_orphan_requests(store, run_id: str) -> int:
             except OSError:
                 pass
     return n
+
+
+def dead_run_ids(state_dir: Path, current: str) -> list[str]:
+    """This run and every other run of the study no live driver holds (their apps are orphans)."""
+
+    ids = [current]
+    for st in RunState.all(state_dir):
+        if st.run_id != current and st.status == "running" and not RunLock.held(state_dir, st.run_id):
+            ids.append(st.run_id)
+    return ids
+
+
+def cleanup_apps(run_ids: list[str]) -> None:
+    """Delete Serve apps of these runs that a killed trial or driver left behind."""
+    try:
+        from ray import serve
+
+
+        prefixes = tuple(f"tune-{rid}" for rid in run_ids)
+        for name in list(serve.status().applications):
+            if name.startswith(prefixes):
+                delete_app(name, timeout_s=60)
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not clean up Serve applications: %s", e)

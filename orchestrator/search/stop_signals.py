@@ -1,10 +1,12 @@
 """A stopped study stops: SIGTERM and SIGINT (Ctrl-C, ``ray job stop``, a CronJob's deadline, a
 Kubernetes eviction) end the run gracefully, a second one at once; neither leaves an engine behind.
 
-* **First signal.** :class:`StudyInterrupted` is raised where the driver is: inside Tune's loop Tune
-  stops its trial actors on the way out (Tune's own SIGINT handler is switched off, so that SIGINT and
-  SIGTERM take one path); the driver then deletes every Serve application of the run (each replica's
-  teardown ends its ``vllm serve`` process group, engine core and workers included:
+* **First signal.** The request is recorded, never raised inside whatever the driver runs then (an
+  exception out of a signal handler in Ray's C++ calls comes back as a ``SystemError``): Tune's stopper
+  stops every trial and Tune's loop (Tune's own SIGINT handler is switched off, so that SIGINT and
+  SIGTERM take one path), and the driver raises :class:`StudyInterrupted` at its next checkpoint; on
+  the way out it deletes every Serve application of the run (each replica's teardown ends its
+  ``vllm serve`` process group, engine core and workers included:
   :mod:`orchestrator.engines.vllm_process`), stops the Ray it started, leaves the run resumable (the
   trials that were running run again next time) and exits with 128 + the signal and one line saying
   what was stopped.
@@ -24,9 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-__all__ = ["StopRequest", "StudyInterrupted", "stop_on_signals"]
+__all__ = ["StopRequest", "StudyInterrupted", "check", "rearm", "requested", "stop_on_signals"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_installed: list = []  # (handler, request) of the innermost active block: what rearm puts back
 
 
 class StudyInterrupted(Exception):
@@ -83,14 +86,35 @@ def stop_on_signals() -> Iterator[StopRequest]:
                 step()
             os._exit(128 + signum)
         request.signum = signum
-        raise StudyInterrupted(signum)
 
     # Tune installs a SIGINT handler of its own while its loop runs (stop after saving, a second press
     # aborts): one path for both signals instead, this one.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
+    _installed.append((handler, request))
     try:
         yield request
     finally:
+        _installed.remove((handler, request))
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def rearm() -> None:
+    """Put the active block's handler back: connecting to Ray installs a handler of Ray's own for SIGTERM
+    (it logs a native stack and aborts the driver), so the driver calls this once Ray is up."""
+    if _installed and threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, _installed[-1][0])
+
+
+def requested() -> Optional[int]:
+    """The signal that asked the run to stop, or None (no block active, or no signal yet)."""
+    return _installed[-1][1].signum if _installed else None
+
+
+def check() -> None:
+    """Raise :class:`StudyInterrupted` if a stop was asked for: the driver's checkpoints call it."""
+    signum = requested()
+    if signum is not None:
+        raise StudyInterrupted(signum)

@@ -27,6 +27,7 @@ from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.search.racing import REMEASURE_KEY
 from orchestrator.search.row import trial_row
+from orchestrator.search.stop_signals import requested as stop_requested
 from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.study.judge import Judgement
 from orchestrator.study.spec import Study
@@ -145,7 +146,8 @@ def write_failure_stopper():
 
     class WriteFailureStopper(Stopper):
         """Stops the whole run at the first result that could not be written (disk full):
-        every later trial would be measured for nothing."""
+        every later trial would be measured for nothing; and at a stop signal
+        (:mod:`orchestrator.search.stop_signals`)."""
 
         def __init__(self):
             self.message: Optional[str] = None
@@ -154,10 +156,10 @@ def write_failure_stopper():
             report = SamplerReport.from_tune(result)
             if report is not None and report.write_error and self.message is None:
                 self.message = report.write_error
-            return self.message is not None
+            return self.message is not None or stop_requested() is not None
 
-        def stop_all(self) -> bool:
-            return self.message is not None
+        def stop_all(self) -> bool:  # also a stop signal's: every trial stops, and Tune's loop
+            return self.message is not None or stop_requested() is not None
 
     return WriteFailureStopper()
 

@@ -162,14 +162,15 @@ def capacity_index(points: Sequence[LevelPoint], estimate: float) -> Optional[in
 
 @dataclass(frozen=True)
 class RateGrid:
-    """The rates a capacity search may measure: ``start x step^k`` inside ``[min_rate, max_rate]``.
-    Every configuration of a study measures on the same grid, and the level at grid point ``k`` replays
-    the same draw of the workload in every trial (:func:`draw_level`): two configurations measured at
-    one rate saw the same requests, and their comparison there is paired. ``growth`` is a whole number
-    of steps; a step is about half the search's ``tolerance``."""
+    """The rates a capacity search may measure: ``start x growth^(k / steps)`` inside ``[min_rate,
+    max_rate]``. Every configuration of a study measures on the same grid, and the level at grid point
+    ``k`` replays the same requests in every trial (:func:`draw_level`): two configurations measured at one
+    rate saw the same requests, and their comparison there is paired. ``growth`` is a whole number of
+    ``steps`` (its rates exact: 10, 20, 40 for a growth of 2); a step is about half the search's ``tolerance``."""
 
     start: float
-    step: float
+    growth: float
+    steps: int
     min_rate: float
     max_rate: float
 
@@ -177,13 +178,18 @@ class RateGrid:
     def of(cls, spec, start_rate: float) -> "RateGrid":
         steps = max(1, math.ceil(math.log(spec.growth) / math.log1p(spec.tolerance / 2.0) - 1e-9))
         start = float(min(max(start_rate, spec.min_rate), spec.max_rate))
-        return cls(start, spec.growth ** (1.0 / steps), spec.min_rate, spec.max_rate)
+        return cls(start, float(spec.growth), steps, spec.min_rate, spec.max_rate)
+
+    @property
+    def step(self) -> float:
+        return self.growth ** (1.0 / self.steps)
 
     def index(self, rate: float) -> int:
-        return int(round(math.log(rate / self.start) / math.log(self.step)))
+        return int(round(math.log(rate / self.start) / math.log(self.growth) * self.steps))
 
     def rate(self, k: int) -> float:
-        return self.start * self.step ** k
+        whole, part = divmod(k, self.steps)
+        return self.start * self.growth ** whole * (self.growth ** (part / self.steps) if part else 1.0)
 
     @property
     def lowest(self) -> int:
@@ -227,7 +233,7 @@ def next_rate(points: Sequence[LevelPoint], spec, start_rate: float, fit=None) -
         return None, f"max_levels ({spec.max_levels}) measured"
     if spec.max_windows is not None and sum(p.windows for p in points) >= spec.max_windows:
         return None, f"max_windows ({spec.max_windows}) measured"
-    per_growth = max(1, round(math.log(spec.growth) / math.log(grid.step)))
+    per_growth = grid.steps
     measured = {grid.index(p.rate) for p in points}
     lo, hi = _bracket(points)
     if hi is None:  # nothing decided missed so far: go up

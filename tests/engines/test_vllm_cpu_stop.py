@@ -40,8 +40,8 @@ def _study_file(tmp_path, name: str) -> str:
                                "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
         "model": {"name": "tiny-llama", "dtype": "float32"},
         "hardware": {"gpu": "CPU"},
-        # A load of half a minute: the signal lands while the engine serves it.
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 120, "warmup_requests": 1,
+        # A load of about 15 s: the signal lands while the engine serves it.
+        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 60, "warmup_requests": 1,
                      "input_len": {"kind": "uniform", "min": 100, "max": 200}, "output_len": 8, "timeout_s": 60},
         "space": {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True},
         "objectives": ["maximize output_throughput"],
