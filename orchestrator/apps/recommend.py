@@ -24,6 +24,7 @@ from orchestrator.hardware.accelerator import runs_on_cpu
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import GPUS, get_gpu
 from orchestrator.hardware.pricing import unit_columns
+from orchestrator.measure import limits
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
 from orchestrator.redaction import EnvRef, holds_secret, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
@@ -234,7 +235,7 @@ def _why_none(trials: pd.DataFrame, constraints: Sequence[Constraint]) -> str:
     for c in constraints:
         values = pd.to_numeric(completed[c.metric], errors="coerce").dropna() if c.metric in completed else []
         if len(values):
-            best = values.min() if c.op in ("<=", "<") else values.max()
+            best = values.min() if limits.upper(c.op) else values.max()
             lines.append(f"  {c}: best seen {best:,.4g}")
         else:
             lines.append(f"  {c}: never measured")

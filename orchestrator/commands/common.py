@@ -13,6 +13,7 @@ import pandas as pd
 from orchestrator.apps.recommend import distance_from_defaults
 from orchestrator.failures import TrialStatus
 from orchestrator.hardware.pricing import unit_columns
+from orchestrator.measure import limits
 from orchestrator.results import load_trials
 from orchestrator.results.decisions import decide_front, front_note
 from orchestrator.results.definition import read_study_definition
@@ -153,7 +154,7 @@ def explain_empty_front(study, df) -> str:
     for c in study.constraints:
         vals = completed[c.metric].dropna()
         if len(vals):
-            best = vals.min() if c.op in ("<=", "<") else vals.max()
+            best = vals.min() if limits.upper(c.op) else vals.max()
             lines.append(f"  {c}: best seen {best:,.4g}")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from orchestrator.measure import limits
 from orchestrator.measure.records import RequestRecord
 
 __all__ = ["SaturationDetector", "detect_saturation", "slo_backlog"]
@@ -98,16 +99,16 @@ def slo_backlog(slo: Sequence, rate: float, output_tokens: Sequence[int]) -> flo
     """Requests in flight beyond which a level at ``rate`` cannot meet ``slo`` (0: no bound):
     ``rate`` x the longest latency the SLOs allow a request (an ``e2el`` limit, else a TTFT limit
     plus a TPOT limit for each of the level's longest outputs; Little's law)."""
-    limits: dict[str, float] = {}
+    bound: dict[str, float] = {}
     for c in slo:
-        if c.op in ("<=", "<"):
+        if limits.upper(c.op):
             for fam in ("e2el", "ttft", "tpot"):
                 if c.metric.startswith(f"{fam}_"):
-                    limits[fam] = max(limits.get(fam, 0.0), c.value / 1000.0)
-    if "e2el" in limits:
-        return rate * limits["e2el"]
-    if "ttft" in limits and "tpot" in limits and len(output_tokens):
-        return rate * (limits["ttft"] + limits["tpot"] * max(output_tokens))
+                    bound[fam] = max(bound.get(fam, 0.0), c.value / 1000.0)
+    if "e2el" in bound:
+        return rate * bound["e2el"]
+    if "ttft" in bound and "tpot" in bound and len(output_tokens):
+        return rate * (bound["ttft"] + bound["tpot"] * max(output_tokens))
     return 0.0
 
 

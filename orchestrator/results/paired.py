@@ -25,6 +25,7 @@ Pure functions of rows and frames.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -78,9 +79,15 @@ def encode_draws(draws: Mapping[str, Any], seed: Optional[int]) -> Optional[str]
 
 
 def decode_draws(text: Any) -> tuple[Optional[int], dict[str, np.ndarray]]:
-    """``(seed, {metric: draws})`` of a ``draws_json`` value (null draws: +inf); empty when absent."""
+    """``(seed, {metric: draws})`` of a ``draws_json`` value (null draws: +inf); empty when absent. Decoded
+    once per text: a front compares every pair of its rows."""
     if not isinstance(text, str) or not text:
         return None, {}
+    return _decoded(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decoded(text: str) -> tuple[Optional[int], dict[str, np.ndarray]]:
     try:
         doc = json.loads(text)
         return doc.get("seed"), {m: np.array([np.inf if x is None else x for x in v], dtype=float)

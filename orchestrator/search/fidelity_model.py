@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.measure import limits
 from orchestrator.sim.cost import GEMM_EFFICIENCY, HBM_EFFICIENCY
 
 # The multipliers fitted, in order: step-time overhead, prefill (compute) and decode
@@ -218,10 +219,10 @@ def _phi(z: np.ndarray) -> np.ndarray:
 def chance_met(op: str, limit: float, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
     """P(metric op limit) for a log-normal metric (log mean ``mu``, log sd ``sd``); NaN mu: never."""
     if limit <= 0:
-        z = np.where(op in ("<=", "<"), -np.inf, np.inf) * np.ones_like(mu)
+        z = np.where(limits.upper(op), -np.inf, np.inf) * np.ones_like(mu)
     else:
         z = (math.log(limit) - mu) / sd
-    p = _phi(z) if op in ("<=", "<") else 1.0 - _phi(z)
+    p = _phi(z) if limits.upper(op) else 1.0 - _phi(z)
     return np.where(np.isnan(mu), 0.0, p)
 
 

@@ -29,11 +29,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-import numpy as np
-
 from orchestrator.failures import error_rate, too_many_failures
 from orchestrator.measure import limits
-from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, intervals_to_columns, t_of, z_of
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, Interval, intervals_to_columns, z_of
 from orchestrator.measure.metrics import LoadMetrics
 from orchestrator.measure.records import RequestRecord
 from orchestrator.measure.warmup import WarmupOutcome
@@ -89,10 +87,10 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
             sure_miss, sure_met = True, False
             continue
         lo, hi = _bounds(c, (intervals or {}).get(c.constraint.metric))
-        best, worst = (lo, hi) if op in ("<=", "<") else (hi, lo)  # None: unbounded on that side
+        best, worst = (lo, hi) if limits.upper(op) else (hi, lo)  # None: unbounded on that side
         sure_miss |= best is not None and not limits.met(op, limit, best)
         sure_met &= worst is not None and limits.met(op, limit, worst)
-        m = _log_margin(op, limit, c.value)
+        m = limits.log_margin(op, limit, c.value)
         if m is not None and (margin is None or m > margin):
             margin = m
             # The wider side of the interval: a tail's is lopsided (wide above, narrow below), and
@@ -113,13 +111,6 @@ def judge_level(metrics: LoadMetrics, slo: Sequence, *, max_error_rate: float = 
         violation = 0.0 if ok else math.inf
     decided = sure_miss if not ok else sure_met
     return LevelVerdict(ok, float(violation), tuple(reasons), decided, margin, margin_sd)
-
-
-def _log_margin(op: str, limit: float, value: Optional[float]) -> Optional[float]:
-    """log(value / limit) for an upper limit, log(limit / value) for a lower one (> 0: missed)."""
-    if value is None or value <= 0 or limit <= 0:
-        return None
-    return math.log(value / limit) if op in ("<=", "<") else math.log(limit / value)
 
 
 def _bounds(check: judge.ConstraintCheck, interval: Optional[Interval]) -> tuple[Optional[float], Optional[float]]:

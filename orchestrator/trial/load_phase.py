@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -20,8 +19,9 @@ import numpy as np
 
 from orchestrator.failures import too_many_failures
 from orchestrator.loadgen import Endpoint, run_load_sync
-from orchestrator.measure.columns import SessionColumns
+from orchestrator.measure import limits
 from orchestrator.measure.blocks import block_requests_for
+from orchestrator.measure.columns import SessionColumns
 from orchestrator.measure.confidence import (BOOTSTRAP_SAMPLES, DEFAULT_CONFIDENCE, Interval, MetricDraws, metric_draws,
                                              metric_intervals)
 from orchestrator.measure.harness import harness_verdict
@@ -254,10 +254,9 @@ def level_margins(plan: LoadPlan, lv: LevelResult, base_rate: Optional[float],
     margin_draws: dict[str, np.ndarray] = {}
     raw_draws: dict[str, np.ndarray] = {}
     for c in slo:
-        upper = c.op in ("<=", "<")
-        v = values.get(c.metric)
-        point = (math.log(v / c.value) if upper else math.log(c.value / v)) \
-            if v is not None and v > 0 and c.value > 0 else FAILED_MARGIN
+        upper = limits.upper(c.op)
+        point = limits.log_margin(c.op, c.value, values.get(c.metric))
+        point = FAILED_MARGIN if point is None else point
         if c.metric in margins and margins[c.metric] >= point:  # the same metric limited twice: the binding one
             continue
         margins[c.metric] = point
