@@ -1,12 +1,14 @@
 """A stopped study stops: real vLLM (the CPU build) under ``orchestrator run``, as ``ray job submit`` runs
 it on a cluster (``--address``: the engine unit's Ray).
 
+* SIGKILL of the driver: nothing runs in it, so the cluster keeps the run's engine; the next run of the
+  study ends it before its first trial (the Serve applications of runs whose driver is gone are deleted,
+  and each engine's supervisor takes its process group with its replica).
 * SIGTERM (``ray job stop``, a CronJob's deadline) while an engine serves a trial: the driver exits 143
   with one line, within 30 s of the signal no vLLM process of the run is left and no Serve application,
   and the same command resumes the run to its end.
-* SIGKILL of the driver: nothing runs in it, so the cluster keeps the run's engine; the next run of the
-  study ends it before its first trial (the Serve applications of runs whose driver is gone are deleted,
-  and each engine's supervisor takes its process group with its replica)."""
+
+One test, three runs of one study: two engine starts instead of four."""
 
 from __future__ import annotations
 
@@ -89,42 +91,41 @@ def _apps(prefix: str) -> list[str]:
     return [a for a in serve.status().applications if a.startswith(prefix)]
 
 
-def test_sigterm_ends_the_engines_and_the_run_resumes(tmp_path, engine_cluster):
-    study = _study_file(tmp_path, "stop-term")
-    proc = _run(study, engine_cluster)
-    _wait_for_engine(engine_cluster.cache_root, proc)
-    proc.send_signal(signal.SIGTERM)
-    t0 = time.monotonic()
-    _, err = proc.communicate(timeout=90)
-    assert proc.returncode == 143, err[-2000:]
-    assert "stopped by SIGTERM" in err.strip().splitlines()[-1] and "Traceback" not in err, err[-2000:]
-    assert _engines_gone(engine_cluster.cache_root, t0 + 30) == [], "a vLLM process outlived the stop"
-    assert _apps("tune-") == []
-
-    again = _run(study, engine_cluster)
-    out, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-2000:]
-    trials = load_trials(tmp_path / "out" / "stop-term")
-    assert len(trials) == 1 and (trials["status"] == "completed").all(), trials[["status", "failure_kind"]]
-    assert trials["run_id"].nunique() == 1  # resumed: the same run
-    assert _engines_gone(engine_cluster.cache_root, time.monotonic() + 30) == []
-
-
-def test_a_killed_driver_leaves_its_engine_to_the_next_run_which_ends_it(tmp_path, engine_cluster):
-    study = _study_file(tmp_path, "stop-kill")
-    proc = _run(study, engine_cluster)
-    _wait_for_engine(engine_cluster.cache_root, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and nothing else: the cluster outlives it
-    proc.communicate(timeout=30)
-    orphans = [p.pid for p in vllm_processes(engine_cluster.cache_root)]
+def test_a_killed_driver_s_engine_ends_with_the_next_run_which_sigterm_stops_and_which_resumes(tmp_path,
+                                                                                              engine_cluster):
+    cache_root = engine_cluster.cache_root
+    study = _study_file(tmp_path, "stop")
+    # SIGKILL of the driver: nothing runs in it, so the cluster keeps the run's engine ...
+    first = _run(study, engine_cluster)
+    _wait_for_engine(cache_root, first)
+    os.killpg(first.pid, signal.SIGKILL)  # the driver and nothing else: the cluster outlives it
+    first.communicate(timeout=30)
+    orphans = [p.pid for p in vllm_processes(cache_root)]
     assert orphans, "the engine of a killed driver's run is the cluster's until a run cleans it up"
 
-    again = _run(study, engine_cluster)
-    t0 = time.monotonic()
-    deadline = t0 + 120
+    # ... until the next run of the study, which deletes the dead driver's application before its first
+    # trial (its own run: it resumes it) and starts an engine of its own.
+    second = _run(study, engine_cluster)
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in orphans):
         time.sleep(0.5)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in orphans), "the next run left the old engine running"
-    out, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-2000:]
-    assert _engines_gone(engine_cluster.cache_root, time.monotonic() + 30) == []
+    _wait_for_engine(cache_root, second)
+
+    # SIGTERM while that engine serves: 143 and one line, no vLLM process within 30 s, no Serve application.
+    second.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    _, err = second.communicate(timeout=90)
+    assert second.returncode == 143, err[-2000:]
+    assert "stopped by SIGTERM" in err.strip().splitlines()[-1] and "Traceback" not in err, err[-2000:]
+    assert _engines_gone(cache_root, t0 + 30) == [], "a vLLM process outlived the stop"
+    assert _apps("tune-") == []
+
+    # The same command resumes the run to its end.
+    third = _run(study, engine_cluster)
+    _, err = third.communicate(timeout=600)
+    assert third.returncode == 0, err[-2000:]
+    trials = load_trials(tmp_path / "out" / "stop")
+    assert (trials["status"] == "completed").sum() == 1, trials[["status", "failure_kind"]]
+    assert trials["run_id"].nunique() == 1  # resumed: the same run
+    assert _engines_gone(cache_root, time.monotonic() + 30) == []
