@@ -25,7 +25,7 @@ judge, the row); the pairs are compared as ``pareto``, ``recommend`` and the rep
 
 ``run`` and ``truth`` write ``trials.parquet`` / ``truth.parquet`` (one row per trial, the product's own
 columns, ``draws_json`` included); ``table`` builds docs/benchmarks.md's table from them
-(``orchestrator.apps.decision_tables``). What the timer covers: ``wall_time_s``, each trial's own (the
+(``orchestrator.doc_tables.decisions``). What the timer covers: ``wall_time_s``, each trial's own (the
 simulated levels in virtual time, the fit); nothing else is timed.
 """
 
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     t.add_argument("folder")
     args = ap.parse_args(argv)
     if args.cmd == "table":
-        from orchestrator.apps.decision_tables import decisions_table
+        from orchestrator.doc_tables.decisions import decisions_table
 
         print(decisions_table(Path(args.folder)))
         return 0

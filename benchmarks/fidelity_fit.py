@@ -1,10 +1,10 @@
 """The fidelity search's calibration fit on the H200 capacity studies: per load level vs per trial.
 
 ``search.fidelity: sim`` fits the simulator's calibration to the real trials so far
-(:meth:`orchestrator.search.fidelity.FidelitySearch.refit`). In a capacity study a trial's
+(:meth:`orchestrator.search.fidelity.search.FidelitySearch.refit`). In a capacity study a trial's
 metrics are measured at its capacity, and the simulator's at the capacity it predicts: two
 load levels. The fit compares each measured level with the simulator at that level's rate
-instead (:func:`orchestrator.search.fidelity.fit_levels`); ``--per-trial`` is the old fit,
+instead (:func:`orchestrator.search.fidelity.search.fit_levels`); ``--per-trial`` is the old fit,
 kept here as the baseline.
 
 For k = 1..K the calibration is fitted to the first k completed trials of
@@ -55,7 +55,7 @@ def _trials(path: Path) -> list[dict]:
 def one(args) -> dict:
     k, way = args
     from orchestrator.results.definition import read_study_definition
-    from orchestrator.search.fidelity import FidelitySearch, fidelity_metrics, fit_levels, score_in_simulator
+    from orchestrator.search.fidelity.search import FidelitySearch, fidelity_metrics, fit_levels, score_in_simulator
 
     study = read_study_definition(str(FIT_FROM))
     fitted = _trials(FIT_FROM)

@@ -86,7 +86,7 @@ def start_vllm(model_dir: Path, tmp: Path) -> tuple[Server, str]:
 
 def serve_sim() -> None:
     """Child process: the sim engine's direct server on a free port (printed), until killed."""
-    from orchestrator.engines.sim_http import build_sim_frontend, start_direct_server
+    from orchestrator.engines.sim.http_server import build_sim_frontend, start_direct_server
     from orchestrator.hardware.engine_args import EngineArgs
     from orchestrator.models.shapes import find_model_config
 

@@ -152,8 +152,8 @@ def run(args) -> None:
 
 def table(args) -> None:
     """Markdown table of every ``ingress_*.json`` under the folder, ratios against ``bare`` (the table of
-    docs/benchmarks.md, kept equal to its dataset by ``python -m orchestrator.apps.docs_tables``)."""
-    from orchestrator.apps.h200_tables import ingress_table
+    docs/benchmarks.md, kept equal to its dataset by ``python -m orchestrator.doc_tables.registry``)."""
+    from orchestrator.doc_tables.h200 import ingress_table
 
     print(ingress_table(args.folder))
 

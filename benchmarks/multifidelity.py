@@ -3,7 +3,7 @@
 The "real" engine is the simulator with hidden, perturbed coefficients: step overhead,
 HBM bandwidth efficiency and the launch cost of steps outside CUDA graphs (eager,
 piecewise and graph-less steps) each 15-40% off. The search (``search.fidelity: sim``,
-:class:`orchestrator.search.fidelity.FidelitySearch` through the production proposal loop
+:class:`orchestrator.search.fidelity.search.FidelitySearch` through the production proposal loop
 ``optuna_search.ask_fidelity`` -> ``propose``, results told with ``tell_report``) sees only the unperturbed
 simulator; every real trial it asks for is answered from the perturbed one. The true optimum
 is the best goodput over the whole grid under the SLOs, in the perturbed simulator. TPE and
@@ -75,7 +75,7 @@ def _init_worker(perturbation: Optional[tuple]) -> None:
 
 def _score_chunk(args) -> list:
     name, cal, chunk = args
-    from orchestrator.search.fidelity import SimScorer
+    from orchestrator.search.fidelity.search import SimScorer
 
     study = fidelity_study(name)
     keep = set(_kept(study))
@@ -84,8 +84,8 @@ def _score_chunk(args) -> list:
 
 
 def _kept(study) -> list[str]:
-    from orchestrator.search import fidelity_model as fm
-    from orchestrator.search.fidelity import study_metrics
+    from orchestrator.search.fidelity import model as fm
+    from orchestrator.search.fidelity.search import study_metrics
 
     return list(dict.fromkeys(list(fm.FIT_METRICS) + study_metrics(study) + ["goodput"]))
 
@@ -116,7 +116,7 @@ def fidelity_run(args) -> dict[str, Any]:
     name, sim_grid, truth, goal = args
     import optuna
 
-    from orchestrator.search.fidelity import FidelitySearch, SimScorer, point_key
+    from orchestrator.search.fidelity.search import FidelitySearch, SimScorer, point_key
     from orchestrator.search.optuna_search import SamplerReport, ask_fidelity, tell_report
     from orchestrator.search.samplers import make_sampler
     from orchestrator.study.judge import judge

@@ -14,7 +14,7 @@ The configuration is the study's space with each parameter fixed (``--params`` J
 values of parameters that are searched). Runs are written under ``--output`` as studies
 ``<name>-s<seed>`` (capacity) and ``<name>-r<R>-s<seed>`` (fixed rate); the table is built
 from those datasets alone (``table``), so it can be regenerated, and docs/benchmarks.md's
-repeatability table is (``orchestrator.apps.docs_tables``).
+repeatability table is (``orchestrator.doc_tables.registry``).
 
     python benchmarks/repeatability.py run STUDY.yaml --seeds 0-4 --output DIR [--params '{...}'] [--label L]
     python benchmarks/repeatability.py run STUDY.yaml --seeds 0-4 --output DIR --rate 40 --duration 12

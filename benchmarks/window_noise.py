@@ -1,6 +1,6 @@
 """Window noise: how far a latency statistic moves between windows measured apart at one rate, beyond
 what one window's own requests show (docs/benchmarks.md, "Window noise";
-``orchestrator/apps/window_noise.py`` defines it).
+``orchestrator/doc_tables/window_noise.py`` defines it).
 
     python benchmarks/window_noise.py windows STUDY_DIR [STUDY_DIR ...] --source H200 --out WINDOWS.parquet
     python benchmarks/window_noise.py table --windows WINDOWS.parquet --fixed-rate "CPU vLLM=DIR" ...
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv=None) -> int:
     import pandas as pd
 
-    from orchestrator.apps.window_noise import fixed_rate_windows, window_noise_table, windows_frame
+    from orchestrator.doc_tables.window_noise import fixed_rate_windows, window_noise_table, windows_frame
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -44,6 +44,7 @@ LAYERS = (
     ("trial",),
     ("search",),
     ("apps",),
+    ("doc_tables",),
     ("commands",),
     ("cli",),
     ("__main__",),

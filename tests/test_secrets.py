@@ -40,8 +40,8 @@ def vllm_study(tmp_path):
 def test_the_vllm_server_log_line_and_its_failure_messages_hold_no_token(tmp_path, monkeypatch):
     """The command the replica writes at the top of its log (in Ray's session folder), and the
     failure messages Serve copies into its own logs, built as ``VllmServer`` builds them."""
-    from orchestrator.engines.vllm_process import command_secrets, failure_text, log_command, server_command
-    from orchestrator.engines.vllm_serve import VllmServeEngine
+    from orchestrator.engines.vllm.process import command_secrets, failure_text, log_command, server_command
+    from orchestrator.engines.vllm.serve import VllmServeEngine
     from orchestrator.hardware.engine_args import engine_args_from_params
 
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", TOKEN)

@@ -5,7 +5,7 @@ the space's fixed engine arguments included); ``orchestrator serve-sim --model M
 serves a catalog model without a study. Engine arguments (``--max-num-seqs``, ...) override
 either. For testing an OpenAI client, or as the endpoint of a ``kind: external`` study.
 
-It is the sim trial's own server: the same :class:`~orchestrator.engines.sim_http.OpenAIFrontend`
+It is the sim trial's own server: the same :class:`~orchestrator.engines.sim.http_server.OpenAIFrontend`
 over the same engine loop, through the direct door a trial's load generator uses
 (``transport: direct``). Ray Serve adds nothing a standalone server needs (a replica, a
 proxy, a controller), so none is started: one process, ready in about a second.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.commands.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err, load_study_or_report
-from orchestrator.engines.sim_served import sim_resolve
+from orchestrator.engines.sim.served import sim_resolve
 from orchestrator.failures import EngineStartError
 from orchestrator.hardware.accelerator import with_device_defaults
 from orchestrator.hardware.engine_args import (ENGINE_ARG_RULES, SERVING_ARGS, SPECULATIVE_ARGS,
@@ -121,7 +121,7 @@ def _spec_from_flags(args, given: dict) -> dict:
 
 def _serve(spec: dict, host: str, port: int) -> int:
     # deferred: aiohttp's server and the served simulator (~50 ms); every command loads this module
-    from orchestrator.engines.sim_http import build_sim_frontend, serve_direct
+    from orchestrator.engines.sim.http_server import build_sim_frontend, serve_direct
 
     args = spec["args"]
     try:

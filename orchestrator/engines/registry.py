@@ -29,11 +29,11 @@ class EngineEntry:
 
 
 ENGINES: tuple[EngineEntry, ...] = (
-    EngineEntry("sim", "served", "orchestrator.engines.sim_served:ServedSimEngine",
+    EngineEntry("sim", "served", "orchestrator.engines.sim.served:ServedSimEngine",
                 "simulated vLLM replica, one Ray Serve application per trial, real time"),
-    EngineEntry("sim", "virtual", "orchestrator.engines.sim_virtual:VirtualSimEngine",
+    EngineEntry("sim", "virtual", "orchestrator.engines.sim.virtual:VirtualSimEngine",
                 "simulated vLLM in virtual time: no HTTP, no sleeping"),
-    EngineEntry("vllm", None, "orchestrator.engines.vllm_serve:VllmServeEngine",
+    EngineEntry("vllm", None, "orchestrator.engines.vllm.serve:VllmServeEngine",
                 "real vLLM (GPU or the CPU build), one Ray Serve application per trial"),
     EngineEntry("external", None, "orchestrator.engines.external:ExternalEngine",
                 "an OpenAI-compatible endpoint that already runs"),

@@ -31,7 +31,7 @@ from orchestrator.failures import TrialStatus, root_message, storage_problem
 from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
 from orchestrator.search import feasibility
-from orchestrator.search.fidelity import FidelitySearch, study_metrics
+from orchestrator.search.fidelity.search import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter

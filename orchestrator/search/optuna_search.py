@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orchestrator.failures import TrialStatus
-from orchestrator.search.fidelity import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
+from orchestrator.search.fidelity.search import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
 from orchestrator.search.racing import REMEASURE_ATTR, REMEASURE_KEY
 from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch, enqueue_stage
 

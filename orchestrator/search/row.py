@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 from orchestrator.failures import Failure, TrialStatus
 from orchestrator.redaction import redact, scrub, secret_values
 from orchestrator.results.paired import encode_draws
-from orchestrator.search.fidelity import prediction_columns
+from orchestrator.search.fidelity.search import prediction_columns
 from orchestrator.study.judge import Judgement, judge
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -7,7 +7,7 @@ Kubernetes eviction) end the run gracefully, a second one at once; neither leave
   SIGTERM take one path), and the driver raises :class:`StudyInterrupted` at its next checkpoint; on
   the way out it deletes every Serve application of the run (each replica's teardown ends its
   ``vllm serve`` process group, engine core and workers included:
-  :mod:`orchestrator.engines.vllm_process`), stops the Ray it started, leaves the run resumable (the
+  :mod:`orchestrator.engines.vllm.process`), stops the Ray it started, leaves the run resumable (the
   trials that were running run again next time) and exits with 128 + the signal and one line saying
   what was stopped.
 * **Second signal.** No more bookkeeping: Ray is shut down (every replica with it, and every

@@ -23,7 +23,7 @@ from orchestrator.results.levels import levels_to_table
 from orchestrator.results.probe_store import ProbeStore
 from orchestrator.results.schema import requests_to_table
 from orchestrator.results.store import ResultsStore
-from orchestrator.search.fidelity import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns
+from orchestrator.search.fidelity.search import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.search.racing import REMEASURE_KEY
 from orchestrator.search.row import trial_row

@@ -2,7 +2,7 @@
 
 Every block between ``<!-- table: NAME (DATASETS) -->`` and ``<!-- /table -->`` in README.md
 and docs/*.md is rebuilt from its dataset under results/examples
-(:mod:`orchestrator.apps.docs_tables`) and compared with the text in the doc. The planted
+(:mod:`orchestrator.doc_tables.registry`) and compared with the text in the doc. The planted
 changes are made on temporary copies of a doc, never on the doc itself.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from orchestrator.apps.docs_tables import (COMMAND, TABLES, check_text, doc_files, marked_tables, rewrite_text,
+from orchestrator.doc_tables.registry import (COMMAND, TABLES, check_text, doc_files, marked_tables, rewrite_text,
                                            table_diff)
 
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
@@ -82,7 +82,7 @@ def test_a_changed_cell_fails_with_a_readable_diff(planted):
 
 def test_the_command_fails_on_a_changed_cell_and_write_restores_it(planted):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "orchestrator.apps.docs_tables", *args, "--doc", str(planted),
+        return subprocess.run([sys.executable, "-m", "orchestrator.doc_tables.registry", *args, "--doc", str(planted),
                                PLANTED_TABLE], cwd=REPO, capture_output=True, text=True, timeout=300)
 
     r = cli("--check")

@@ -1,4 +1,4 @@
-"""Window noise (orchestrator.apps.window_noise): what windows at one rate disagree by beyond their intervals."""
+"""Window noise (orchestrator.doc_tables.window_noise): what windows at one rate disagree by beyond their intervals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.apps.window_noise import estimate_window_noise
+from orchestrator.doc_tables.window_noise import estimate_window_noise
 from orchestrator.measure.confidence import z_of
 
 

@@ -43,7 +43,7 @@ def test_an_engine_that_ran_out_of_memory_is_named_so_after_serve_stopped_its_re
     """Serve stops a replica whose health check fails: read after that, /health refuses the
     connection and Serve's message names no cause. The requests that were waiting when the engine
     died carry its error, and the trial is a runtime OOM, not an engine that died of nothing known."""
-    from orchestrator.engines.sim_faults import OOM_MESSAGE, InjectedOutOfMemoryError
+    from orchestrator.engines.sim.faults import OOM_MESSAGE, InjectedOutOfMemoryError
     from orchestrator.failures import classify_load
 
     gone = ("/health failed: <urlopen error [Errno 111] Connection refused>; Serve: The deployments ['SimLLMServer']"

@@ -33,7 +33,7 @@ MODEL = "sim-api"
 @pytest.fixture(scope="module")
 def doors(tmp_path_factory):
     from orchestrator.engines import EngineContext, serve_app
-    from orchestrator.engines.sim_served import ServedSimEngine
+    from orchestrator.engines.sim.served import ServedSimEngine
     from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.study.spec import parse_study
 

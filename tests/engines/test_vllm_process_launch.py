@@ -18,14 +18,14 @@ import time
 import psutil
 import pytest
 
-from orchestrator.engines.vllm_process import launched
+from orchestrator.engines.vllm.process import launched
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc are Linux's")
 
 # A stand-in replica: starts the command as the replica does, prints its pid, then waits to be killed.
 REPLICA = """\
 import subprocess, sys
-from orchestrator.engines.vllm_process import launched
+from orchestrator.engines.vllm.process import launched
 proc = subprocess.Popen(launched(sys.argv[1:]), start_new_session=True)
 print(proc.pid, flush=True)
 print(proc.wait(), flush=True)  # the supervisor's exit code

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.apps import recommend
 from orchestrator.cluster import connect as cluster
-from orchestrator.engines.vllm_serve import resolve_platform
+from orchestrator.engines.vllm.serve import resolve_platform
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape

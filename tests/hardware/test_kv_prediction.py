@@ -8,8 +8,8 @@ list (``kv-predicted-vs-logged``, kept equal by tests/apps/test_docs_tables.py).
 
 from __future__ import annotations
 
-from orchestrator.apps.docs_tables import ROOT, TABLES
-from orchestrator.apps.kv_tables import KV_DATASETS, KV_TOLERANCE, predictions
+from orchestrator.doc_tables.registry import ROOT, TABLES
+from orchestrator.doc_tables.kv import KV_DATASETS, KV_TOLERANCE, predictions
 
 
 def test_predicted_kv_cache_is_within_3_percent_of_vllm_logged():

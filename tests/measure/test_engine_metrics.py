@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.engines.sim_metrics import HISTOGRAMS as SIM_HISTOGRAMS
-from orchestrator.engines.sim_metrics import SimRequestMetrics
+from orchestrator.engines.sim.metrics import HISTOGRAMS as SIM_HISTOGRAMS
+from orchestrator.engines.sim.metrics import SimRequestMetrics
 from orchestrator.measure.engine_window import EngineSnapshot, Histogram, engine_snapshot, engine_window_metrics
 from orchestrator.measure.harness import CLIENT_LAG_MS, TTFT_FLOOR_MS, harness_bound_mask, harness_verdict
 from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES, known_metric_names

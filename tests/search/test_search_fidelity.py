@@ -108,7 +108,7 @@ def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, unit_ra
     so the calibrated simulator reproduces the levels (the hidden multipliers slow decode ~1.4x); the
     old fit, trial to prediction, moved step_overhead the wrong way (0.43) and fails here."""
     from orchestrator.results.levels import load_levels
-    from orchestrator.search.fidelity import fit_levels, score_in_simulator
+    from orchestrator.search.fidelity.search import fit_levels, score_in_simulator
 
     doc = _doc(tmp_path, endpoint)
     doc["workload"] = {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 60, "warmup_requests": 4,
@@ -160,7 +160,7 @@ def test_the_space_is_scored_over_the_cluster_as_in_one_process(unit_ray, tmp_pa
     import ray
 
     from orchestrator.search.feasibility import space_points
-    from orchestrator.search.fidelity import SimScorer, score_in_simulator
+    from orchestrator.search.fidelity.search import SimScorer, score_in_simulator
 
     doc = _doc(tmp_path, "http://127.0.0.1:9")
     doc["workload"] = {**doc["workload"], "num_requests": 8, "warmup_requests": 0}
@@ -190,8 +190,8 @@ def test_measurements_far_from_any_calibration_keep_the_fit_within_its_bounds(tm
     """One H200 capacity trial once pulled bandwidth_efficiency past the calibration's limit,
     and the error hung the study. Measurements 20x off fit to multipliers at their bounds, the
     search goes on and its calibration is one the simulator accepts."""
-    from orchestrator.search import fidelity_model as fm
-    from orchestrator.search.fidelity import FidelitySearch, fidelity_metrics
+    from orchestrator.search.fidelity import model as fm
+    from orchestrator.search.fidelity.search import FidelitySearch, fidelity_metrics
     from orchestrator.study.engine import SimCalibration
 
     doc = _doc(tmp_path, "http://127.0.0.1:9")

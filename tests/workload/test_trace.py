@@ -115,7 +115,7 @@ def test_window_does_not_change_a_groups_prefix(tmp_path):
 
 
 def test_text_prompts_are_sent_as_text_and_encoded_like_the_sim(tmp_path):
-    from orchestrator.engines.sim_http import words_to_ids
+    from orchestrator.engines.sim.http_server import words_to_ids
 
     text = "Summarise t12 the following t34 document, please."
     path = write(tmp_path, [{"timestamp": 0, "prompt": text, "output_len": 7}])

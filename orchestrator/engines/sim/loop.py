@@ -4,7 +4,7 @@ Like vLLM's engine core beside its API server: requests arrive from any thread o
 event loop (:meth:`SimRuntime.submit`), every core call happens on the engine
 thread, and each request's tokens come back through its :class:`Mailbox` in the
 caller's event loop. A step sleeps the simulated duration of the batch it ran.
-The HTTP front end is :mod:`orchestrator.engines.sim_http`.
+The HTTP front end is :mod:`orchestrator.engines.sim.http_server`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from orchestrator.engines.sim_metrics import SimRequestMetrics
+from orchestrator.engines.sim.metrics import SimRequestMetrics
 from orchestrator.sim.core import SimEngineCore, SimRequest
 
 FINISHED = "finished"  # a mailbox's last item; before it: token counts, or the exception that killed the engine

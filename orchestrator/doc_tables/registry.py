@@ -12,9 +12,9 @@ The name is a key of :data:`TABLES`, the parenthesis the dataset(s) it is built 
 registry's, relative to the repository root: a marker that names another dataset is an
 error, so the marker never misleads a reader). ::
 
-    python -m orchestrator.apps.docs_tables --check    # exit 1 and a diff when a table differs
-    python -m orchestrator.apps.docs_tables --write    # rewrite every marked table in place
-    python -m orchestrator.apps.docs_tables --write h200-capacity-study   # only this one
+    python -m orchestrator.doc_tables.registry --check    # exit 1 and a diff when a table differs
+    python -m orchestrator.doc_tables.registry --write    # rewrite every marked table in place
+    python -m orchestrator.doc_tables.registry --write h200-capacity-study   # only this one
 
 ``tests/apps/test_docs_tables.py`` runs the check, so a table that drifts from its data (or data
 that changes under its table) fails the test suite. Tables whose numbers are not in the
@@ -32,13 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from orchestrator.apps import decision_tables
-from orchestrator.apps import h200_tables as h200
-from orchestrator.apps import kv_tables, trained_tables, window_noise
+from orchestrator.doc_tables import decisions as decision_tables
+from orchestrator.doc_tables import h200
+from orchestrator.doc_tables import kv as kv_tables
+from orchestrator.doc_tables import trained as trained_tables
+from orchestrator.doc_tables import window_noise
 from orchestrator.results import repeatability
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMAND = "python -m orchestrator.apps.docs_tables"
+COMMAND = "python -m orchestrator.doc_tables.registry"
 
 
 @dataclass(frozen=True)

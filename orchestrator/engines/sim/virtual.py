@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.engines.base import Engine, EngineTarget, ResourceRequest
-from orchestrator.engines.sim_served import sim_resolve
+from orchestrator.engines.sim.served import sim_resolve
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.measure.measurement import LevelMeasurement

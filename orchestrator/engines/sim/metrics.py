@@ -149,7 +149,7 @@ class SimRequestMetrics:
 
 
 def metrics_text(runtime, model_name: str) -> str:
-    """A simulated replica's ``/metrics`` (``runtime``: its :class:`~orchestrator.engines.sim_loop.SimRuntime`):
+    """A simulated replica's ``/metrics`` (``runtime``: its :class:`~orchestrator.engines.sim.loop.SimRuntime`):
     vLLM's gauges, counters and histograms, with vLLM's names and labels."""
     s = runtime.core.stats()
     m = runtime.core.memory

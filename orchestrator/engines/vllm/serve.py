@@ -25,9 +25,9 @@ from orchestrator.cluster.connect import _local_gpu_count
 from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget, ResourceRequest
-from orchestrator.engines.vllm_deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
-from orchestrator.engines.vllm_logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
-from orchestrator.engines.vllm_process import DEPLOYMENT_NAME, VllmServer, tail
+from orchestrator.engines.vllm.deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
+from orchestrator.engines.vllm.logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
+from orchestrator.engines.vllm.process import DEPLOYMENT_NAME, VllmServer, tail
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from orchestrator.apps.h200_tables import markdown, params_of, trials_of
+from orchestrator.doc_tables.h200 import markdown, params_of, trials_of
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.query import study_dirs

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.apps.h200_tables import DASH, fmt, interval, markdown, missing, param, trials_of
+from orchestrator.doc_tables.h200 import DASH, fmt, interval, markdown, missing, param, trials_of
 from orchestrator.trial.probe import answers_from_json, compare
 
 

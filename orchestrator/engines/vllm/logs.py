@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.engines.vllm_process import ray_logs_dir
+from orchestrator.engines.vllm.process import ray_logs_dir
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The ``sim`` engine in served mode: one Ray Serve application per trial.
 
-Its replica (:mod:`~orchestrator.engines.sim_ingress`) is :mod:`~orchestrator.engines.sim_http`'s
-OpenAI server over :mod:`~orchestrator.engines.sim_loop`'s engine loop.
+Its replica (:mod:`~orchestrator.engines.sim.ingress`) is :mod:`~orchestrator.engines.sim.http_server`'s
+OpenAI server over :mod:`~orchestrator.engines.sim.loop`'s engine loop.
 
 The replica asks Ray for the GPUs a real vLLM replica would hold (TP x PP on one
 node), so a CPU-only cluster started with fake ``num_gpus`` packs trials exactly
@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget
-from orchestrator.engines.sim_faults import faults_for_trial
-from orchestrator.engines.sim_ingress import SimLLMServer
+from orchestrator.engines.sim.faults import faults_for_trial
+from orchestrator.engines.sim.ingress import SimLLMServer
 from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.models.shapes import ModelShape, find_model_config

@@ -1,7 +1,7 @@
 """The H200 tables of the docs, each built from its dataset under ``results/examples``.
 
 Every function takes dataset folders and returns one markdown table (no trailing
-newline); :mod:`orchestrator.apps.docs_tables` registers them by name and keeps the
+newline); :mod:`orchestrator.doc_tables.registry` registers them by name and keeps the
 docs equal to what they return. The datasets are read with the product's own readers
 (:func:`~orchestrator.results.query.load_trials`, :func:`~orchestrator.results.levels.load_levels`,
 the study definition, the Optuna journal read-only); the formatting (rounding, thousands

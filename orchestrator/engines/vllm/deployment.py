@@ -17,8 +17,8 @@ from typing import Optional
 from orchestrator.engines import serve_app
 from orchestrator.engines.base import EngineEndpoint
 from orchestrator.engines.serve_app import app_state
-from orchestrator.engines.vllm_logs import replica_log_tail
-from orchestrator.engines.vllm_process import group_gone, tail
+from orchestrator.engines.vllm.logs import replica_log_tail
+from orchestrator.engines.vllm.process import group_gone, tail
 from orchestrator.measure.nvml import load_pynvml
 
 log = logging.getLogger(__name__)

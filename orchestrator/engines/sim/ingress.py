@@ -1,4 +1,4 @@
-"""The served sim's Ray Serve deployment: FastAPI routes over :mod:`orchestrator.engines.sim_http`'s
+"""The served sim's Ray Serve deployment: FastAPI routes over :mod:`orchestrator.engines.sim.http_server`'s
 front end, plus the replica's direct server (``transport: direct``)."""
 
 import asyncio
@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from ray import serve
 
-from orchestrator.engines.sim_faults import Fault, LoadFaults, act_on_start, ingress_delay_s
-from orchestrator.engines.sim_http import NOT_JSON, build_sim_frontend, error_body, start_direct_server
+from orchestrator.engines.sim.faults import Fault, LoadFaults, act_on_start, ingress_delay_s
+from orchestrator.engines.sim.http_server import NOT_JSON, build_sim_frontend, error_body, start_direct_server
 
 
 # At module level, so that a deploy pickles the class by reference (module and name): a class made

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orchestrator.numbers import finite_float
 from orchestrator.results.levels import is_set, level_mark
-from orchestrator.search import fidelity_model as fm
+from orchestrator.search.fidelity import model as fm
 from orchestrator.search.trial_plan import load_plan, run_trial
 from orchestrator.study.engine import SimCalibration, SimEngineSpec
 from orchestrator.trial.capacity import level_workload

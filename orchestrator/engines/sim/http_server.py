@@ -1,12 +1,12 @@
 """The simulated engine's HTTP front end: an OpenAI-compatible streaming server in a Ray Serve replica.
 
-The engine (:mod:`orchestrator.engines.sim_loop`: the simulator core stepping in real
+The engine (:mod:`orchestrator.engines.sim.loop`: the simulator core stepping in real
 time) runs on its own thread and event loop, like vLLM's engine core beside its API
 server. :class:`OpenAIFrontend` parses requests and writes responses once; two HTTP
 front doors serve it:
 
 * the Serve ingress (FastAPI routes behind Ray Serve's proxy,
-  :mod:`orchestrator.engines.sim_ingress`), and
+  :mod:`orchestrator.engines.sim.ingress`), and
 * a direct aiohttp server in the replica (``transport: direct``). Serve's proxy
   moves each streamed chunk as a Ray object, a few hundred chunks per second on
   a small machine, far below what a simulated H100 emits; measuring through it
@@ -16,7 +16,7 @@ front doors serve it:
 Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (SSE or
 JSON), ``/health``, ``/metrics`` (Prometheus text with vLLM's metric names: its
 gauges, counters and request-latency histograms, see
-:mod:`orchestrator.engines.sim_metrics`) and ``/engine_facts``.
+:mod:`orchestrator.engines.sim.metrics`) and ``/engine_facts``.
 """
 
 import asyncio
@@ -27,11 +27,11 @@ from typing import Any, AsyncIterator, Optional
 
 from aiohttp import web
 
-from orchestrator.engines.sim_logprobs import (GENERATED_TEXT, LogprobSource, chat_logprobs, completion_logprobs,
+from orchestrator.engines.sim.logprobs import (GENERATED_TEXT, LogprobSource, chat_logprobs, completion_logprobs,
                                                prompt_logprobs_field, prompt_tokens)
-from orchestrator.engines.sim_loop import FINISHED, Mailbox, SimRuntime
-from orchestrator.engines.sim_metrics import metrics_text
-from orchestrator.engines.sim_requests import ApiRequest, BadRequest, EngineRefusal, Prompt, error_body, parse_request
+from orchestrator.engines.sim.loop import FINISHED, Mailbox, SimRuntime
+from orchestrator.engines.sim.metrics import metrics_text
+from orchestrator.engines.sim.requests import ApiRequest, BadRequest, EngineRefusal, Prompt, error_body, parse_request
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape
@@ -72,7 +72,7 @@ class OpenAIFrontend:
         self.name = served_model_name
         self.created = int(time.time())
         # Fault ``ingress_delay``: a serving path that moves one streamed chunk at a time, each
-        # taking this long (0: none). See orchestrator.engines.sim_faults.
+        # taking this long (0: none). See orchestrator.engines.sim.faults.
         self.chunk_delay_s = 0.0
         self._ingress_lock = threading.Lock()
         self._ingress_free_at = 0.0

@@ -4,7 +4,7 @@ Before the first real trial, every configuration of the space (or a seeded sampl
 ``search.fidelity_candidates``) is scored in virtual time on the study's model, GPU and
 workload (:class:`SimScorer`: the trial path with ``engine.mode: virtual``). Each real
 trial is then the configuration with the largest expected gain
-(:func:`~orchestrator.search.fidelity_model.expected_gain`: first the best predicted under
+(:func:`~orchestrator.search.fidelity.model.expected_gain`: first the best predicted under
 the SLOs, later the most promising where the simulator is least certain). After every real
 trial the calibration is fitted again to all real trials, the shortlist is scored again
 and re-ranked. The search stops when no configuration is predicted to gain more than
@@ -31,9 +31,9 @@ import pyarrow as pa
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
-from orchestrator.search import fidelity_model as fm
+from orchestrator.search.fidelity import model as fm
 from orchestrator.search.feasibility import space_points
-from orchestrator.search.fidelity_scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels, noise_columns,
+from orchestrator.search.fidelity.scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels, noise_columns,
                                                   score_in_simulator, study_metrics)
 from orchestrator.study.judge import judge
 
