@@ -3,7 +3,8 @@
 :mod:`.api` (the two streaming APIs and the :class:`Endpoint`), :mod:`.sse` (the event
 stream parser), :mod:`.request` (one streaming request, the readiness probe) and
 :mod:`.load_window` (a whole :class:`~orchestrator.workload.request_set.RequestSet` over one
-load window: warm-up, open or closed loop, a monitor that may stop it).
+load window: open or closed loop, sessions, a monitor that may stop it) after :mod:`.warmup_load`
+(the warm-up burst and the steady warm-up).
 """
 
 from orchestrator.loadgen.api import APIS, MAX_ERROR_CHARS, ApiFormat, Endpoint

@@ -27,9 +27,10 @@ from typing import Any, Callable, Optional, Protocol
 import aiohttp
 
 from orchestrator.loadgen.api import MAX_ERROR_CHARS, Endpoint
-from orchestrator.loadgen.request import AbortFlag, Clock, send_request
+from orchestrator.loadgen.request import AbortFlag, send_request
+from orchestrator.loadgen.warmup_load import warm_up
 from orchestrator.measure.records import RequestErrorKind, RequestRecord
-from orchestrator.measure.warmup import SteadyJudge, WarmupOutcome
+from orchestrator.measure.warmup import WarmupOutcome
 from orchestrator.workload.request_set import RequestSet
 from orchestrator.workload.requests import Request
 
@@ -131,255 +132,203 @@ async def run_load(endpoint: Endpoint, requests: RequestSet, *, timeout_s: float
     ``gc.freeze()``-d for the window (then unfrozen) so that the garbage collector's
     full passes, which would otherwise walk the whole process, do not stall the loop.
     """
-    measured = requests.measured
-    n = len(measured)
-    closed = requests.closed_loop_concurrency
-    in_flight = closed or n
-    if max_concurrency:
-        in_flight = min(in_flight, max_concurrency)
-    wanted = max(in_flight, len(requests.warmup))
-    stream = requests.warmup_stream
-    if stream is not None:  # the steady warm-up's requests in flight: at most what max_s sends
-        wanted = max(wanted, stream.concurrency or int((stream.rate or 0) * stream.settings.max_s * 1.5))
-    _raise_fd_limit(wanted + 256)
-
-    now = time.perf_counter
-    records: list[Optional[RequestRecord]] = [None] * n
-    progress = _Progress(on_progress, n)
+    in_flight = _in_flight(requests, max_concurrency)
+    _raise_fd_limit(_sockets_wanted(requests, in_flight) + 256)
     # One session for the window: unlimited connections (the cap, if any, is ours), no
     # session-wide timeout (each request has its own), no cookies carried between requests.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
                                      timeout=aiohttp.ClientTimeout(total=None),
                                      cookie_jar=aiohttp.DummyCookieJar()) as session:
-        warm: list[RequestRecord] = []
-        tw = now()
-        if requests.warmup:
-            warm = list(await asyncio.gather(*(
-                send_request(session, endpoint, r, clock=lambda: now() - tw, timeout_s=timeout_s,
-                             ignore_eos=ignore_eos, scheduled_s=0.0)
-                for r in requests.warmup)))
-            warm.sort(key=lambda r: r.index)
-        reason = None
-        if requests.warmup_stream is not None:
-            steady, reason = await _warm_until_steady(session, endpoint, requests.warmup_stream,
-                                                      clock=lambda: now() - tw, timeout_s=timeout_s,
-                                                      ignore_eos=ignore_eos, max_concurrency=max_concurrency)
-            warm += steady
-        if warmup_report is not None:
-            warmup_report.seconds, warmup_report.requests = (now() - tw) if warm else 0.0, len(warm)
-            warmup_report.converged = None if reason is None else reason == "converged"
-            warmup_report.reason = reason
+        warm, tw = await warm_up(session, endpoint, requests, timeout_s=timeout_s, ignore_eos=ignore_eos,
+                                 max_concurrency=max_concurrency, report=warmup_report)
         if on_measure_start is not None:
             on_measure_start(warm)
         # Objects that exist now are not garbage of this window: keep full collections from
         # walking them (a big process can otherwise pause the loop for 100+ ms mid-load).
         gc.freeze()
-        tasks: list[asyncio.Task] = []
-        aborting = AbortFlag()  # set once the monitor stops the load: no new sends, in-flight aborted
+        window = _Window(session, endpoint, requests.measured, timeout_s=timeout_s, ignore_eos=ignore_eos,
+                         monitor=monitor, progress=_Progress(on_progress, len(requests.measured)))
         watcher: Optional[asyncio.Task] = None
         try:
-            t0 = now()
             if warmup_report is not None and warm:
                 # To the start of the measured window, the wait in on_measure_start included (a busy
                 # engine's /metrics can take a while): the warm-up's first send is at -seconds.
-                warmup_report.seconds = t0 - tw
+                warmup_report.seconds = window.t0 - tw
             for rec in warm:  # onto the measured clock
-                _shift(rec, tw - t0)
-
-            def clock() -> float:
-                return now() - t0
-
-            async def one(pos: int, scheduled_s: Optional[float], sem: Optional[asyncio.Semaphore]) -> None:
-                req = measured[pos]
-                try:
-                    if sem is None:
-                        rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
-                                                 ignore_eos=ignore_eos, scheduled_s=scheduled_s, aborting=aborting)
-                    else:
-                        async with sem:
-                            rec = await send_request(session, endpoint, req, clock=clock, timeout_s=timeout_s,
-                                                     ignore_eos=ignore_eos, scheduled_s=scheduled_s,
-                                                     aborting=aborting)
-                except asyncio.CancelledError:
-                    if not aborting.on:
-                        raise
-                    task = asyncio.current_task()
-                    if task is not None and hasattr(task, "uncancel"):
-                        task.uncancel()
-                    # Aborted while waiting for a concurrency slot: never sent.
-                    rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
-                                        finished_s=clock(), error="aborted before it was sent (load stopped)",
-                                        error_kind=RequestErrorKind.ABORTED)
-                except Exception as e:  # pragma: no cover - send_request does not raise
-                    rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
-                                        error=f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS],
-                                        error_kind=RequestErrorKind.CLIENT)
-                records[pos] = rec
-                if monitor is not None and rec.error_kind is not RequestErrorKind.ABORTED:
-                    monitor.on_finish(rec.finished_s if rec.finished_s is not None else clock(), rec)
-                progress()
-
-            dispatched_pos: list[int] = []
-
-            def dispatched(pos: int) -> None:
-                dispatched_pos.append(pos)
-                if monitor is not None:
-                    monitor.on_send(clock())
-
-            async def watch() -> None:
-                while True:
-                    await asyncio.sleep(check_interval_s)
-                    if monitor.should_stop(clock()):
-                        aborting.on = True
-                        for task in tasks:
-                            if not task.done():
-                                task.cancel()
-                        return
-
+                _shift(rec, tw - window.t0)
             if monitor is not None:
-                watcher = asyncio.create_task(watch())
-            if requests.sessions:
-                sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-                step = check_interval_s if monitor is not None else float("inf")
-
-                async def play_session(chain: list[int]) -> None:
-                    due = t0 + measured[chain[0]].arrival_s
-                    for pos in chain:
-                        while (delay := due - now()) > 0 and not aborting.on:
-                            await asyncio.sleep(min(delay, step))
-                        if aborting.on:
-                            return
-                        dispatched(pos)
-                        await one(pos, due - t0, sem)
-                        rec = records[pos]
-                        ended = rec.end_s if rec.end_s is not None else rec.finished_s
-                        # The next turn: think time after this answer ended (closed loop within a session).
-                        due = t0 + (ended if ended is not None else clock())
-                        if pos + 1 < n:
-                            due += measured[pos + 1].think_s
-
-                tasks = [asyncio.create_task(play_session(chain)) for chain in _session_chains(measured)]
-            elif closed:
-                positions = iter(range(n))
-
-                async def worker() -> None:
-                    for pos in positions:  # shared iterator: each worker takes the next request
-                        if aborting.on:
-                            return
-                        dispatched(pos)
-                        await one(pos, clock(), None)
-
-                tasks = [asyncio.create_task(worker()) for _ in range(min(in_flight, n))]
-            else:
-                sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-                # With a monitor, sleep in short steps so that a stop is seen without waiting a long gap.
-                step = check_interval_s if monitor is not None else float("inf")
-                for pos in sorted(range(n), key=lambda i: measured[i].arrival_s):
-                    due = t0 + measured[pos].arrival_s
-                    while (delay := due - now()) > 0 and not aborting.on:  # sleep until due: lag never adds up
-                        await asyncio.sleep(min(delay, step))
-                    if aborting.on:
-                        break
-                    dispatched(pos)
-                    tasks.append(asyncio.create_task(one(pos, None, sem)))
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            for res in results:
-                if isinstance(res, BaseException) and not (aborting.on and isinstance(res, asyncio.CancelledError)):
-                    raise res
-            for pos in dispatched_pos:
-                if records[pos] is None:  # cancelled by the stop before its task ever ran: never sent
-                    req = measured[pos]
-                    records[pos] = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
-                                                 finished_s=clock(), error_kind=RequestErrorKind.ABORTED,
-                                                 error="aborted before it was sent (load stopped)")
+                watcher = asyncio.create_task(window.watch(check_interval_s))
+            await _dispatch(window, requests, workers=in_flight, max_concurrency=max_concurrency,
+                            check_interval_s=check_interval_s)
+            await window.drain()
         finally:
             gc.unfreeze()
             if watcher is not None:
                 watcher.cancel()
-            for task in tasks:  # only unfinished if we were cancelled
+            for task in window.tasks:  # only unfinished if we were cancelled
                 task.cancel()
-
-    done = [r for r in records if r is not None]
-    assert len(done) == n or aborting.on, "a measured request has no record"
-    done.sort(key=lambda r: r.index)
-    return warm + done
+    return warm + window.measured_records()
 
 
-async def _warm_until_steady(session: aiohttp.ClientSession, endpoint: Endpoint, stream, *, clock: Clock,
-                             timeout_s: float, ignore_eos: bool,
-                             max_concurrency: Optional[int]) -> tuple[list[RequestRecord], str]:
-    """Play the steady warm-up until its judge ends it; its records (in the order sent) and why it ended.
+def _in_flight(requests: RequestSet, max_concurrency: Optional[int]) -> int:
+    """How many measured requests may be in flight at once: the closed loop's workers, else all of
+    them; at most ``max_concurrency``."""
+    in_flight = requests.closed_loop_concurrency or len(requests.measured)
+    return min(in_flight, max_concurrency) if max_concurrency else in_flight
 
-    Open loop: request i is sent at ``start + arrival_s`` (sleeping in short steps, so the
-    end is seen at once); closed loop: ``stream.concurrency`` workers. Converged: the
-    requests in flight are awaited; otherwise they are aborted (records of kind ``ABORTED``).
-    """
-    start = clock()
-    judge = SteadyJudge(stream.settings, start)
-    sent: list[RequestRecord] = []
-    tasks: list[asyncio.Task] = []
-    aborting = AbortFlag()
-    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
-    def on_record(rec: RequestRecord) -> None:
-        sent.append(rec)
-        judge.on_send(clock(), rec)
+def _sockets_wanted(requests: RequestSet, in_flight: int) -> int:
+    """Sockets the load may hold open at once: the measured window's, the warm-up burst's, and the
+    steady warm-up's (at most what its ``max_s`` sends)."""
+    wanted = max(in_flight, len(requests.warmup))
+    stream = requests.warmup_stream
+    if stream is not None:
+        wanted = max(wanted, stream.concurrency or int((stream.rate or 0) * stream.settings.max_s * 1.5))
+    return wanted
 
-    async def one(req: Request, scheduled_s: float) -> None:
-        kw = dict(clock=clock, timeout_s=timeout_s, ignore_eos=ignore_eos, scheduled_s=scheduled_s,
-                  aborting=aborting, on_record=on_record)
-        if sem is None:
-            rec = await send_request(session, endpoint, req, **kw)
-        else:
-            async with sem:
-                rec = await send_request(session, endpoint, req, **kw)
-        judge.on_finish(rec.finished_s if rec.finished_s is not None else clock(), rec)
 
-    async def watch() -> str:
+def _never_sent(req: Request, finished_s: float) -> RequestRecord:
+    """The record of a measured request the stop caught before it was on the wire."""
+    return RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup, finished_s=finished_s,
+                         error="aborted before it was sent (load stopped)", error_kind=RequestErrorKind.ABORTED)
+
+
+class _Window:
+    """The measured window: its clock (t0 is now), one record slot per measured request, the
+    requests dispatched, their tasks, and the stop flag the monitor's watcher sets."""
+
+    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint, measured: list[Request], *,
+                 timeout_s: float, ignore_eos: bool, monitor: Optional[LoadMonitor], progress: _Progress):
+        self.session, self.endpoint, self.measured = session, endpoint, measured
+        self.timeout_s, self.ignore_eos, self.monitor, self.progress = timeout_s, ignore_eos, monitor, progress
+        self.records: list[Optional[RequestRecord]] = [None] * len(measured)
+        self.dispatched_pos: list[int] = []
+        self.tasks: list[asyncio.Task] = []
+        self.aborting = AbortFlag()  # set once the monitor stops the load: no new sends, in-flight aborted
+        self.t0 = time.perf_counter()
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def dispatched(self, pos: int) -> None:
+        self.dispatched_pos.append(pos)
+        if self.monitor is not None:
+            self.monitor.on_send(self.clock())
+
+    async def send(self, pos: int, scheduled_s: Optional[float], sem: Optional[asyncio.Semaphore]) -> None:
+        """Send measured request ``pos`` (after a concurrency slot, with ``sem``) and keep its record."""
+        req = self.measured[pos]
+        kw = dict(clock=self.clock, timeout_s=self.timeout_s, ignore_eos=self.ignore_eos, scheduled_s=scheduled_s,
+                  aborting=self.aborting)
+        try:
+            if sem is None:
+                rec = await send_request(self.session, self.endpoint, req, **kw)
+            else:
+                async with sem:
+                    rec = await send_request(self.session, self.endpoint, req, **kw)
+        except asyncio.CancelledError:
+            if not self.aborting.on:
+                raise
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()
+            rec = _never_sent(req, self.clock())  # aborted while waiting for a concurrency slot
+        except Exception as e:  # pragma: no cover - send_request does not raise
+            rec = RequestRecord(index=req.index, scheduled_s=req.arrival_s, warmup=req.warmup,
+                                error=f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS], error_kind=RequestErrorKind.CLIENT)
+        self.records[pos] = rec
+        if self.monitor is not None and rec.error_kind is not RequestErrorKind.ABORTED:
+            self.monitor.on_finish(rec.finished_s if rec.finished_s is not None else self.clock(), rec)
+        self.progress()
+
+    async def watch(self, check_interval_s: float) -> None:
+        """Ask the monitor every ``check_interval_s``; once it says stop, abort what is in flight."""
         while True:
-            await asyncio.sleep(judge.check_interval_s)
-            reason = judge.check(clock())
-            if reason is not None:
-                return reason
+            await asyncio.sleep(check_interval_s)
+            if self.monitor.should_stop(self.clock()):
+                self.aborting.on = True
+                for task in self.tasks:
+                    if not task.done():
+                        task.cancel()
+                return
 
-    watcher = asyncio.create_task(watch())
-    requests = iter(stream)
-    try:
-        if stream.concurrency is not None:
-            async def worker() -> None:
-                while not watcher.done():
-                    await one(next(requests), clock())
-
-            n = stream.concurrency if not max_concurrency else min(stream.concurrency, max_concurrency)
-            tasks = [asyncio.create_task(worker()) for _ in range(n)]
-            await asyncio.wait([watcher, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        else:
-            for req in requests:
-                due = start + req.arrival_s
-                slept = False
-                while (delay := due - clock()) > 0 and not watcher.done():
-                    await asyncio.sleep(min(delay, judge.check_interval_s))
-                    slept = True
-                if watcher.done():
-                    break
-                tasks.append(asyncio.create_task(one(req, due)))
-                if not slept:  # overdue: still let the watcher (and the sends) run
-                    await asyncio.sleep(0)
-        reason = await watcher
-        if reason != "converged":
-            aborting.on = True
-            for task in tasks:
-                task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+    async def drain(self) -> None:
+        """Await every request's task; a request dispatched but cancelled before its task ran gets
+        its never-sent record."""
+        results = await asyncio.gather(*self.tasks, return_exceptions=True)
         for res in results:
-            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
+            if isinstance(res, BaseException) and not (self.aborting.on and isinstance(res, asyncio.CancelledError)):
                 raise res
-    finally:
-        watcher.cancel()
-        for task in tasks:  # only unfinished if we were cancelled
-            task.cancel()
-    log.info("steady warm-up: %s after %.2f s, %d requests", reason, clock() - start, len(sent))
-    return sent, reason
+        for pos in self.dispatched_pos:
+            if self.records[pos] is None:
+                self.records[pos] = _never_sent(self.measured[pos], self.clock())
+
+    def measured_records(self) -> list[RequestRecord]:
+        """The measured records by index (without the requests a stop left unsent)."""
+        done = [r for r in self.records if r is not None]
+        assert len(done) == len(self.measured) or self.aborting.on, "a measured request has no record"
+        done.sort(key=lambda r: r.index)
+        return done
+
+
+async def _dispatch(window: _Window, requests: RequestSet, *, workers: int, max_concurrency: Optional[int],
+                    check_interval_s: float) -> None:
+    """Start the measured requests: multi-turn sessions, closed-loop workers, or open loop (sent
+    from here, at their arrival times)."""
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    # With a monitor, sleep in short steps so that a stop is seen without waiting a long gap.
+    step = check_interval_s if window.monitor is not None else float("inf")
+    if requests.sessions:
+        window.tasks.extend(asyncio.create_task(_play_session(window, chain, sem, step))
+                            for chain in _session_chains(window.measured))
+    elif requests.closed_loop_concurrency:
+        positions = iter(range(len(window.measured)))
+        window.tasks.extend(asyncio.create_task(_closed_loop_worker(window, positions))
+                            for _ in range(min(workers, len(window.measured))))
+    else:
+        await _play_open_loop(window, sem, step)
+
+
+async def _play_open_loop(window: _Window, sem: Optional[asyncio.Semaphore], step: float) -> None:
+    """Each request started at ``t0 + arrival_s``, whatever happened to the earlier ones."""
+    measured = window.measured
+    for pos in sorted(range(len(measured)), key=lambda i: measured[i].arrival_s):
+        due = window.t0 + measured[pos].arrival_s
+        while (delay := due - time.perf_counter()) > 0 and not window.aborting.on:  # sleep until due: lag never adds up
+            await asyncio.sleep(min(delay, step))
+        if window.aborting.on:
+            break
+        window.dispatched(pos)
+        window.tasks.append(asyncio.create_task(window.send(pos, None, sem)))
+
+
+async def _play_session(window: _Window, chain: list[int], sem: Optional[asyncio.Semaphore], step: float) -> None:
+    """One multi-turn session: its first turn at ``t0 + arrival_s``, each next one ``think_s`` after
+    the previous answer ended."""
+    measured = window.measured
+    due = window.t0 + measured[chain[0]].arrival_s
+    for pos in chain:
+        while (delay := due - time.perf_counter()) > 0 and not window.aborting.on:
+            await asyncio.sleep(min(delay, step))
+        if window.aborting.on:
+            return
+        window.dispatched(pos)
+        await window.send(pos, due - window.t0, sem)
+        rec = window.records[pos]
+        ended = rec.end_s if rec.end_s is not None else rec.finished_s
+        # The next turn: think time after this answer ended (closed loop within a session).
+        due = window.t0 + (ended if ended is not None else window.clock())
+        if pos + 1 < len(measured):
+            due += measured[pos + 1].think_s
+
+
+async def _closed_loop_worker(window: _Window, positions) -> None:
+    """Send the next request as soon as the previous one ended."""
+    for pos in positions:  # shared iterator: each worker takes the next request
+        if window.aborting.on:
+            return
+        window.dispatched(pos)
+        await window.send(pos, window.clock(), None)
 
 
 def _session_chains(measured) -> list[list[int]]:
