@@ -117,7 +117,7 @@ def main() -> None:
 
     from orchestrator.cluster.connect import start_serve
     from orchestrator.results import load_trials
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
 
     out = tempfile.mkdtemp(prefix="overhead-")
     study = parse_study(study_doc(out, a.trials, a.concurrency, a.requests))

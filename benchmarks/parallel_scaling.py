@@ -68,7 +68,7 @@ def run_one(gpus: int, args, out: str) -> dict:
     from ray.cluster_utils import Cluster
 
     from orchestrator.results import load_trials
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
 
     tps = [int(x) for x in args.tp.split(",")]
     study = study_for(out, gpus=gpus, trials=args.trials, tps=tps, load_s=args.load_s, startup_s=args.startup_s)

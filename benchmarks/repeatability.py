@@ -79,7 +79,7 @@ def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate,
 
 def run(args) -> int:
     from orchestrator.results.definition import write_study_definition
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
 
     params = json.loads(args.params) if args.params else {}

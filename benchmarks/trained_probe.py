@@ -45,7 +45,7 @@ def main(argv=None) -> int:
 
     from orchestrator.models.modelgen import trained_model_dir
     from orchestrator.results import load_trials
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
 
     model_dir = trained_model_dir("tiny-llama", "tiny")

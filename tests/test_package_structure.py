@@ -4,9 +4,14 @@ Function-level imports hide dependencies from a reader and from import-time chec
 through them still ties two concepts together, and so does one through imports made for
 annotations only (``if TYPE_CHECKING:``). The graph here is every ``import`` /
 ``from ... import`` statement anywhere in a module, between modules of ``orchestrator``.
-Two edges Python adds without an ``import`` line of the module's own are counted too:
-importing a submodule runs its package's ``__init__`` first, and a ``"orchestrator.x:Name"``
-string (the engine registry's lazy targets) is an import when it is used.
+Edges Python adds without an ``import`` line of the module's own are counted too: importing
+a submodule runs its package's ``__init__`` first, so a module outside a package that imports
+anything in it depends on what the ``__init__`` imports; a module inside the package that
+imports from the package itself (``from orchestrator.search import feasibility``, ``from .
+import x``) reads the namespace the ``__init__`` builds, and depends on what it imports too
+(``from orchestrator.search.feasibility import check`` does not: the ``__init__`` already ran).
+A ``"orchestrator.x:Name"`` string (the engine registry's lazy targets) is an import when it is
+used.
 
 The packages form layers (:data:`LAYERS`, docs/architecture.md): a module imports only from
 its own package and from the layers below it.
@@ -24,6 +29,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
 MAX_LINES = 420  # "about 400": one concept per module
+MAX_FUNCTION_LINES = 80  # a function (its nested functions included) in the packages held to it
+FUNCTION_LIMITED = ("loadgen",)  # packages held to MAX_FUNCTION_LINES
 MAX_TOP_LEVEL_MODULES = 10
 # Bottom first. A module may import from its own package and from any lower layer; the
 # top-level modules are the vocabulary every layer shares.
@@ -51,16 +58,16 @@ LAYERS = (
 )
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {_module_name(p, package): p for p in package.rglob("*.py")}
 
 
 _TARGET = re.compile(r"^(orchestrator(?:\.\w+)+):\w+$")
@@ -75,8 +82,8 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = _modules()
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = _modules(package)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -96,8 +103,11 @@ def import_graph() -> dict[str, set[str]]:
             for t in targets:
                 if t.startswith("orchestrator"):
                     dep = _resolve(t, modules)
+                    named = dep  # what the statement names: a module, or a package itself
                     while dep is not None and dep != "orchestrator":  # the module and the packages above it
-                        if dep != mod and not mod.startswith(dep + "."):
+                        # Its own package only where the statement imports from the package: the
+                        # names its __init__ binds (everything the __init__ imports).
+                        if dep != mod and (not mod.startswith(dep + ".") or dep == named):
                             graph[mod].add(dep)
                         dep = dep.rpartition(".")[0] or None
     return graph
@@ -148,6 +158,27 @@ def test_no_import_cycle():
     assert not found, "import cycles (function-level imports included):\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+def test_an_import_from_its_own_package_closes_a_cycle_through_the_init(tmp_path):
+    """``search/__init__`` imports the driver, the driver a plan, the plan ``from orchestrator.search
+    import feasibility``: a cycle through the ``__init__``. Naming the module itself is none."""
+    search = tmp_path / "orchestrator" / "search"
+    search.mkdir(parents=True)
+    (search.parent / "__init__.py").write_text("")
+    (search / "__init__.py").write_text("from orchestrator.search.driver import run\n")
+    (search / "driver.py").write_text("from orchestrator.search.plan import plan\n")
+    (search / "feasibility.py").write_text("")
+    (search / "plan.py").write_text("from orchestrator.search import feasibility\n")
+    assert cycles(import_graph(search.parent)) == [["orchestrator.search", "orchestrator.search.driver",
+                                                    "orchestrator.search.plan"]]
+    (search / "plan.py").write_text("from . import feasibility\n")
+    assert len(cycles(import_graph(search.parent))) == 1
+    (search / "plan.py").write_text("from orchestrator.search.feasibility import check\n")
+    assert cycles(import_graph(search.parent)) == []
+    (search / "__init__.py").write_text("")  # a light __init__: naming the package is no cycle
+    (search / "plan.py").write_text("from orchestrator.search import feasibility\n")
+    assert cycles(import_graph(search.parent)) == []
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -156,6 +187,38 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_module_over_about_400_lines():
     big = {m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """Functions and methods over ``limit`` lines; a nested function counts in its parent's lines."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (n := child.end_lineno - child.lineno + 1) > limit:
+                    found[prefix + child.name] = n
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_no_function_over_80_lines_in_the_packages_held_to_it():
+    long = {f"{p.relative_to(PACKAGE.parent).as_posix()}:{name}": n
+            for pkg in FUNCTION_LIMITED for p in sorted((PACKAGE / pkg).rglob("*.py"))
+            for name, n in long_functions(p.read_text()).items()}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them by phase): {long}"
+
+
+def test_the_function_length_check_counts_nested_functions_in_their_parent():
+    inner = "    def inner():\n" + "        x = 1\n" * 3
+    source = "def outer():\n" + inner + "    return inner\nclass C:\n    def m(self):\n" + "        y = 2\n" * 4
+    assert long_functions(source, limit=4) == {"outer": 6, "C.m": 5}
+    assert long_functions(source, limit=6) == {}
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:

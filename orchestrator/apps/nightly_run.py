@@ -1,7 +1,7 @@
 """A nightly run end to end: queue the previous night's front, run the study, compare, write the verdict.
 
 The comparison itself is pure and lives in :mod:`orchestrator.apps.nightly`; this module is the
-run around it (Optuna's queue, :func:`orchestrator.search.run_study`, the results and the
+run around it (Optuna's queue, :func:`orchestrator.search.driver.run_study`, the results and the
 summary file).
 """
 
@@ -17,7 +17,8 @@ from orchestrator.apps.nightly import (NightlyPolicy, NightlySummary, front_poin
 from orchestrator.results.definition import write_study_definition
 from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
-from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
+from orchestrator.search.driver import run_study
+from orchestrator.search.state import local_state_dir, optuna_storage, optuna_study_name
 from orchestrator.study.spec import Study
 
 __all__ = ["NightlyRun", "queue_first", "run_nightly"]

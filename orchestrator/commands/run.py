@@ -7,7 +7,7 @@ from orchestrator.commands.common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add
 from orchestrator.failures import TrialStatus
 from orchestrator.results import load_trials
 from orchestrator.results.definition import write_study_definition
-from orchestrator.search import StudyStopped, run_study
+from orchestrator.search.driver import StudyStopped, run_study
 from orchestrator.search.stop_signals import StudyInterrupted, stop_on_signals
 
 

@@ -86,7 +86,7 @@ EXPECTED = {  # max_num_seqs -> (status, failure kind, words of the message)
 
 
 def test_each_fault_is_classified_and_cleaned_up(cluster, tmp_path):
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
 
     study = study_of(
         tmp_path, "faults", space={"max_num_seqs": sorted(EXPECTED)},
@@ -133,7 +133,7 @@ def gpus_in_use_per_node(trials: pd.DataFrame) -> dict[str, int]:
 
 
 def test_tensor_parallel_trials_pack_without_oversubscribing(cluster, tmp_path):
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
 
     _, workers = cluster
     study = study_of(tmp_path, "packing", space={"tensor_parallel_size": [2, 4], "max_num_seqs": [32, 64]},
@@ -156,7 +156,7 @@ def test_tensor_parallel_trials_pack_without_oversubscribing(cluster, tmp_path):
 def test_study_finishes_when_a_node_dies(cluster, tmp_path):
     from ray._private.state import actors
 
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
 
     c, workers = cluster
     study = study_of(tmp_path, "nodeloss", space={"max_num_seqs": [16, 32, 64, 128]},

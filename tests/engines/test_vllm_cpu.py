@@ -86,7 +86,7 @@ def test_cpu_vllm_study(tmp_path, engine_cluster):
     from orchestrator.models.modelgen import make_model_dir
     from orchestrator.results import load_requests, load_trials
     from orchestrator.results.levels import load_levels
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
 
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=8192)

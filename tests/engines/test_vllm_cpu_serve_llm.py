@@ -28,7 +28,7 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, engine_clust
     from orchestrator.apps.recommend import recommend
     from orchestrator.models.modelgen import make_model_dir
     from orchestrator.results import load_trials
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
 
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")

@@ -37,7 +37,8 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, engine_cluster, tiny_trained_
     import optuna
 
     from orchestrator.results import load_trials
-    from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name, run_study
+    from orchestrator.search.driver import run_study
+    from orchestrator.search.state import local_state_dir, optuna_storage, optuna_study_name
     from orchestrator.study.spec import parse_study
 
     training = json.loads((tiny_trained_model / "training.json").read_text())

@@ -36,7 +36,7 @@ def study(tmp_path, name: str, slowdown: float = 1.0, seqs=(64, 65)):
 
 
 def test_equal_configurations_are_equivalent_and_a_ten_percent_slower_engine_is_ranked(tmp_path):
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
 
     port = shared_serve()
     base = run_study(study(tmp_path, "equal"), quiet=True, serve_port=port)

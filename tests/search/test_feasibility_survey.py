@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from orchestrator.hardware.engine_args import EngineArgs
-from orchestrator.search import StudyStopped, feasibility, run_study
+from orchestrator.search import feasibility
+from orchestrator.search.driver import StudyStopped, run_study
 from orchestrator.study.spec import parse_study
 
 

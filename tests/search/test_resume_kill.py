@@ -74,7 +74,7 @@ def alive(procs: list[list[float]]) -> list[int]:
 
 def running_trials(path: str) -> set[int]:
     """Numbers of the trials the run's Optuna study has handed out and not yet been told about."""
-    from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name
+    from orchestrator.search.state import local_state_dir, optuna_storage, optuna_study_name
 
     study = load_study(path)
     try:
@@ -219,7 +219,7 @@ def _killed_and_resumed(tmp_path, repo, frozen: list[int]) -> None:
     assert requests.groupby("trial_id").size().reindex(trials["trial_id"]).eq(20).all()
 
     study = load_study(path)
-    from orchestrator.search import local_state_dir, optuna_storage, optuna_study_name
+    from orchestrator.search.state import local_state_dir, optuna_storage, optuna_study_name
 
     ostudy = optuna.load_study(study_name=optuna_study_name(study), storage=optuna_storage(local_state_dir(study)))
     interrupted = [t for t in ostudy.trials if "orchestrator:interrupted" in t.system_attrs]

@@ -11,7 +11,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from orchestrator.search import optuna_storage
+from orchestrator.search.state import optuna_storage
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.resume import (INTERRUPTED_ATTR, DamagedState, RunInProgress, RunLock, RunState, check_state,
                                         repair_journal, stop_orphans)

@@ -23,7 +23,8 @@ import yaml
 
 from conftest import REPO
 from orchestrator.results import load_requests, load_trials, requests_to_table
-from orchestrator.search import ResultsSinkActor, new_run_id
+from orchestrator.search.state import new_run_id
+from orchestrator.search.tune import ResultsSinkActor
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.doc_examples import BLOCK_RUNNER, python_blocks

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import sim_study
 from support.studies import run_printed, tune_trials
-from orchestrator.search import optuna_storage, optuna_study_name
+from orchestrator.search.state import optuna_storage, optuna_study_name
 from orchestrator.study.state_dir import local_state_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("unit_ray")]

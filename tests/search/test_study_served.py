@@ -42,7 +42,7 @@ def test_small_study_through_serve_http(tmp_path):
     import ray
     from ray import serve
 
-    from orchestrator.search import run_study
+    from orchestrator.search.driver import run_study
 
     study = small_study(tmp_path)
     port = shared_serve()  # the served unit's Ray: 2 logical GPUs, Serve's proxy on this port

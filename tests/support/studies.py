@@ -9,7 +9,7 @@ from contextlib import redirect_stdout
 import pandas as pd
 
 from orchestrator.results import load_trials
-from orchestrator.search import run_study
+from orchestrator.search.driver import run_study
 from orchestrator.study.state_dir import local_state_dir
 
 

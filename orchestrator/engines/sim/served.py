@@ -20,8 +20,9 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from orchestrator.cluster.gpu_ledger import leased_node
-from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget
+from orchestrator.engines.serve_app import (AppDeployment, app_messages, app_name_for, delete_app, knows_label_selector,
+                                            start_app)
 from orchestrator.engines.sim.faults import faults_for_trial
 from orchestrator.engines.sim.ingress import SimLLMServer
 from orchestrator.failures import EngineStartError, FailureKind
@@ -33,7 +34,7 @@ def sim_resolve(target: EngineTarget, args: EngineArgs) -> EngineArgs:
     return target.with_device_defaults(args, cpu=False)  # the simulator models GPUs only
 
 
-class _SimDeployment(serve_app.AppDeployment):
+class _SimDeployment(AppDeployment):
     def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float, direct: bool):
         super().__init__(name, endpoint, teardown_timeout_s)
         self.direct = direct  # the endpoint is the replica's own server, not Serve's proxy
@@ -53,7 +54,7 @@ class _SimDeployment(serve_app.AppDeployment):
         except urllib.error.HTTPError as e:  # the engine's own account of its death is in the body
             return f"/health answered {e.code}: {e.read()[:2000].decode(errors='replace')}"
         except Exception as e:  # noqa: BLE001 - the replica is gone: Serve may know why
-            why = serve_app.app_messages(self.name)
+            why = app_messages(self.name)
             return f"/health failed: {e}" + (f"; Serve: {why}" if why else "")
 
 
@@ -74,11 +75,11 @@ class ServedSimEngine(Engine):
 
         target = self.target
         served = target.model.served_name or target.model.name
-        name = serve_app.app_name_for(trial_id)
+        name = app_name_for(trial_id)
         route = f"/{name}"
         actor_options: dict = {"num_cpus": 0, "num_gpus": args.gpus}
         node = leased_node(trial_id, self.context.ledger_name, self.context.namespace)
-        if node is not None and serve_app.knows_label_selector():
+        if node is not None and knows_label_selector():
             # Exactly where the run's GPU ledger counted this replica (no fragmentation surprises).
             actor_options["label_selector"] = {"ray.io/node-id": node}
         dep = serve.deployment(
@@ -106,9 +107,9 @@ class ServedSimEngine(Engine):
         t0 = time.monotonic()
         try:
             timeout = target.engine.start_timeout_s or max(60.0, target.engine.startup_s * 3 + 60)
-            serve_app.start_app(bound, name=name, route_prefix=route, timeout_s=timeout)
+            start_app(bound, name=name, route_prefix=route, timeout_s=timeout)
         except EngineStartError:
-            serve_app.delete_app(name, timeout_s=60)
+            delete_app(name, timeout_s=60)
             raise
         serve_url = self.context.serve_url(route)
         facts = _get_json(serve_url + "/engine_facts")

@@ -14,9 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.engines import serve_app
 from orchestrator.engines.base import EngineEndpoint
-from orchestrator.engines.serve_app import app_state
+from orchestrator.engines.serve_app import AppDeployment, app_state
 from orchestrator.engines.vllm.logs import replica_log_tail
 from orchestrator.engines.vllm.process import group_gone, tail
 from orchestrator.measure.nvml import load_pynvml
@@ -67,7 +66,7 @@ def _gpu_memory_used_gib() -> Optional[float]:
         return None
 
 
-class VllmDeployment(serve_app.AppDeployment):
+class VllmDeployment(AppDeployment):
     def __init__(self, name: str, endpoint: EngineEndpoint, teardown_timeout_s: float,
                  release: Optional[ReleaseCheck] = None):
         super().__init__(name, endpoint, teardown_timeout_s)

@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 from orchestrator.cluster.connect import _local_gpu_count
 from orchestrator.cluster.gpu_ledger import leased_node
-from orchestrator.engines import serve_app
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget, ResourceRequest
+from orchestrator.engines.serve_app import app_name_for, delete_app, knows_label_selector, start_app
 from orchestrator.engines.vllm.deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
 from orchestrator.engines.vllm.logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
 from orchestrator.engines.vllm.process import DEPLOYMENT_NAME, VllmServer, tail
@@ -187,7 +187,7 @@ class VllmServeEngine(Engine):
 
 
         spec = self.target.engine
-        name = serve_app.app_name_for(trial_id)
+        name = app_name_for(trial_id)
         model_dir = model_directory(self.target)
         served = self.served_name(trial_id)
         units = max(args.gpus, 1)
@@ -195,7 +195,7 @@ class VllmServeEngine(Engine):
         options: dict[str, Any] = ({"num_cpus": units} if self.platform == "cpu"
                                    else {"num_gpus": units, "num_cpus": 1})
         node = leased_node(trial_id, self.context.ledger_name, self.context.namespace)
-        if node is not None and serve_app.knows_label_selector():
+        if node is not None and knows_label_selector():
             options["label_selector"] = {"ray.io/node-id": node}
         log_name = f"vllm_server-{name}"
         app = serve.deployment(
@@ -209,13 +209,13 @@ class VllmServeEngine(Engine):
         local_log = local_logs_dir() / f"{log_name}.log"
         t0 = time.monotonic()
         try:
-            serve_app.start_app(app, name=name, route_prefix=None, timeout_s=spec.start_timeout_s, poll_s=1.0)
+            start_app(app, name=name, route_prefix=None, timeout_s=spec.start_timeout_s, poll_s=1.0)
             handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=name)
             info = handle.info.remote().result(timeout_s=60)
         except EngineStartError as e:
             # The replica's node may be this one: its server log says why, line by line.
             text = scrub(e.message + "\n" + tail(local_log, 200), secret_values(spec))
-            serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
+            delete_app(name, timeout_s=spec.teardown_timeout_s)
             release.wait(timeout_s=spec.teardown_timeout_s)
             raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
         same_node = info["node_ip"] == this_node_ip()
@@ -240,7 +240,7 @@ class VllmServeEngine(Engine):
         from ray.serve.llm import LLMConfig, build_openai_app
 
         spec = self.target.engine
-        name = serve_app.app_name_for(trial_id)
+        name = app_name_for(trial_id)
         route = f"/{name}"
         model_dir = model_directory(self.target)
         cfg = self.llm_config(trial_id, args, model_dir)
@@ -260,11 +260,11 @@ class VllmServeEngine(Engine):
         t_wall = time.time()
         t0 = time.monotonic()
         try:
-            serve_app.start_app(app, name=name, route_prefix=route, timeout_s=spec.start_timeout_s, poll_s=2.0)
+            start_app(app, name=name, route_prefix=route, timeout_s=spec.start_timeout_s, poll_s=2.0)
         except EngineStartError as e:
             logs = replica_log_tail(name, marker=served, since=t_wall)
             text = scrub(e.message + ("\n" + logs if logs else ""), secret_values(spec))
-            serve_app.delete_app(name, timeout_s=spec.teardown_timeout_s)
+            delete_app(name, timeout_s=spec.teardown_timeout_s)
             # The next trial must not start while this engine's memory is still held.
             release.wait(timeout_s=spec.teardown_timeout_s)
             raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
