@@ -39,8 +39,8 @@ from orchestrator.search.racing import Racer
 from orchestrator.search.stop_signals import StudyInterrupted, rearm
 from orchestrator.search.stop_signals import check as check_stop  # the driver's checkpoints
 from orchestrator.search.reconcile import reconcile
-from orchestrator.search.resume import (RunInProgress, RunLock, RunState, check_state, cleanup_apps, dead_run_ids,
-                                        drop_orphan_requests, process_identity, stop_orphans)
+from orchestrator.search.resume import (RunInProgress, RunLock, RunState, RunStatus, check_state, cleanup_apps,
+                                        dead_run_ids, drop_orphan_requests, process_identity, stop_orphans)
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch
@@ -99,7 +99,7 @@ def run_study(study: Study, *, address: Optional[str] = None, serve_port: int = 
     stop_orphans(state_dir)
     fingerprint = study.fingerprint()
     previous = RunState.latest_unfinished(state_dir, fingerprint) if resume else None
-    run = previous or RunState(new_run_id(study), "running", datetime.now(timezone.utc).isoformat(),
+    run = previous or RunState(new_run_id(study), RunStatus.RUNNING, datetime.now(timezone.utc).isoformat(),
                                study.budget.trials, fingerprint)
     try:
         lock = RunLock(state_dir, run.run_id).acquire()
@@ -138,7 +138,7 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
     if survey_text:
         printer.note(survey_text)
     if remaining <= 0:
-        run.status = "finished"
+        run.status = RunStatus.FINISHED
         run.save(state_dir)
         return _summary(store, run, resumed, 0, t_start, retried=fixed.retried)
 
@@ -170,10 +170,10 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
             run.ray_procs = []
     n_done = _budget_used(store, run.run_id)
     if outcome.stop_message:
-        run.save(state_dir, must=False)  # still "running": the same command resumes
+        run.save(state_dir, must=False)  # still RUNNING: the same command resumes
         raise StudyStopped(outcome.stop_message)
     if n_done >= run.budget_trials or max_trials is None:
-        run.status = "finished"
+        run.status = RunStatus.FINISHED
     run.save(state_dir)
     printer.finish(store.read_trials(run_id=run.run_id))
     result = _summary(store, run, resumed, n_done - done, t_start, retried=fixed.retried)

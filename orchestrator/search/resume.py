@@ -29,6 +29,7 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -63,6 +64,13 @@ def check_state(state_dir: Path) -> None:
                                "belongs; move it away and run the same command again")
 
 
+class RunStatus(str, Enum):
+    """Where a run stands, as its state file says (the file holds the value, ``"running"``)."""
+
+    RUNNING = "running"  # started and not ended: the same command resumes it
+    FINISHED = "finished"  # its budget spent, or stopped for good: a new command starts a new run
+
+
 _damaged_warned: set[str] = set()
 # A state file's fields and their types (a hand edit or garbage must not reach the driver's arithmetic).
 _STATE_TYPES = {"run_id": str, "status": str, "started_at": str, "budget_trials": int, "fingerprint": str,
@@ -74,13 +82,18 @@ class RunState:
     """``<state>/_runs/<run_id>.json``: lets a killed run resume under the same id."""
 
     run_id: str
-    status: str  # running | finished
+    status: RunStatus
     started_at: str
     budget_trials: int
     fingerprint: str
     driver_pid: Optional[int] = None
     ray_session: Optional[str] = None
     ray_procs: list[list[float]] = field(default_factory=list)  # [pid, create_time] of a local Ray we started
+
+    def __post_init__(self) -> None:
+        # A file's string (or a caller's) becomes the enum; any other value raises ValueError (a damaged file).
+        if isinstance(self.status, str):
+            self.status = RunStatus(self.status)
 
     @staticmethod
     def path(state_dir: Path, run_id: str) -> Path:
@@ -125,7 +138,7 @@ class RunState:
 
     @classmethod
     def latest_unfinished(cls, state_dir: Path, fingerprint: str) -> Optional["RunState"]:
-        runs = [st for st in cls.all(state_dir) if st.status == "running" and st.fingerprint == fingerprint]
+        runs = [st for st in cls.all(state_dir) if st.status is RunStatus.RUNNING and st.fingerprint == fingerprint]
         return runs[-1] if runs else None
 
 
@@ -338,7 +351,7 @@ def dead_run_ids(state_dir: Path, current: str) -> list[str]:
 
     ids = [current]
     for st in RunState.all(state_dir):
-        if st.run_id != current and st.status == "running" and not RunLock.held(state_dir, st.run_id):
+        if st.run_id != current and st.status is RunStatus.RUNNING and not RunLock.held(state_dir, st.run_id):
             ids.append(st.run_id)
     return ids
 

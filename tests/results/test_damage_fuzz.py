@@ -36,8 +36,8 @@ from orchestrator.results.definition import write_study_definition
 from orchestrator.results.levels import levels_to_table
 from orchestrator.results.schema import requests_to_table
 from orchestrator.results.store import ResultsStore
-from orchestrator.search.state import optuna_storage
 from orchestrator.search.resume import RunState
+from orchestrator.search.state import optuna_storage
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial

@@ -11,10 +11,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from orchestrator.search.state import optuna_storage
 from orchestrator.search.reconcile import reconcile
-from orchestrator.search.resume import (INTERRUPTED_ATTR, DamagedState, RunInProgress, RunLock, RunState, check_state,
-                                        repair_journal, stop_orphans)
+from orchestrator.search.resume import (INTERRUPTED_ATTR, DamagedState, RunInProgress, RunLock, RunState, RunStatus,
+                                        check_state, repair_journal, stop_orphans)
+from orchestrator.search.state import optuna_storage
 from orchestrator.study.spec import parse_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -154,6 +154,27 @@ def test_a_damaged_run_state_is_named_and_not_resumed(tmp_path, caplog, content)
     assert stop_orphans(tmp_path) == []
     assert any("run state" in r.getMessage() and "r1.json" in r.getMessage() for r in caplog.records)
     assert (tmp_path / "_runs" / "r1.json").read_bytes() == content
+
+
+def test_run_status_is_an_enum_written_as_its_word_and_old_files_still_load(tmp_path, caplog):
+    runs = tmp_path / "_runs"
+    runs.mkdir()
+    # A file written before the enum: the same words.
+    (runs / "r1.json").write_text('{"run_id": "r1", "status": "running", "started_at": "x", "budget_trials": 4, '
+                                  '"fingerprint": "fp"}')
+    (runs / "r2.json").write_text('{"run_id": "r2", "status": "finished", "started_at": "y", "budget_trials": 4, '
+                                  '"fingerprint": "fp"}')
+    old = RunState.latest_unfinished(tmp_path, "fp")
+    assert old is not None and old.run_id == "r1" and old.status is RunStatus.RUNNING
+    assert [st.status for st in RunState.all(tmp_path)] == [RunStatus.RUNNING, RunStatus.FINISHED]
+    old.status = RunStatus.FINISHED
+    old.save(tmp_path)
+    assert '"status": "finished"' in (runs / "r1.json").read_text()
+    assert RunState.latest_unfinished(tmp_path, "fp") is None
+    (runs / "r3.json").write_text('{"run_id": "r3", "status": "paused", "started_at": "z", "budget_trials": 4, '
+                                  '"fingerprint": "fp"}')
+    assert RunState.latest_unfinished(tmp_path, "fp") is None  # a status no run has is a damaged file
+    assert any("r3.json" in r.getMessage() and "paused" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("name", ["_runs", "optuna.journal"])
