@@ -18,6 +18,7 @@ from orchestrator.trial.capacity import (LevelPoint, RateGrid, capacity_index, d
                                          next_rate)
 from orchestrator.trial.capacity_fit import LevelMargins, fit_capacity, isotonic
 from orchestrator.trial.load_phase import NEAR_LIMIT
+from support.capacity_levels import contradicting, contradictions, level_bracket
 
 
 # ---------------------------------------------------------------- saturation
@@ -270,7 +271,7 @@ def test_capacity_search_finds_the_dense_sweeps_boundary():
     dense = sweep[first_miss - 1].rate
     assert 8 < dense < 13.5  # the boundary lies inside the sweep
     low, high = out.row["capacity_rps_low"], out.row["capacity_rps_high"]
-    assert low <= dense <= high and low <= found <= high, (low, dense, found, high)
+    assert low <= dense <= high, (low, dense, found, high)  # the interval holds the sweep's answer
     assert found == pytest.approx(dense, rel=0.10), (found, dense)
     assert len(out.levels) <= 10  # vs 23 levels for the sweep (and 38 from 6 req/s)
 
@@ -283,16 +284,16 @@ def test_capacity_trial_row_levels_and_records():
                         ctx=TrialContext("r"))
     row, levels = out.row, out.levels
     assert row["status"] == "completed" and row["capacity_rps"] > 0
-    # The answer is the fit of every level: between the highest level met and the lowest missed (by
-    # their values) where the levels agree, an interval from the bootstrap, the binding metric named.
+    # The answer is the fit of every level: where the levels' own verdicts (by their values) put the
+    # crossing, contradictions or not; an interval from the bootstrap, the binding metric named.
     low, high = row["capacity_rps_low"], row["capacity_rps_high"]
-    assert row["confidence"] == 0.9 and high is not None and low < high
-    met = [lv["rate"] for lv in levels if lv["slo_met"]]
-    missed = [lv["rate"] for lv in levels if not lv["slo_met"]]
-    if row["capacity_contradictions"] == 0:
-        assert max(met) <= row["capacity_rps"] <= min(missed)
+    assert row["confidence"] == 0.9 and high is not None and low < row["capacity_rps"] < high
+    rates, met = [lv["rate"] for lv in levels], [lv["slo_met"] for lv in levels]
+    lower, upper = level_bracket(rates, met)
+    assert 0 < lower <= row["capacity_rps"] <= upper < math.inf, (lower, row["capacity_rps"], upper)
     assert row["capacity_binding"] in ("ttft_p99_ms", "tpot_p50_ms") and row["start_noise"] == "none (simulator)"
-    assert row["capacity_contradictions"] == sum(lv["slo_met"] and lv["contradicts"] for lv in levels)
+    assert row["capacity_contradictions"] == contradictions(rates, met)
+    assert {i for i, lv in enumerate(levels) if lv["contradicts"]} == contradicting(rates, met)
     # Every level is a point of the study's grid: another configuration measured there replays its requests.
     assert all(lv["grid_index"] is not None for lv in levels) and levels[0]["grid_index"] == 0
     # The row describes the highest level that met the SLOs at or below the estimate.
