@@ -24,11 +24,11 @@ from orchestrator.hardware.accelerator import runs_on_cpu
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import GPUS, get_gpu
 from orchestrator.hardware.pricing import unit_columns
-from orchestrator.measure import limits
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
 from orchestrator.redaction import EnvRef, holds_secret, is_secret_key, redact, shell_line
 from orchestrator.results.analysis import best_under_slos
 from orchestrator.results.decisions import PICK_RULE, pick
+from orchestrator.results.outcomes import why_no_trial_qualifies
 from orchestrator.results.pareto import ConstraintLike, normalize_constraints, normalize_objectives
 from orchestrator.results.ties import combine_repeats
 from orchestrator.study.spec import Constraint, Study
@@ -178,7 +178,7 @@ def select_trial(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] 
     ranked = best_under_slos(pooled, metric, direction, constraints, margin=study.analysis.equivalence_margin,
                              confidence=confidence)
     if ranked.empty:
-        raise RecommendError(_why_none(trials, constraints))
+        raise RecommendError(why_no_trial_qualifies(trials, constraints, [metric]))
     return choose(ranked, metric, study.analysis.equivalence_margin)
 
 
@@ -225,21 +225,6 @@ def distance_from_defaults(row: pd.Series) -> int:
         device_memory_gib=memory, device_name=gpu, platform="cpu" if cpu else "cuda")
     names = [f.name for f in fields(EngineArgs) if f.name not in ("extra", "max_model_len", "dtype")]
     return sum(getattr(args, n) != getattr(default, n) for n in names)
-
-
-def _why_none(trials: pd.DataFrame, constraints: Sequence[Constraint]) -> str:
-    completed = trials[trials["status"] == TrialStatus.COMPLETED]
-    if completed.empty:
-        return "no trial completed; nothing was measured"
-    lines = ["no completed trial meets " + ", ".join(str(c) for c in constraints) + ":"]
-    for c in constraints:
-        values = pd.to_numeric(completed[c.metric], errors="coerce").dropna() if c.metric in completed else []
-        if len(values):
-            best = values.min() if limits.upper(c.op) else values.max()
-            lines.append(f"  {c}: best seen {best:,.4g}")
-        else:
-            lines.append(f"  {c}: never measured")
-    return "\n".join(lines)
 
 
 def _engine_env(study: Study, gpu: str) -> dict[str, str]:

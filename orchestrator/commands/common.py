@@ -11,13 +11,11 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.apps.recommend import distance_from_defaults
-from orchestrator.failures import TrialStatus
 from orchestrator.hardware.pricing import unit_columns
-from orchestrator.measure import limits
 from orchestrator.results import load_trials
 from orchestrator.results.decisions import decide_front, front_note
 from orchestrator.results.definition import read_study_definition
-from orchestrator.results.outcomes import failure_lines, status_counts
+from orchestrator.results.outcomes import status_counts, why_no_trial_qualifies
 from orchestrator.results.ties import shown_with_intervals
 from orchestrator.study.load import load_study
 from orchestrator.study.spec import StudyFileError
@@ -91,7 +89,7 @@ def print_front(study, study_dir: str, run_id: Optional[str] = None) -> None:
                             confidence=study.comparison_confidence, distance=distance_from_defaults)
     front = decision.front
     if front.empty:
-        print(explain_empty_front(study, df))
+        print(why_no_trial_qualifies(df, study.constraints, [o.metric for o in study.objectives]))
         return
     objectives = [o.metric for o in study.objectives]
     cols = ["trial_id"] + [n for n in study.space.params if n in front] + objectives
@@ -142,23 +140,6 @@ def floor_lines(study, df) -> list[str]:
             lines.append(f"  {c} asks for more agreement than the baseline has with itself ({agreement:.3f}): "
                          "numerics alone can fail it; set it below the floor")
     return lines
-
-
-def explain_empty_front(study, df) -> str:
-    if df.empty:
-        return "no trials recorded"
-    completed = df[df["status"] == TrialStatus.COMPLETED]
-    if completed.empty:
-        return "\n".join(["no configuration could run:"] + ["  " + line for line in failure_lines(df)])
-    lines = ["no completed trial met every SLO:"]
-    for c in study.constraints:
-        vals = completed[c.metric].dropna()
-        if len(vals):
-            best = vals.min() if limits.upper(c.op) else vals.max()
-            lines.append(f"  {c}: best seen {best:,.4g}")
-    return "\n".join(lines)
-
-
 
 
 def study_from_dataset(path: str):

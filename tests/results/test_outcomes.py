@@ -1,12 +1,18 @@
 """How trials ended is rendered once (orchestrator.results.outcomes): the progress line's last
-word, pareto's empty front and the report's table say the same counts and examples."""
+word, pareto's empty front and the report's table say the same counts and examples; pareto's
+empty front and recommend say why no trial qualifies in the same words."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pandas as pd
 
-from orchestrator.commands.common import explain_empty_front
-from orchestrator.results.outcomes import failure_breakdown, failure_lines, outcome_summary
+from conftest import REPO
+from orchestrator.cli import main
+from orchestrator.results import load_trials
+from orchestrator.results.outcomes import failure_breakdown, failure_lines, outcome_summary, why_no_trial_qualifies
 from orchestrator.study.spec import parse_study
 
 TRIALS = pd.DataFrame([
@@ -39,5 +45,29 @@ def test_every_reader_renders_the_same_lines(study_doc):
     unmeasured = TRIALS[TRIALS["status"] != "completed"]
     assert outcome_summary(unmeasured).splitlines()[1:] == (
         ["  no configuration completed:"] + ["  " + line for line in failure_lines(unmeasured)])
-    assert explain_empty_front(parse_study(study_doc), unmeasured).splitlines()[1:] == (
+    assert why_no_trial_qualifies(unmeasured, parse_study(study_doc).constraints).splitlines()[1:] == (
         ["  " + line for line in failure_lines(unmeasured)])
+
+
+def test_pareto_and_recommend_say_why_no_trial_meets_the_slos_in_the_same_words(tmp_path, capsys):
+    """The interactive H200 study with SLOs no trial met: both commands name each SLO and the best
+    value the completed trials reached (the same minimum pandas finds), or that it was never measured."""
+    example = REPO / "results" / "examples" / "llama3-8b-h200-interactive"
+    study_dir = tmp_path / example.name
+    shutil.copytree(example / "trials", study_dir / "trials")
+    stored = json.loads((example / "study.json").read_text())
+    stored["study"]["constraints"] = [{"metric": "ttft_p99_ms", "op": "<=", "value": 1.0},
+                                      {"metric": "output_throughput", "op": ">=", "value": 1e9}]
+    (study_dir / "study.json").write_text(json.dumps(stored))
+    completed = load_trials(study_dir).query("status == 'completed'")
+    assert len(completed) >= 2
+    expected = ["no completed trial meets ttft_p99_ms <= 1, output_throughput >= 1e+09:",
+                f"  ttft_p99_ms <= 1: best seen {completed['ttft_p99_ms'].min():,.4g}",
+                f"  output_throughput >= 1e+09: best seen {completed['output_throughput'].max():,.4g}"]
+
+    assert main(["pareto", str(study_dir)]) == 0
+    pareto = capsys.readouterr().out.splitlines()
+    assert pareto[-3:] == expected, pareto
+    assert main(["recommend", str(study_dir)]) == 1
+    recommend = capsys.readouterr().err.splitlines()
+    assert recommend == ["recommend: " + expected[0]] + expected[1:], recommend
