@@ -29,11 +29,13 @@ import tempfile
 import time
 import urllib.request
 from collections import deque
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Iterable, Optional
 
 import psutil
 
+from orchestrator.engines.vllm.start_log import READY_MARK, START_MARK, mark_line
 from orchestrator.redaction import argv_secrets, scrub, secret_values, shell_line
 
 DEPLOYMENT_NAME = "VllmServer"
@@ -48,36 +50,73 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# The server starts under this supervisor, the leader of the server's own process group (the
-# replica starts it in a new session): vLLM's API server, its engine core and workers all belong to
-# that group. The supervisor ends the whole group, gracefully and then for good, when
-# * the replica dies (the kernel sends it SIGTERM: PR_SET_PDEATHSIG; and it looks every second,
-#   since that signal follows the thread that started it, not the process),
+# The server starts under this supervisor; all of it is one process group (the replica starts it in a
+# new session): vLLM's API server, its engine core and workers. The supervisor ends the whole group,
+# gracefully and then for good, when
+# * the replica dies (the kernel signals it: PR_SET_PDEATHSIG; and it looks every second, since that
+#   signal follows the thread that started it, not the process),
 # * it is told to stop (SIGTERM or SIGINT: the replica's teardown, a signal to the group),
 # * the server exits on its own (its engine core must not outlive it);
 # and exits with the server's code. Without it, a killed replica took only the API server with it
 # (the signal went to that one process) and left vLLM's engine core holding the accelerator.
+# The replica's own child is an anchor that only waits for the supervisor (its child) and passes its
+# exit code on: a Ray worker that exits SIGKILLs its children (Ray's kill_child_processes_on_worker_exit),
+# and a supervisor killed so could not end the group. A replica deleted while it started, or killed
+# after Serve's graceful shutdown timeout, left the API server and engine core running that way.
 # No ``preexec_fn``: Python code between fork and exec in a Ray worker runs grpc's fork handlers, and a
 # server once aborted there before exec ("epoll_wait error: Bad file descriptor", SIGABRT, exit -6).
 _SUPERVISOR = """\
 import ctypes, os, signal, subprocess, sys, time
 replica = int(sys.argv[1])
-try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-except Exception:  # not Linux: the replica's teardown and the watch below still end the group
-    pass
+
+def die_with_parent():
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the replica's teardown and the watch below still end the group
+        pass
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+die_with_parent()
 if os.getppid() != replica:  # the replica died before the line above
     sys.exit(1)
+anchor = group = os.getpid()  # the group it leads when started in a new session, as the replica does
+stopping, child = [], 0
+def stop(signum, frame):
+    stopping.append(signum)
+    if child:  # the anchor passes it on
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, stop)
+child = os.fork()
+if child:  # the anchor: waits for the supervisor and exits with its code
+    if stopping:  # a stop that came before the fork returned
+        os.kill(child, stopping[0])
+    code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    sys.exit(code if code >= 0 else 128 - code)
+die_with_parent()  # the supervisor: the anchor's death (SIGKILL by Ray) is a stop too
 me = os.getpid()
+if os.getppid() != anchor:
+    sys.exit(1)
 
 def others():
     out = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
+        if name.isdigit() and int(name) not in (me, anchor):
             try:
                 with open(f"/proc/{name}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) == me and fields[0] != "Z":  # same group, alive
+                if int(fields[2]) == group and fields[0] != "Z":  # same group, alive
                     out.append(int(name))
             except (OSError, IndexError, ValueError):
                 pass
@@ -95,17 +134,12 @@ def end_group(grace_s):
             time.sleep(0.1)
 
 server = subprocess.Popen(sys.argv[2:])
-stopping = []
-def stop(signum, frame):
-    stopping.append(signum)
-for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(sig, stop)
 while True:
     try:
         code = server.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
         code = None
-    if stopping or os.getppid() != replica:
+    if stopping or os.getppid() != anchor or not alive(replica):
         end_group(float(os.environ.get("VLLM_SUPERVISOR_GRACE_S", "10")))
         server.poll()
         sys.exit(128 + (stopping[0] if stopping else signal.SIGTERM))
@@ -157,6 +191,13 @@ def log_command(log_file: IO[bytes], cmd: list[str], secrets: Iterable[str]) -> 
     log_file.flush()
 
 
+def log_mark(log_file: IO[bytes], what: str) -> None:
+    """A ``# started`` / ``# ready`` line with the time now: where the start's phases begin and end
+    (:mod:`orchestrator.engines.vllm.start_log`)."""
+    log_file.write(mark_line(what, datetime.now()).encode())
+    log_file.flush()
+
+
 def failure_text(head: str, log_path: Path, secrets: Iterable[str]) -> str:
     """A failure message: ``head`` and the server's last log lines, redacted."""
     return head + (scrub(tail(log_path, _FAILURE_LINES), secrets) or "")
@@ -181,6 +222,7 @@ class VllmServer:
         self.secrets = command_secrets(cmd, env)
         self.log_file = open(self.log_path, "ab")
         log_command(self.log_file, cmd, self.secrets)
+        log_mark(self.log_file, START_MARK)
         # vLLM's ZMQ sockets (one file each, in the temporary folder by default) outlive a server that
         # is stopped: a folder of the server's own, removed with it (the study's env may name another).
         self.rpc_dir = tempfile.mkdtemp(prefix="vllm-rpc-")
@@ -195,6 +237,7 @@ class VllmServer:
                 raise RuntimeError(failure_text(f"vllm serve exited with code {code} while starting:\n",
                                                 self.log_path, self.secrets))
             if _ok(self.url + "/health"):
+                log_mark(self.log_file, READY_MARK)
                 return
             if time.monotonic() > deadline:
                 self._stop()
