@@ -46,7 +46,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "serve-sim", help="serve the simulated engine as an OpenAI-compatible server",
         description="Serve the simulated engine's OpenAI API (/v1/completions, /v1/chat/completions, "
-                    "/v1/models, /health, /metrics) for a study's model and GPU, or for --model and --gpu. "
+                    "/v1/models, /health, /version, /metrics) for a study's model and GPU, or for --model and --gpu. "
                     "Ctrl-C stops it.")
     p.add_argument("study", nargs="?", help="a study file: its model, GPU, dtype, calibration and fixed "
                                             "engine arguments")

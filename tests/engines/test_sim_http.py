@@ -6,8 +6,7 @@ vllm.entrypoints.openai.api_server`` on a generated tiny model): a field it vali
 wrong type gives pydantic's request validation (type ``Bad Request``, param ``body.<field>``);
 an unknown model 404 ``NotFoundError``; an unknown route or a wrong method is FastAPI's own
 JSON, ``{"detail": "Not Found"}`` (404) and ``{"detail": "Method Not Allowed"}`` (405, with
-``Allow``). vLLM samples ``n > 1`` sequences; the simulator generates one per request, so it
-refuses ``n > 1`` with a 400 naming ``n`` instead of answering one choice where n were asked.
+``Allow``). ``n > 1`` gives n choices on both doors, as vLLM does.
 
 The simulator is deployed once as the sim engine deploys it in a trial (a Ray Serve
 application with its direct aiohttp server), and every case goes over real HTTP to the
@@ -109,12 +108,14 @@ def test_wrong_types_are_request_validation_errors(doors, door, field, value):
 
 
 @pytest.mark.parametrize("door", ["direct", "serve"])
-@pytest.mark.parametrize("api, body", [("/v1/completions", completion(max_tokens=4, n=3)),
-                                       ("/v1/chat/completions", chat(max_tokens=4, n=2, stream=True))])
-def test_n_above_one_is_refused_not_ignored(doors, door, api, body):
-    status, _, got = call(doors[door], api, "POST", body)
-    assert status == 400 and got["error"]["param"] == "n" and got["error"]["type"] == "BadRequestError"
-    assert f"got {body['n']}" in got["error"]["message"]
+def test_n_above_one_gives_n_choices(doors, door):
+    status, _, got = call(doors[door], "/v1/completions", "POST", completion(max_tokens=4, n=3))
+    assert status == 200 and [c["index"] for c in got["choices"]] == [0, 1, 2]
+    assert got["usage"]["completion_tokens"] == 12
+    status, _, got = call(doors[door], "/v1/chat/completions", "POST", chat(max_tokens=4, n=2, stream=True))
+    events = [json.loads(line[len("data: "):]) for line in got.splitlines() if line.startswith("data: {")]
+    finished = sorted(c["index"] for e in events for c in e["choices"] if c["finish_reason"])
+    assert status == 200 and finished == [0, 1]
 
 
 @pytest.mark.parametrize("door", ["direct", "serve"])

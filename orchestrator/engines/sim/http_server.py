@@ -14,9 +14,9 @@ front doors serve it:
   reached, and costs tens of microseconds per chunk.
 
 Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (SSE or
-JSON), ``/health``, ``/metrics`` (Prometheus text with vLLM's metric names: its
-gauges, counters and request-latency histograms, see
-:mod:`orchestrator.engines.sim.metrics`) and ``/engine_facts``.
+JSON), ``/health``, ``/version`` (the vLLM version it answers as), ``/metrics``
+(Prometheus text with vLLM's metric names: its gauges, counters and request-latency
+histograms, see :mod:`orchestrator.engines.sim.metrics`) and ``/engine_facts``.
 """
 
 import asyncio
@@ -27,11 +27,13 @@ from typing import Any, AsyncIterator, Optional
 
 from aiohttp import web
 
-from orchestrator.engines.sim.logprobs import (GENERATED_TEXT, LogprobSource, chat_logprobs, completion_logprobs,
-                                               prompt_logprobs_field, prompt_tokens)
+from orchestrator.engines.sim.chunks import (Sub, chat_chunk, choice_logprobs, chunk_usage, completion_chunk,
+                                             echo_chunk, finish, no_usage, piece, role_chunk, usage)
+from orchestrator.engines.sim.logprobs import GENERATED_TEXT, LogprobSource, prompt_logprobs_field, prompt_tokens
 from orchestrator.engines.sim.loop import FINISHED, Mailbox, SimRuntime
 from orchestrator.engines.sim.metrics import metrics_text
-from orchestrator.engines.sim.requests import ApiRequest, BadRequest, EngineRefusal, Prompt, error_body, parse_request
+from orchestrator.engines.sim.requests import (VLLM_VERSION, ApiRequest, BadRequest, EngineRefusal, error_body,
+                                               parse_request)
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
 from orchestrator.models.shapes import ModelShape
@@ -48,18 +50,6 @@ NOT_JSON = "request body is not JSON"
 def words_to_ids(text: str, vocab_size: int) -> list[int]:
     """Text prompts: word ``t123`` is token 123 (the workload's encoding); other words hash."""
     return list(text_token_ids(text, vocab_size))
-
-
-class _Sub:
-    """One engine request of an API request (a batched completions prompt has one per prompt)."""
-
-    __slots__ = ("index", "prompt", "rid", "box", "sent", "echoed", "text_len", "logprobs")
-
-    def __init__(self, index: int, prompt: Prompt, rid: str, box: Mailbox, logprobs: Optional[LogprobSource]):
-        self.index, self.prompt, self.rid, self.box, self.logprobs = index, prompt, rid, box, logprobs
-        self.sent = 0  # generated tokens already answered
-        self.echoed = False
-        self.text_len = 0  # characters already streamed (completions' text_offset)
 
 
 class OpenAIFrontend:
@@ -81,16 +71,23 @@ class OpenAIFrontend:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
                                             "owned_by": "orchestrator-sim", "max_model_len": self.args.max_model_len}]}
 
-    async def start(self, body: Any, chat: bool) -> tuple[ApiRequest, list[_Sub]]:
+    @staticmethod
+    def version_body() -> dict:
+        return {"version": VLLM_VERSION}
+
+    async def start(self, body: Any, chat: bool) -> tuple[ApiRequest, list[Sub]]:
         """Validate and submit; raises BadRequest (vLLM's status and error body)."""
         req = parse_request(body, chat, served_name=self.name, vocab_size=self.model.vocab_size)
         wants_logprobs = req.logprobs is not None or req.prompt_logprobs is not None
+        end = req.ending
         subs, accepted = [], []
-        for i, prompt in enumerate(req.prompts):
-            rid, box, fut = self.rt.submit(list(prompt.ids), req.max_tokens)
-            source = LogprobSource(prompt.ids, req.seed, self.model.vocab_size) if wants_logprobs else None
-            subs.append(_Sub(i, prompt, rid, box, source))
-            accepted.append(fut)
+        for p, prompt in enumerate(req.prompts):
+            for j in range(req.n):
+                rid, box, fut = self.rt.submit(list(prompt.ids), req.max_tokens, stop_after=end.tokens,
+                                               finish_reason=end.finish_reason, priority=req.priority)
+                source = LogprobSource(prompt.ids, req.seed, self.model.vocab_size, j) if wants_logprobs else None
+                subs.append(Sub(p * req.n + j, j == 0, prompt, rid, box, source))
+                accepted.append(fut)
         outcomes = await asyncio.gather(*accepted, return_exceptions=True)
         refused = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if refused is not None:
@@ -126,13 +123,15 @@ class OpenAIFrontend:
         """None while the engine loop runs, else the body of ``/health``'s 500."""
         return None if self.rt.error is None else error_body(500, f"engine dead: {self.rt.error!r}")
 
-    async def tokens(self, rid: str, box: Mailbox) -> AsyncIterator[int]:
+    async def tokens(self, rid: str, box: Mailbox) -> AsyncIterator[tuple[int, bool]]:
+        """``(new tokens, finished)``: a request's last tokens come with its end, as in vLLM's last output."""
         finished = False
         try:
             while True:
                 item = await box.queue.get()
                 if item == FINISHED:
                     finished = True
+                    yield 0, True
                     return
                 if isinstance(item, BaseException):
                     raise RuntimeError(f"engine died: {item!r}")
@@ -140,41 +139,44 @@ class OpenAIFrontend:
                 # Coalesce tokens that piled up while the client was slow, as vLLM's frontend does.
                 while not box.queue.empty():
                     nxt = box.queue._queue[0]  # noqa: SLF001 - peek
+                    if nxt == FINISHED:
+                        box.queue.get_nowait()
+                        finished = True
+                        break
                     if not isinstance(nxt, int):
                         break
                     n += box.queue.get_nowait()
-                yield n
+                yield n, finished
+                if finished:
+                    return
         finally:
             if not finished:
                 self.rt.abort(rid)
 
-    async def _merged(self, subs: list[_Sub]) -> AsyncIterator[tuple[_Sub, Optional[int]]]:
-        """``(sub, new tokens)`` as each engine request makes them, ``(sub, None)`` when one ends."""
+    async def _merged(self, subs: list[Sub]) -> AsyncIterator[tuple[Sub, int, bool]]:
+        """``(sub, new tokens, finished)`` as each engine request makes them."""
         if len(subs) == 1:  # the load generator's case: no tasks, no extra queue
-            async for n in self.tokens(subs[0].rid, subs[0].box):
-                yield subs[0], n
-            yield subs[0], None
+            async for n, done in self.tokens(subs[0].rid, subs[0].box):
+                yield subs[0], n, done
             return
         merged: asyncio.Queue = asyncio.Queue()
 
-        async def pump(sub: _Sub) -> None:
+        async def pump(sub: Sub) -> None:
             try:
-                async for n in self.tokens(sub.rid, sub.box):
-                    merged.put_nowait((sub, n))
-                merged.put_nowait((sub, None))
+                async for n, done in self.tokens(sub.rid, sub.box):
+                    merged.put_nowait((sub, n, done))
             except Exception as e:  # noqa: BLE001 - handed to the reader
-                merged.put_nowait((sub, e))
+                merged.put_nowait((sub, e, True))
 
         tasks = [asyncio.ensure_future(pump(sub)) for sub in subs]
         try:
-            for _ in range(len(subs)):
-                while True:
-                    sub, item = await merged.get()
-                    if isinstance(item, Exception):
-                        raise item
-                    yield sub, item
-                    if item is None:
-                        break
+            left = len(subs)
+            while left:
+                sub, n, done = await merged.get()
+                if isinstance(n, Exception):
+                    raise n
+                yield sub, n, done
+                left -= done
         finally:
             for task in tasks:  # a client that went away: each task's generator aborts its request
                 task.cancel()
@@ -189,111 +191,76 @@ class OpenAIFrontend:
             self._ingress_free_at = done
         await asyncio.sleep(done - now)
 
-    # ---- one piece of a choice: text and logprobs of the next tokens (echo puts the prompt first)
-
-    def _piece(self, req: ApiRequest, sub: _Sub, n: int) -> tuple[str, list, list]:
-        """The text of ``sub``'s next ``n`` generated tokens (the prompt first, once, under ``echo``),
-        with their logprob steps and token texts (empty when logprobs are not asked for)."""
-        steps: list = []
-        texts: list[str] = []
-        text = ""
-        if req.echo and not sub.echoed:
-            sub.echoed = True
-            text = sub.prompt.text
-            if req.logprobs is not None:
-                texts = prompt_tokens(sub.prompt.text)
-                top = req.logprobs if req.prompt_logprobs is None else req.prompt_logprobs
-                steps = sub.logprobs.prompt(sub.prompt.ids, texts, top)
-        if req.echo_only:  # the one token vLLM generates is not returned
-            sub.sent += n
-            return text, steps, texts
-        text += GENERATED_TEXT * n
-        if req.logprobs is not None:
-            steps += [sub.logprobs.generated(sub.sent + k, req.logprobs) for k in range(n)]
-            texts += [GENERATED_TEXT] * n
-        sub.sent += n
-        return text, steps, texts
-
-    @staticmethod
-    def _logprobs(req: ApiRequest, steps: list, texts: list, text_len: int) -> Optional[dict]:
-        if req.logprobs is None:
-            return None
-        if req.chat:
-            return chat_logprobs(steps, texts, req.logprobs)
-        return completion_logprobs(steps, texts, req.logprobs, offset=text_len)
-
-    async def sse(self, req: ApiRequest, subs: list[_Sub]) -> AsyncIterator[bytes]:
+    async def sse(self, req: ApiRequest, subs: list[Sub]) -> AsyncIterator[bytes]:
+        """vLLM's chunks: chat's role chunk per choice first, one chunk per step's tokens (the last
+        with ``finish_reason``), usage per chunk with ``continuous_usage_stats``, a usage chunk
+        with ``include_usage``."""
         chat = req.chat
         created, name = int(time.time()), self.name
         obj = "chat.completion.chunk" if chat else "text_completion"
-        prefix = f'{{"id":"{subs[0].rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
-        plain = req.logprobs is None and not req.echo  # the hot path: chunks written without json.dumps
+        prefix = f'data: {{"id":"{subs[0].rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
+        # the hot path (the load generator's requests): chunks written without json.dumps
+        plain = req.logprobs is None and not req.echo and not req.stop.active and not req.continuous_usage
+        close = chunk_usage if req.continuous_usage else no_usage
         if chat:
             await self._through_ingress()
-            yield ("data: " + prefix + '{"index":0,"delta":{"role":"assistant","content":""},'
-                   '"finish_reason":null}]}\n\n').encode()
+            for sub in subs:  # vLLM: the role first, for each choice, then the last message under echo
+                yield (prefix + role_chunk(sub.index) + close(sub.box.prompt_tokens, 0, chat) + "\n\n").encode()
+            for sub in subs if req.chat_echo else ():
+                yield (prefix + echo_chunk(sub.index, req.chat_echo) + close(sub.box.prompt_tokens, 0, chat)
+                       + "\n\n").encode()
         try:
-            async for sub, n in self._merged(subs):
+            async for sub, n, done in self._merged(subs):
                 await self._through_ingress()
-                if n is None:
-                    last = ('{"index":0,"delta":{},"finish_reason":"length"}]}' if chat
-                            else f'{{"index":{sub.index},"text":"","logprobs":null,"finish_reason":"length"}}]}}')
-                    yield ("data: " + prefix + last + "\n\n").encode()
-                    continue
                 if plain:
                     text = GENERATED_TEXT * n
+                    sub.sent += n
                     if chat:
-                        body = f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}'
+                        body = (f'{{"index":{sub.index},"delta":{{"content":"{text}"}},"logprobs":null,'
+                                + ('"finish_reason":"length","stop_reason":null,"token_ids":null}]}'
+                                   if done else '"finish_reason":null,"token_ids":null}]}'))
                     else:
-                        body = f'{{"index":{sub.index},"text":"{text}","logprobs":null,"finish_reason":null}}]}}'
-                else:
-                    text, steps, texts = self._piece(req, sub, n)
-                    logprobs = self._logprobs(req, steps, texts, sub.text_len)
-                    sub.text_len += len(text)
-                    choice = ({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
-                              if chat else
-                              {"index": sub.index, "text": text, "logprobs": logprobs, "finish_reason": None})
-                    body = json.dumps(choice) + "]}"
-                yield ("data: " + prefix + body + "\n\n").encode()
+                        body = (f'{{"index":{sub.index},"text":"{text}","logprobs":null,"finish_reason":'
+                                + ('"length"' if done else 'null')
+                                + ',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}')
+                    yield (prefix + body + "\n\n").encode()
+                    continue
+                text, steps, texts = piece(req, sub, n, done)
+                logprobs = choice_logprobs(req, steps, texts, sub.text_len)
+                sub.text_len += len(text)
+                end = finish(req, sub) if done else None
+                choice = (chat_chunk if chat else completion_chunk)(sub.index, text, logprobs, end)
+                yield (prefix + choice + close(sub.box.prompt_tokens, sub.sent, chat) + "\n\n").encode()
         except RuntimeError as e:
             err = {"error": {"message": str(e), "type": "InternalServerError", "code": 500}}
             yield f"data: {json.dumps(err)}\n\n".encode()
             return
         if req.include_usage:
-            yield ("data: " + prefix + "]," + f'"usage":{json.dumps(self._usage(subs, cached=True))}}}' + "\n\n").encode()
+            yield (prefix + "]," + f'"usage":{json.dumps(usage(subs, cached=True))}}}' + "\n\n").encode()
         yield b"data: [DONE]\n\n"
 
-    @staticmethod
-    def _usage(subs: list[_Sub], cached: bool = False) -> dict:
-        prompt = sum(s.box.prompt_tokens for s in subs)
-        generated = sum(s.box.generated for s in subs)
-        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": generated,
-                                 "total_tokens": prompt + generated}
-        if cached:
-            usage["prompt_tokens_details"] = {"cached_tokens": sum(s.box.cached_tokens for s in subs)}
-        return usage
-
-    async def full(self, req: ApiRequest, subs: list[_Sub]) -> dict:
+    async def full(self, req: ApiRequest, subs: list[Sub]) -> dict:
         async for _ in self._merged(subs):
             pass
         await self._through_ingress()
         choices = []
         prompt_logprobs = None
         for sub in subs:
-            text, steps, texts = self._piece(req, sub, sub.box.generated)
-            logprobs = self._logprobs(req, steps, texts, 0)
+            text, steps, texts = piece(req, sub, sub.box.generated, True)
+            logprobs = choice_logprobs(req, steps, texts, 0)
+            finish_reason, stop_reason = finish(req, sub)
             if req.prompt_logprobs is not None:  # vLLM's extension: every prompt token's candidates
                 ptexts = prompt_tokens(sub.prompt.text)
                 prompt_logprobs = prompt_logprobs_field(sub.logprobs.prompt(sub.prompt.ids, ptexts,
                                                                             req.prompt_logprobs))
             if req.chat:
-                choices.append({"index": 0, "message": {"role": "assistant", "content": text},
-                                "logprobs": logprobs, "finish_reason": "length"})
+                choices.append({"index": sub.index, "message": {"role": "assistant", "content": req.chat_echo + text},
+                                "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason})
             else:
-                choices.append({"index": sub.index, "text": text, "logprobs": logprobs, "finish_reason": "length",
-                                "prompt_logprobs": prompt_logprobs})
+                choices.append({"index": sub.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                                "stop_reason": stop_reason, "prompt_logprobs": prompt_logprobs})
         answer = {"id": subs[0].rid, "object": "chat.completion" if req.chat else "text_completion",
-                  "created": int(time.time()), "model": self.name, "choices": choices, "usage": self._usage(subs)}
+                  "created": int(time.time()), "model": self.name, "choices": choices, "usage": usage(subs)}
         if req.chat and req.prompt_logprobs is not None:
             answer["prompt_logprobs"] = prompt_logprobs
         return answer
@@ -364,6 +331,9 @@ async def serve_direct(front: OpenAIFrontend, host: str, port: int) -> tuple[web
     async def engine_facts(_):
         return web.json_response(front.facts())
 
+    async def version(_):
+        return web.json_response(front.version_body())
+
     app = web.Application(client_max_size=64 * 2**20, middlewares=[_not_found_json])
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
@@ -371,6 +341,7 @@ async def serve_direct(front: OpenAIFrontend, host: str, port: int) -> tuple[web
     app.router.add_post("/v1/chat/completions", lambda r: completions(r, True))
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/engine_facts", engine_facts)
+    app.router.add_get("/version", version)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -48,6 +48,10 @@ class SimLLMServer:
     async def models(self):
         return JSONResponse(self.front.models_body())
 
+    @api.get("/version")
+    async def version(self):
+        return JSONResponse(self.front.version_body())
+
     async def _complete(self, request: Request, chat: bool):
         try:
             body = await request.json()

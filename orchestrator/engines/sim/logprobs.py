@@ -21,7 +21,7 @@ import math
 import random
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from orchestrator.workload.tokens import MIN_TOKEN_ID, text_token_ids
@@ -59,8 +59,10 @@ def prompt_tokens(text: str) -> list[str]:
 class LogprobSource:
     """The logprobs of one engine request (one prompt): the same request, the same numbers."""
 
-    def __init__(self, prompt_ids: Sequence[int], seed: Optional[int], vocab_size: int):
+    def __init__(self, prompt_ids: Sequence[int], seed: Optional[int], vocab_size: int, sample: int = 0):
         self.key = f"{seed}:{zlib.crc32(repr(tuple(prompt_ids)).encode())}"
+        # The n sequences of one prompt (``n > 1``) share the prompt's logprobs, not their samples'.
+        self.sample_key = self.key if sample == 0 else f"{self.key}:s{sample}"
         self.vocab_size = vocab_size
 
     def _step(self, token_id: int, text: str, top: int, rank: int, rng: random.Random) -> list[Candidate]:
@@ -88,7 +90,7 @@ class LogprobSource:
         return out
 
     def generated(self, position: int, top: int) -> list[Candidate]:
-        rng = random.Random(f"{self.key}:g{position}")
+        rng = random.Random(f"{self.sample_key}:g{position}")
         return self._step(generated_token_id(self.vocab_size), GENERATED_TEXT, top, 1, rng)
 
     def prompt(self, ids: Sequence[int], texts: Sequence[str], top: int) -> list[Step]:
@@ -98,6 +100,13 @@ class LogprobSource:
             rank = 1 if rng.random() < 0.5 else rng.randint(2, 8)  # prompt text is often not the likeliest
             steps.append(self._step(ids[i], texts[i], top, rank, rng))
         return steps
+
+
+def as_token_ids(steps: Sequence[Step], ids: Sequence[int]) -> tuple[list[Step], list[str]]:
+    """vLLM's ``return_tokens_as_token_ids``: every token, chosen or candidate, named
+    ``token_id:<id>`` (``ids``: the chosen ones, whose step may have no candidates)."""
+    named = [None if step is None else [replace(c, text=f"token_id:{c.token_id}") for c in step] for step in steps]
+    return named, [f"token_id:{i}" for i in ids]
 
 
 # ---- vLLM's response shapes

@@ -19,21 +19,26 @@ from orchestrator.engines.sim.metrics import SimRequestMetrics
 from orchestrator.sim.core import SimEngineCore, SimRequest
 
 FINISHED = "finished"  # a mailbox's last item; before it: token counts, or the exception that killed the engine
+FINISH_REASONS = ("stop", "length")  # vLLM's finished_reason labels of the requests the simulator ends
 CATCH_UP_S = 0.1  # lateness of the engine loop made up by later steps; beyond it the timeline shifts
 
 
 class Mailbox:
     """Tokens for one request, delivered into the caller's event loop."""
 
-    __slots__ = ("queue", "loop", "prompt_tokens", "cached_tokens", "generated", "pending")
+    __slots__ = ("queue", "loop", "prompt_tokens", "cached_tokens", "generated", "pending", "stop_after",
+                 "finish_reason")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, stop_after: Optional[int] = None,
+                 finish_reason: str = "length"):
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = loop
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generated = 0
         self.pending = 0  # generated but not yet streamed (stream_interval)
+        self.stop_after = stop_after  # a stop before max_tokens: the engine ends the request at this many tokens
+        self.finish_reason = finish_reason  # how it ends (vllm:request_success's finished_reason)
 
 
 class SimRuntime:
@@ -46,7 +51,7 @@ class SimRuntime:
         self.mailboxes: dict[str, Mailbox] = {}
         self.ids = itertools.count()
         self.error: Optional[BaseException] = None
-        self.request_success = 0
+        self.request_success = dict.fromkeys(FINISH_REASONS, 0)  # finished requests by finished_reason
         self.metrics = SimRequestMetrics()  # vLLM's request-latency histograms (engine thread)
         self.on_accept: Optional[Callable[[], None]] = None  # per accepted request (fault injection)
         self._pending_failure: Optional[BaseException] = None
@@ -63,11 +68,22 @@ class SimRuntime:
         ready.set()
         self.loop.run_forever()
 
-    def _deliver(self, box: Mailbox, item) -> None:
+    def _deliver(self, box: Mailbox, *items) -> None:
+        """Items reach the mailbox together: a request's last tokens and FINISHED are read as one."""
         if box.loop is self.loop:
-            box.queue.put_nowait(item)
+            _put_all(box.queue, items)
         else:
-            box.loop.call_soon_threadsafe(box.queue.put_nowait, item)
+            box.loop.call_soon_threadsafe(_put_all, box.queue, items)
+
+    def _stop(self, outputs) -> None:
+        """End the requests that reached their stop (a stop string or stop token id before
+        ``max_tokens``), as vLLM's output processor aborts them in the engine core."""
+        for out in outputs:
+            box = self.mailboxes.get(out.request_id)
+            if (box is not None and box.stop_after is not None and not out.finished
+                    and box.generated + out.new_tokens >= box.stop_after):
+                self.core.abort_request(out.request_id)
+                out.finished = True
 
     async def _engine_loop(self) -> None:
         loop = self.loop
@@ -90,6 +106,7 @@ class SimRuntime:
                 delay = next_free - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                self._stop(result.outputs)
                 # Recorded before any token reaches a client: a scrape after the client saw a
                 # request end always counts it.
                 self.metrics.step(result.outputs, start, loop.time())
@@ -104,16 +121,14 @@ class SimRuntime:
                         first = box.generated == 0
                         box.generated += out.new_tokens
                         box.pending += out.new_tokens
-                        if first or out.finished or box.pending >= self.stream_interval:
+                        if not out.finished and (first or box.pending >= self.stream_interval):
                             self._deliver(box, box.pending)
                             box.pending = 0
                     if out.finished:
-                        if box.pending:
-                            self._deliver(box, box.pending)
-                            box.pending = 0
                         self.mailboxes.pop(out.request_id, None)
-                        self.request_success += 1
-                        self._deliver(box, FINISHED)
+                        self.request_success[box.finish_reason] += 1
+                        self._deliver(box, *((box.pending, FINISHED) if box.pending else (FINISHED,)))
+                        box.pending = 0
         except BaseException as e:  # noqa: BLE001 - every waiting request must learn of it
             self.error = e
             for box in list(self.mailboxes.values()):
@@ -121,14 +136,18 @@ class SimRuntime:
             raise
 
     # ---- called from any thread / loop
-    def submit(self, prompt_ids: list[int], max_tokens: int):
+    def submit(self, prompt_ids: list[int], max_tokens: int, *, stop_after: Optional[int] = None,
+               finish_reason: str = "length", priority: int = 0):
         """Queue a request on the engine thread; returns (request id, mailbox, accepted future).
-        The future raises ValueError, with vLLM's message, for a request the core refuses."""
+        The future raises ValueError, with vLLM's message, for a request the core refuses.
+        ``stop_after``: a stop ends it after that many tokens (it is checked against
+        ``max_model_len`` with ``max_tokens``, as vLLM checks it); ``finish_reason``: how it ends."""
         if self.error is not None:
             raise RuntimeError(f"engine dead: {self.error!r}")
         arrival = time.monotonic()  # vLLM's arrival_time: the front end has the request
         rid = f"cmpl-{next(self.ids)}"
-        box = Mailbox(asyncio.get_running_loop())
+        box = Mailbox(asyncio.get_running_loop(), stop_after if stop_after is not None and stop_after < max_tokens
+                      else None, finish_reason)
         box.prompt_tokens = len(prompt_ids)
         fut: "asyncio.Future" = asyncio.get_running_loop().create_future()
         caller = asyncio.get_running_loop()
@@ -136,7 +155,7 @@ class SimRuntime:
         def _add():
             queued = time.monotonic()
             try:
-                self.core.add_request(SimRequest(rid, prompt_ids, max_tokens, arrival_s=queued))
+                self.core.add_request(SimRequest(rid, prompt_ids, max_tokens, arrival_s=queued, priority=priority))
             except ValueError as e:  # e.g. too long for max_model_len: the front end answers 400
                 caller.call_soon_threadsafe(fut.set_exception, e)
                 return
@@ -169,3 +188,8 @@ class SimRuntime:
                     pass
 
         self.loop.call_soon_threadsafe(_abort)
+
+
+def _put_all(queue: asyncio.Queue, items: tuple) -> None:
+    for item in items:
+        queue.put_nowait(item)

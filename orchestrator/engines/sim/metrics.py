@@ -168,10 +168,11 @@ def metrics_text(runtime, model_name: str) -> str:
     for name, kind, value in rows:
         out.append(f"# TYPE {name.removesuffix('_total')} {kind}")
         out.append(f"{name}{labels} {float(value)}")
-    # The simulated requests all end at max_tokens (ignore_eos): finished_reason "length".
+    # A simulated request ends at max_tokens ("length") or at a stop string or stop token id ("stop").
     out.append("# TYPE vllm:request_success counter")
-    out.append(f'vllm:request_success_total{{model_name="{model_name}",engine="0",finished_reason="length"}} '
-               f"{float(runtime.request_success)}")
+    for reason, count in runtime.request_success.items():
+        out.append(f'vllm:request_success_total{{model_name="{model_name}",engine="0",finished_reason="{reason}"}} '
+                   f"{float(count)}")
     out += runtime.metrics.exposition(f'model_name="{model_name}",engine="0"')
     out.append("# TYPE vllm:cache_config_info gauge")
     out.append(f'vllm:cache_config_info{{block_size="{m.block_size}",num_gpu_blocks="{m.num_blocks}",'

@@ -28,44 +28,22 @@ from typing import Annotated, Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.engines.sim.errors import BadRequest, EngineRefusal, error_body, validation_error as _validation
+from orchestrator.engines.sim.logprobs import GENERATED_TEXT, generated_token_id
+from orchestrator.engines.sim.stops import Ending, StopRule, plan_ending
+from orchestrator.engines.sim.unsupported import check_simulated, check_tool_usage, check_tools
 from orchestrator.workload.tokens import text_token_ids, token_ids_to_text
 
 # vLLM's ModelConfig.max_logprobs default (0.26 and 0.29): most logprobs a request may ask for.
 MAX_LOGPROBS = 20
 # vLLM's VLLM_MAX_N_SEQUENCES default.
 MAX_N = 16384
+# vLLM's VLLM_MAX_STOP_STRINGS default.
+MAX_STOP_STRINGS = 4
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+VLLM_VERSION = "0.29.0"  # the vLLM whose OpenAI server the simulator answers as (its GET /version)
 
-
-class BadRequest(ValueError):
-    """A request vLLM's server refuses, with its status, error type and parameter (vLLM's ``ErrorInfo``)."""
-
-    def __init__(self, message: str, *, param: Optional[str] = None, status: int = 400,
-                 err_type: str = "BadRequestError"):
-        super().__init__(message)
-        self.param, self.status, self.err_type = param, status, err_type
-
-    def body(self) -> dict:
-        return error_body(self.status, str(self), self.err_type, self.param)
-
-
-class EngineRefusal(BadRequest):
-    """Refused when the engine adds the request (vLLM's ``SamplingParams.verify``): after a
-    streamed response has started, so it is streamed as an error event."""
-
-
-def error_body(status: int, message: str, kind: Optional[str] = None, param: Optional[str] = None) -> dict:
-    """vLLM's ``ErrorResponse``: ``{"error": {message, type, param, code}}``."""
-    kind = kind or ("BadRequestError" if status < 500 else "InternalServerError")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-
-def _validation(message: str, *, param: Optional[str] = None, value: Any = None) -> BadRequest:
-    """vLLM's ``VLLMValidationError``: the message carries ``(parameter=..., value=...)`` when given."""
-    extras = [f"parameter={param}"] if param is not None else []
-    if value is not None:
-        extras.append(f"value={value}")
-    return BadRequest(f"{message} ({', '.join(extras)})" if extras else message, param=param)
+__all__ = ["VLLM_VERSION", "ApiRequest", "BadRequest", "EngineRefusal", "Prompt", "error_body", "parse_request"]
 
 
 # ---- 2. field types: the fields of vLLM's request models that the simulator reads
@@ -83,6 +61,12 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")  # vLLM ignores fields it does not know (and logs them)
 
     model: Optional[str] = None
+    stop: Union[str, Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)], None] = []
+    stop_token_ids: Optional[list[int]] = []
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False  # the simulated text never holds the end-of-sequence token
+    priority: Annotated[int, Field(ge=_INT64_MIN, le=_INT64_MAX)] = 0
+    return_tokens_as_token_ids: Optional[bool] = None
     frequency_penalty: Optional[float] = 0.0
     presence_penalty: Optional[float] = 0.0
     max_tokens: Optional[int] = None
@@ -103,6 +87,7 @@ class _CompletionFields(_Common):
     echo: Optional[bool] = False
     logprobs: Optional[int] = None
     n: int = 1
+    suffix: Optional[str] = None
     max_completion_tokens: Optional[int] = None  # not vLLM's (it ignores it here); the simulator's fallback
 
 
@@ -143,9 +128,11 @@ def _param_of(loc: tuple) -> str:
 
 def _check_raw(body: dict, chat: bool) -> None:
     if not chat:
-        prompt = body.get("prompt")
-        if prompt is None or prompt == "":
+        prompt, embeds = body.get("prompt"), body.get("prompt_embeds")
+        if (prompt is None or prompt == "") and (embeds is None or embeds == []):
             raise _validation("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+    if chat:
+        check_tool_usage(body)
     if body.get("stream_options") and not body.get("stream"):
         raise _validation("Stream options can only be defined when `stream=True`.", param="stream_options")
     count_field = "top_logprobs" if chat else "logprobs"
@@ -211,10 +198,18 @@ def _check_sampling(f: _Common, n: int, max_tokens: int) -> None:
         raise _validation(f"min_tokens must be greater than or equal to 0, got {f.min_tokens}.")
     if f.min_tokens > max_tokens:
         raise _validation(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {f.min_tokens}.")
+    if any(not s for s in _stop_strings(f.stop)):
+        raise _validation("stop cannot contain an empty string.")
 
 
-def _check_engine(logprobs: Optional[int], prompt_logprobs: Optional[int], vocab_size: int) -> None:
-    """vLLM's ``SamplingParams._validate_logprobs`` (``max_logprobs`` 20; -1: the vocabulary)."""
+def _stop_strings(stop: Union[str, list[str], None]) -> tuple[str, ...]:
+    return () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _check_engine(logprobs: Optional[int], prompt_logprobs: Optional[int], stop_token_ids: tuple[int, ...],
+                  vocab_size: int) -> None:
+    """vLLM's ``SamplingParams.verify``: ``_validate_logprobs`` (``max_logprobs`` 20; -1: the
+    vocabulary), then ``_validate_stop_token_ids``."""
     if logprobs:
         wanted = vocab_size if logprobs == -1 else logprobs
         if wanted > MAX_LOGPROBS:
@@ -227,6 +222,11 @@ def _check_engine(logprobs: Optional[int], prompt_logprobs: Optional[int], vocab
             raise EngineRefusal(str(_validation(
                 f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
                 param="prompt_logprobs", value=wanted)), param="prompt_logprobs")
+    outside = [t for t in stop_token_ids if t < 0 or t >= vocab_size]
+    if outside:
+        raise EngineRefusal(str(_validation(
+            f"token_id(s) {outside} in stop_token_ids contain out-of-vocab token ids. Vocabulary size: {vocab_size}",
+            param="stop_token_ids", value=outside)), param="stop_token_ids")
 
 
 # ---- the request as the simulator serves it
@@ -252,7 +252,14 @@ class ApiRequest:
     prompt_logprobs: Optional[int]  # vLLM's ``prompt_logprobs`` (``echo`` implies ``logprobs``)
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # usage on every chunk (``stream_options.continuous_usage_stats`` with include_usage)
     seed: Optional[int]
+    ending: Ending  # where each generated sequence ends (the simulated text is the same for all)
+    n: int = 1  # choices per prompt: each its own engine request, as vLLM's n child requests
+    stop: StopRule = StopRule()
+    priority: int = 0
+    chat_echo: str = ""  # chat ``echo``: the last message's content when it is the assistant's
+    tokens_as_ids: bool = False  # ``return_tokens_as_token_ids``: logprobs name tokens ``token_id:<id>``
 
 
 def parse_request(body: Any, chat: bool, *, served_name: str, vocab_size: int) -> ApiRequest:
@@ -264,17 +271,19 @@ def parse_request(body: Any, chat: bool, *, served_name: str, vocab_size: int) -
     if fields.model not in (None, served_name):
         raise BadRequest(f"The model `{fields.model}` does not exist.", param="model", status=404,
                          err_type="NotFoundError")
+    if not chat and fields.suffix is not None:
+        raise BadRequest("suffix is not currently supported")
+    if chat:
+        check_tools(body)
+    check_simulated(body)
     prompts = _chat_prompt(body, vocab_size) if chat else _completion_prompts(fields.prompt, vocab_size)
     order = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens", "max_completion_tokens")
     requested = next((getattr(fields, name) for name in order if getattr(fields, name) is not None), 16)  # 16: vLLM's default
-    echo = bool(fields.echo) and not chat  # chat's echo repeats the last message: not simulated
+    echo = bool(fields.echo) and not chat  # chat's echo is the last message's text (chat_echo)
     echo_only = echo and requested == 0
     max_tokens = 1 if echo_only else requested  # vLLM generates one token it does not return
     n = 1 if fields.n is None else fields.n
     _check_sampling(fields, n, max_tokens)
-    if n > 1:  # vLLM samples n sequences; the simulator makes one: refuse, never ignore
-        raise BadRequest(f"n > 1 is not supported by the simulated engine (one sequence per request), got {n}.",
-                         param="n")
     if chat:
         logprobs = fields.top_logprobs if fields.logprobs else None
     else:
@@ -283,15 +292,22 @@ def parse_request(body: Any, chat: bool, *, served_name: str, vocab_size: int) -
     if prompt_logprobs is None and echo:
         prompt_logprobs = logprobs
     stream = bool(fields.stream)
+    stop = StopRule(_stop_strings(fields.stop), tuple(dict.fromkeys(fields.stop_token_ids or ())),
+                    fields.include_stop_str_in_output, fields.min_tokens)
     try:
-        _check_engine(logprobs, prompt_logprobs, vocab_size)
+        _check_engine(logprobs, prompt_logprobs, stop.token_ids, vocab_size)
     except EngineRefusal as e:
         e.stream = stream
         raise
-    include_usage = bool(stream and fields.stream_options and fields.stream_options.include_usage)
+    options = fields.stream_options
+    include_usage = bool(stream and options and options.include_usage)
     return ApiRequest(chat=chat, prompts=prompts, max_tokens=max_tokens, echo=echo, echo_only=echo_only,
                       logprobs=logprobs, prompt_logprobs=prompt_logprobs, stream=stream,
-                      include_usage=include_usage, seed=fields.seed)
+                      include_usage=include_usage, continuous_usage=include_usage and bool(options.continuous_usage_stats),
+                      seed=fields.seed, n=n, stop=stop,
+                      ending=plan_ending(stop, max_tokens, GENERATED_TEXT, generated_token_id(vocab_size)),
+                      priority=fields.priority, chat_echo=_chat_echo(body) if chat and fields.echo else "",
+                      tokens_as_ids=bool(fields.return_tokens_as_token_ids))
 
 
 def _completion_prompts(prompt: Any, vocab_size: int) -> tuple[Prompt, ...]:
@@ -312,6 +328,17 @@ def _completion_prompts(prompt: Any, vocab_size: int) -> tuple[Prompt, ...]:
             ids = tuple(t % vocab_size for t in p)
             out.append(Prompt(ids, token_ids_to_text(ids)))
     return tuple(out)
+
+
+def _chat_echo(body: dict) -> str:
+    """vLLM's chat ``echo``: the last message's content, when the assistant (the answer's role) wrote it."""
+    last = body["messages"][-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return ""
+    content = last.get("content") or ""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
 
 
 def _chat_prompt(body: dict, vocab_size: int) -> tuple[Prompt, ...]:
