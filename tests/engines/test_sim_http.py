@@ -134,6 +134,11 @@ def test_unknown_routes_and_methods_answer_json(doors, door, method, path, statu
 
 
 @pytest.mark.parametrize("door", ["direct", "serve"])
+def test_version_is_the_vllm_it_answers_as(doors, door):
+    assert call(doors[door], "/version")[::2] == (200, {"version": "0.29.0"})
+
+
+@pytest.mark.parametrize("door", ["direct", "serve"])
 def test_good_requests_still_work(doors, door):
     """n: 1 and an absent max_tokens (vLLM's completions default: 16) are fine."""
     status, _, got = call(doors[door], "/v1/completions", "POST", completion(max_tokens=3, n=1))
