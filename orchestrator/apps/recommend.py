@@ -172,6 +172,10 @@ def select_trial(trials: pd.DataFrame, study: Study, *, trial_id: Optional[str] 
     constraints = normalize_constraints(study.constraints if slos is None else slos)
     objective_text = objective or f"{study.objectives[0].resolved_direction} {study.objectives[0].metric}"
     (metric, direction), = normalize_objectives([objective_text])
+    if metric not in trials.columns:
+        close = difflib.get_close_matches(metric, [str(c) for c in trials.columns], n=3)
+        raise ValueError(f"--objective: no metric {metric!r} in this study's trials"
+                         + (f" (did you mean {', '.join(close)}?)" if close else ""))
     completed = trials[trials["status"] == TrialStatus.COMPLETED] if "status" in trials.columns else trials
     pooled = combine_repeats(completed, [metric, "ttft_p99_ms"])  # a configuration measured again: pooled
     confidence = study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE

@@ -90,6 +90,9 @@ def test_select_by_slos_id_and_suffix(tmp_path):
         select_trial(trials, study, trial_id="r-0009")
     with pytest.raises(RecommendError, match="best seen 100"):
         select_trial(trials, study, slos=["ttft_p99_ms <= 50"])
+    # An objective on a metric the trials do not have: a usage error naming the near ones, not a KeyError.
+    with pytest.raises(ValueError, match="no metric 'output_throughput_per_gpus'.*did you mean output_throughput_per_gpu"):
+        select_trial(trials, study, objective="maximize output_throughput_per_gpus")
 
 
 def test_floats_are_written_as_typed(tmp_path):
