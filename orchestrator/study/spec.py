@@ -158,6 +158,9 @@ class Study(StrictModel):
             problems.append(Problem("hardware.gpu", f"the simulated engine models a GPU; name one of the catalog's: "
                                                     f"{', '.join(GPUS)} (CPU is for engine kind vllm, its CPU "
                                                     f"build, or external)", self.hardware.gpu, True))
+        if self.engine.kind == "external" and self.search.preflight:  # its engine's arguments are not ours to plan
+            problems.append(Problem("search.preflight", "an external endpoint is already running: there is no start "
+                                                        "to check before; leave it unset or false", True, True))
         if problems:
             raise LocatedError(problems)
         metrics = [o.metric for o in self.objectives]

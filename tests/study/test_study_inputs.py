@@ -463,3 +463,15 @@ def test_the_simulator_on_cpu_is_refused_by_validate_not_by_run(study_doc):
         parse_study({**study_doc, "engine": {"kind": "sim"}, "hardware": {"gpu": "CPU"}})
     text = str(e.value)
     assert "hardware.gpu: the simulated engine models a GPU" in text and "H100-80GB" in text
+
+
+def test_preflight_on_an_external_endpoint_is_refused_by_validate(study_doc):
+    """The pre-flight plans the memory of engines the orchestrator starts; on an external endpoint it had no
+    resolved arguments and every trial became an internal-error row. validate refuses it, by key."""
+    from orchestrator.study.spec import parse_study
+
+    external = {"kind": "external", "base_url": "http://127.0.0.1:8000/v1"}
+    with pytest.raises(StudyFileError) as e:
+        parse_study({**study_doc, "engine": external, "search": {"preflight": True}})
+    assert "search.preflight: an external endpoint is already running" in str(e.value)
+    assert parse_study({**study_doc, "engine": external, "search": {"preflight": False}}).search.preflight is False
