@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -36,11 +38,12 @@ from orchestrator.search.first_points import enqueue_initial_points, enqueue_pro
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter
 from orchestrator.search.racing import Racer
-from orchestrator.search.stop_signals import StudyInterrupted, rearm
+from orchestrator.search.stop_signals import StudyInterrupted, ending, rearm
 from orchestrator.search.stop_signals import check as check_stop  # the driver's checkpoints
 from orchestrator.search.reconcile import reconcile
 from orchestrator.search.resume import (RunInProgress, RunLock, RunState, RunStatus, check_state, cleanup_apps,
-                                        dead_run_ids, drop_orphan_requests, process_identity, stop_orphans)
+                                        dead_run_ids, drop_orphan_requests, end_run_now, process_identity,
+                                        stop_orphans)
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch
@@ -162,7 +165,8 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
                         space=trimmed_space(study, drop or {}, storage, ostudy_name),
                         serve_port=serve_port, remaining=remaining, started_here=started_here, resumed=resumed)
     except StudyInterrupted as e:
-        e.running = printer.running  # the trials stopped in flight: they run again when the run resumes
+        e.running = printer.running  # the trials stopped in flight: marked interrupted, they run again on resume
+        reconcile(study, storage, ostudy_name, store.read_trials())
         raise
     finally:
         if started_here:
@@ -264,8 +268,11 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
     printer.start(concurrency=concurrency, cluster=info)
     _filter_tune_logs()
     out = _TuneOutcome()
+    # A stop signal ends the run's engines at once, whatever becomes of the driver next (stop_signals.ending).
+    stop_ends = ending(partial(end_run_now, run.run_id, sink)) if engine.deploys_on_serve else nullcontext()
     try:
-        tuner.fit()
+        with stop_ends:
+            tuner.fit()
         check_stop()  # a stop signal ended Tune's loop (its stopper): the run stops here
     except Exception as e:  # noqa: BLE001 - a full disk ends the study with a message, anything else is a bug
         problem = storage_problem(e)

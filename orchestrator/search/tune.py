@@ -122,6 +122,7 @@ class ResultsSinkActor:
         self.param_types = param_types
         self.output, self.study_name = output, study_name
         self.predicted = predicted  # metrics with prediction columns (search.fidelity sim)
+        self.closed = False
 
     def keep_probe(self, probe_set: str, trial_id: str, record: dict, eligible: bool):
         """A trial's probe answers; the baseline's (see orchestrator.results.probe_store)."""
@@ -132,7 +133,15 @@ class ResultsSinkActor:
         """The baseline's probe record, or None while none is claimed."""
         return ProbeStore(self.output, self.study_name).baseline(probe_set)
 
+    def close(self) -> None:
+        """The run is stopping: rows are refused from now on (a trial whose engine a stop ended under it
+        is not a failure of its configuration; it runs again when the run resumes)."""
+        self.closed = True
+
     def write(self, row: dict, requests_table, levels_table=None) -> None:
+        if self.closed:
+            raise RuntimeError(f"the run is stopping: trial {row.get('trial_id')} is not recorded and runs again "
+                               "when the run resumes")
         extra = {"levels": levels_table} if levels_table is not None else {}
         self.store.write_trial(row, requests_table, param_types=self.param_types, predicted=self.predicted, **extra)
 

@@ -38,7 +38,8 @@ RAY_MODULES = ("test_search_fidelity.py", "test_unit_metrics.py", "test_nightly.
 
 SERVED_UNIT = "served-simulator"
 SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",
-                  "test_sessions_served.py", "test_study_served.py", "test_sim_http.py", "test_decisions_served.py")
+                  "test_sessions_served.py", "test_study_served.py", "test_sim_http.py", "test_decisions_served.py",
+                  "test_stop_signals.py")
 
 EXPECTED_S = {
     "test_trained_model.py": 70, SERVED_UNIT: 290, RAY_UNIT: 400, "test_faults_cluster.py": 220,
