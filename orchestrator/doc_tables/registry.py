@@ -1,6 +1,6 @@
-"""The docs' generated tables: each one registered with its dataset, checked against it.
+"""The docs' generated blocks: each one registered with its dataset, checked against it.
 
-A generated table sits between two markers in ``README.md`` or ``docs/*.md``::
+A generated block sits between two markers in ``README.md`` or ``docs/*.md``: a table ::
 
     <!-- table: h200-capacity-study (results/examples/llama3-8b-h200) -->
 
@@ -8,16 +8,25 @@ A generated table sits between two markers in ``README.md`` or ``docs/*.md``::
 
     <!-- /table -->
 
-The name is a key of :data:`TABLES`, the parenthesis the dataset(s) it is built from (the
-registry's, relative to the repository root: a marker that names another dataset is an
-error, so the marker never misleads a reader). ::
+or a text, sentences whose figures (and the claims made of them) come from the dataset ::
 
-    python -m orchestrator.doc_tables.registry --check    # exit 1 and a diff when a table differs
-    python -m orchestrator.doc_tables.registry --write    # rewrite every marked table in place
+    <!-- text: h200-interactive-verdict (results/examples/llama3-8b-h200-interactive) -->
+
+    **Verdict, as measured: ...**
+
+    <!-- /text -->
+
+The name is a key of :data:`TABLES` (every block, of both kinds; the marker's kind must be the
+registered one), the parenthesis the dataset(s) it is built from (the registry's, relative to the
+repository root: a marker that names another dataset is an error, so the marker never misleads a
+reader). ::
+
+    python -m orchestrator.doc_tables.registry --check    # exit 1 and a diff when a block differs
+    python -m orchestrator.doc_tables.registry --write    # rewrite every marked block in place
     python -m orchestrator.doc_tables.registry --write h200-capacity-study   # only this one
 
-``tests/apps/test_docs_tables.py`` runs the check, so a table that drifts from its data (or data
-that changes under its table) fails the test suite. Tables whose numbers are not in the
+``tests/apps/test_docs_tables.py`` runs the check, so a block that drifts from its data (or data
+that changes under its block) fails the test suite. Figures whose numbers are not in the
 repository (a benchmark that prints and stores nothing) carry no marker.
 """
 
@@ -30,34 +39,26 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from orchestrator.doc_tables import decisions as decision_tables
 from orchestrator.doc_tables import h200
 from orchestrator.doc_tables import kv as kv_tables
 from orchestrator.doc_tables import trained as trained_tables
 from orchestrator.doc_tables import window_noise
+from orchestrator.doc_tables.blocks import KINDS, DocBlock
+from orchestrator.doc_tables.texts.catalog import TEXTS
 from orchestrator.results import repeatability
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = "python -m orchestrator.doc_tables.registry"
 
 
-@dataclass(frozen=True)
-class DocTable:
-    """One generated table: its name, the datasets it reads (relative to the repository root)
-    and the function that builds its markdown from them (called with the resolved paths)."""
-
-    name: str
-    datasets: tuple[str, ...]
-    build: Callable[..., str]
-
-    def render(self, root: Path = ROOT) -> str:
-        return _render(self.name, str(Path(root).resolve()))
+DocTable = DocBlock  # a block of kind "table" (the default)
 
 
 _EX = "results/examples/"
-TABLES: dict[str, DocTable] = {t.name: t for t in (
+TABLES: dict[str, DocBlock] = {t.name: t for t in (
     # docs/benchmarks.md
     DocTable("h200-ingress", (_EX + "h200-ingress",), h200.ingress_table),
     DocTable("h200-reference-levels", (_EX + "llama3-8b-h200-reference",), h200.capacity_levels_table),
@@ -93,26 +94,35 @@ TABLES: dict[str, DocTable] = {t.name: t for t in (
     DocTable("sim-vs-h200-capacity", (_EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"),
              h200.sim_capacity_table),
     DocTable("kv-predicted-vs-logged", kv_tables.KV_DATASETS, kv_tables.kv_prediction_table),
+    # the prose beside them (orchestrator/doc_tables/texts/)
+    *TEXTS,
 )}
+
+
+def render(name: str, root: Path = ROOT) -> str:
+    """The markdown of block ``name``, built from its datasets under ``root``."""
+    return _render(name, str(Path(root).resolve()))
 
 
 @functools.lru_cache(maxsize=None)
 def _render(name: str, root: str) -> str:
-    table = TABLES[name]
-    return table.build(*(Path(root) / d for d in table.datasets)).strip("\n")
+    block = TABLES[name]
+    return block.build(*(Path(root) / d for d in block.datasets)).strip("\n")
 
 
 # ---------------------------------------------------------------- markers
-_BLOCK = re.compile(r"^<!-- table: (?P<name>[\w.-]+) \((?P<datasets>[^)]*)\)[^\n]*?-->\n"
+_KIND = "|".join(KINDS)
+_BLOCK = re.compile(rf"^<!-- (?P<kind>{_KIND}): (?P<name>[\w.-]+) \((?P<datasets>[^)]*)\)[^\n]*?-->\n"
                     r"(?P<body>.*?)"
-                    r"^<!-- /table -->$", re.MULTILINE | re.DOTALL)
-_START = re.compile(r"^<!-- table:", re.MULTILINE)
+                    r"^<!-- /(?P=kind) -->$", re.MULTILINE | re.DOTALL)
+_START = re.compile(rf"^<!-- (?:{_KIND}):", re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class Marked:
-    """A marked table in a markdown file: what the markers say and the text between them."""
+    """A marked block in a markdown file: what the markers say and the text between them."""
 
+    kind: str
     name: str
     datasets: tuple[str, ...]
     body: str  # stripped
@@ -126,31 +136,32 @@ def marked_tables(text: str) -> list[Marked]:
     found = []
     for m in _BLOCK.finditer(text):
         datasets = tuple(d.strip() for d in m.group("datasets").split(",") if d.strip())
-        found.append(Marked(m.group("name"), datasets, m.group("body").strip("\n"), m.start("body"), m.end("body"),
+        found.append(Marked(m.group("kind"), m.group("name"), datasets, m.group("body").strip("\n"), m.start("body"), m.end("body"),
                             text.count("\n", 0, m.start()) + 1))
     if len(found) != len(_START.findall(text)):
-        raise ValueError("an opening '<!-- table: NAME (DATASETS) -->' without its '<!-- /table -->' "
+        raise ValueError("an opening '<!-- KIND: NAME (DATASETS) -->' without its '<!-- /KIND -->' "
                          f"(found {len(_START.findall(text))} openings, {len(found)} complete blocks)")
     return found
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
-    """The files that may hold marked tables: ``README.md`` and ``docs/*.md``."""
+    """The files that may hold marked blocks: ``README.md`` and ``docs/*.md``."""
     return [Path(root) / "README.md", *sorted((Path(root) / "docs").glob("*.md"))]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """A marked table that is not what its dataset gives: ``diff`` (unified) or ``message``."""
+    """A marked block that is not what its dataset gives: ``diff`` (unified) or ``message``."""
 
     path: str
     name: str
     line: int
     message: str
     diff: str = ""
+    kind: str = "table"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: table {self.name}: {self.message}" + (f"\n{self.diff}" if self.diff else "")
+        return f"{self.path}:{self.line}: {self.kind} {self.name}: {self.message}" + (f"\n{self.diff}" if self.diff else "")
 
 
 def table_diff(expected: str, actual: str, label: str) -> str:
@@ -161,33 +172,38 @@ def table_diff(expected: str, actual: str, label: str) -> str:
 
 def check_text(text: str, path: str = "<text>", root: Path = ROOT,
                names: Optional[Sequence[str]] = None) -> list[Problem]:
-    """The marked tables of one file's text that differ from their datasets (an empty list: all equal)."""
+    """The marked blocks of one file's text that differ from their datasets (an empty list: all equal)."""
     problems = []
     for m in marked_tables(text):
         if names and m.name not in names:
             continue
-        table = TABLES.get(m.name)
-        if table is None:
-            problems.append(Problem(path, m.name, m.line, f"no such table (known: {', '.join(sorted(TABLES))})"))
+        block = TABLES.get(m.name)
+        if block is None:
+            problems.append(Problem(path, m.name, m.line, f"no such block (known: {', '.join(sorted(TABLES))})",
+                                    kind=m.kind))
             continue
-        if m.datasets != table.datasets:
+        if m.kind != block.kind:
+            problems.append(Problem(path, m.name, m.line, f"the marker says {m.kind}; {m.name} is a {block.kind} "
+                                    f"(<!-- {block.kind}: {m.name} ... -->)", kind=m.kind))
+            continue
+        if m.datasets != block.datasets:
             problems.append(Problem(path, m.name, m.line, f"the marker names {', '.join(m.datasets) or 'no dataset'}; "
-                                    f"the table is built from {', '.join(table.datasets)}"))
+                                    f"the {block.kind} is built from {', '.join(block.datasets)}", kind=m.kind))
             continue
-        expected = table.render(root)
+        expected = render(m.name, root)
         if m.body != expected:
             problems.append(Problem(path, m.name, m.line, f"differs from its dataset (`{COMMAND} --write` rewrites it)",
-                                    table_diff(expected, m.body, f"{path}:{m.line} {m.name}")))
+                                    table_diff(expected, m.body, f"{path}:{m.line} {m.name}"), kind=m.kind))
     return problems
 
 
 def rewrite_text(text: str, root: Path = ROOT, names: Optional[Sequence[str]] = None) -> str:
-    """``text`` with every marked table (or those of ``names``) replaced by what its dataset gives."""
+    """``text`` with every marked block (or those of ``names``) replaced by what its dataset gives."""
     out, last = [], 0
     for m in marked_tables(text):
-        if m.name not in TABLES or (names and m.name not in names):
+        if m.name not in TABLES or TABLES[m.name].kind != m.kind or (names and m.name not in names):
             continue
-        out += [text[last:m.start], "\n", TABLES[m.name].render(root), "\n\n"]
+        out += [text[last:m.start], "\n", render(m.name, root), "\n\n"]
         last = m.end
     return "".join(out) + text[last:]
 
@@ -202,22 +218,22 @@ def _display(path: Path, root: Path) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="exit 1 and print a diff when a marked table differs")
-    mode.add_argument("--write", action="store_true", help="rewrite the marked tables in place")
-    mode.add_argument("--list", action="store_true", help="list the registered tables and where they are marked")
-    p.add_argument("names", nargs="*", help="only these tables (default: all)")
+    mode.add_argument("--check", action="store_true", help="exit 1 and print a diff when a marked block differs")
+    mode.add_argument("--write", action="store_true", help="rewrite the marked blocks in place")
+    mode.add_argument("--list", action="store_true", help="list the registered blocks and where they are marked")
+    p.add_argument("names", nargs="*", help="only these blocks (default: all)")
     p.add_argument("--root", type=Path, default=ROOT, help="the repository (datasets are relative to it)")
     p.add_argument("--doc", type=Path, action="append", dest="docs",
                    help="this markdown file (repeatable; default: README.md and docs/*.md)")
     a = p.parse_args(argv)
     unknown = sorted(set(a.names) - set(TABLES))
     if unknown:
-        p.error(f"no such table: {', '.join(unknown)} (known: {', '.join(sorted(TABLES))})")
+        p.error(f"no such block: {', '.join(unknown)} (known: {', '.join(sorted(TABLES))})")
     files = a.docs or doc_files(a.root)
     if a.list:
         where = {m.name: f"{_display(f, a.root)}:{m.line}" for f in files for m in marked_tables(f.read_text())}
         for t in TABLES.values():
-            print(f"{t.name}: {', '.join(t.datasets)} -> {where.get(t.name, 'not marked in any doc')}")
+            print(f"{t.kind} {t.name}: {', '.join(t.datasets)} -> {where.get(t.name, 'not marked in any doc')}")
         return 0
     problems = []
     for f in files:
@@ -231,7 +247,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for problem in problems:
         print(problem, file=sys.stderr)
     if not problems and a.check:
-        print(f"every marked table equals its dataset ({sum(len(marked_tables(f.read_text())) for f in files)} tables)")
+        marked = [m.kind for f in files for m in marked_tables(f.read_text())]
+        print(f"every marked block equals its dataset ({marked.count('table')} tables, {marked.count('text')} texts)")
     return 1 if problems else 0
 
 

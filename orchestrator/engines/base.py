@@ -8,7 +8,7 @@ simulator, measures a request set directly without HTTP.
 
 Call order (``orchestrator.trial.run.execute_trial``), one engine object per trial:
 
-1. ``create_engine(target)``: reads the :class:`EngineTarget` (what the study asks of the engine,
+1. ``create_engine(target, context)``: reads the :class:`EngineTarget` (what the study asks of the engine,
    read once by :func:`orchestrator.search.trial_plan.engine_target`); starts nothing.
 2. :meth:`Engine.resolve`: the trial's arguments with the defaults the engine would
    choose on the study's hardware filled in. These are the arguments recorded in the

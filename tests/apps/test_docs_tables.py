@@ -1,9 +1,10 @@
-"""The docs' generated tables equal what their datasets give, and a changed cell fails.
+"""The docs' generated blocks equal what their datasets give, and a changed cell or figure fails.
 
-Every block between ``<!-- table: NAME (DATASETS) -->`` and ``<!-- /table -->`` in README.md
-and docs/*.md is rebuilt from its dataset under results/examples
-(:mod:`orchestrator.doc_tables.registry`) and compared with the text in the doc. The planted
-changes are made on temporary copies of a doc, never on the doc itself.
+Every block between ``<!-- table: NAME (DATASETS) -->`` and ``<!-- /table -->``, and every text
+between ``<!-- text: NAME (DATASETS) -->`` and ``<!-- /text -->``, in README.md and docs/*.md is
+rebuilt from its dataset under results/examples (:mod:`orchestrator.doc_tables.registry`) and
+compared with the doc. The planted changes are made on temporary copies of the docs, never on
+the docs themselves.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from orchestrator.doc_tables.registry import (COMMAND, TABLES, check_text, doc_files, marked_tables, rewrite_text,
-                                           table_diff)
+from orchestrator.doc_tables import registry
+from orchestrator.doc_tables.blocks import bullets, paragraph
+from orchestrator.doc_tables.registry import (COMMAND, TABLES, check_text, doc_files, marked_tables, render,
+                                              rewrite_text, table_diff)
 
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
 
@@ -29,16 +32,24 @@ def _marked() -> list[tuple[str, object]]:
 MARKED = _marked()
 
 
-@pytest.mark.parametrize("path,marked", MARKED, ids=[f"{p}:{m.name}" for p, m in MARKED])
-def test_marked_table_equals_its_dataset(path, marked):
-    table = TABLES.get(marked.name)
-    assert table is not None, f"{path}:{marked.line}: no registered table {marked.name!r} (known: {sorted(TABLES)})"
-    assert marked.datasets == table.datasets, (f"{path}:{marked.line}: the marker names {marked.datasets}, "
-                                               f"the table is built from {table.datasets}")
-    expected = table.render(REPO)
+@pytest.mark.parametrize("path,marked", MARKED, ids=[f"{p}:{m.kind}:{m.name}" for p, m in MARKED])
+def test_marked_block_equals_its_dataset(path, marked):
+    block = TABLES.get(marked.name)
+    assert block is not None, f"{path}:{marked.line}: no registered block {marked.name!r} (known: {sorted(TABLES)})"
+    assert marked.kind == block.kind, f"{path}:{marked.line}: the marker says {marked.kind}, {marked.name} is a {block.kind}"
+    assert marked.datasets == block.datasets, (f"{path}:{marked.line}: the marker names {marked.datasets}, "
+                                               f"the {block.kind} is built from {block.datasets}")
+    expected = render(marked.name, REPO)
     assert marked.body == expected, (
-        f"{path}:{marked.line}: table {marked.name} differs from its dataset; `{COMMAND} --write` rewrites it\n"
+        f"{path}:{marked.line}: {marked.kind} {marked.name} differs from its dataset; `{COMMAND} --write` rewrites it\n"
         + table_diff(expected, marked.body, f"{path} {marked.name}"))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, b in TABLES.items() if b.kind == "text"))
+def test_a_text_says_no_missing_value(name):
+    """A figure a text could not compute (a column absent from its dataset) reads nan or None: never in a doc."""
+    words = set(render(name, REPO).replace("(", " ").replace(")", " ").replace(",", " ").split())
+    assert not words & {"nan", "NaN", "None", "inf%", "nan%"}, f"{name}: {render(name, REPO)}"
 
 
 def test_every_registered_table_is_marked_exactly_once():
@@ -92,7 +103,7 @@ def test_the_command_fails_on_a_changed_cell_and_write_restores_it(planted):
     assert r.returncode == 0, r.stdout + r.stderr
     assert planted.read_text() == BENCHMARKS.read_text()
     r = cli("--check")
-    assert r.returncode == 0 and "every marked table equals its dataset" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "every marked block equals its dataset" in r.stdout, r.stdout + r.stderr
 
 
 def test_rewrite_replaces_only_the_marked_block(planted):
@@ -103,13 +114,67 @@ def test_rewrite_replaces_only_the_marked_block(planted):
 def test_a_marker_that_names_another_dataset_fails(tmp_path):
     table = TABLES[PLANTED_TABLE]
     text = (f"<!-- table: {PLANTED_TABLE} (results/examples/llama3-8b-h200-reference) -->\n\n"
-            f"{table.render(REPO)}\n\n<!-- /table -->\n")
+            f"{render(PLANTED_TABLE, REPO)}\n\n<!-- /table -->\n")
     (problem,) = check_text(text, "doc.md", REPO)
     assert "results/examples/llama3-8b-h200-reference" in problem.message and table.datasets[0] in problem.message
 
 
 def test_an_unknown_table_or_an_unclosed_marker_fails():
     (problem,) = check_text("<!-- table: no-such-table (results/examples/x) -->\n| a |\n<!-- /table -->\n")
-    assert "no such table" in problem.message
+    assert "no such block" in problem.message
     with pytest.raises(ValueError, match="without its"):
         marked_tables("<!-- table: h200-ingress (results/examples/h200-ingress) -->\n| a |\n")
+
+
+# ---------------------------------------------------------------- a planted prose figure fails
+# The issue's own examples: a capacity in the interactive study's verdict, and the GPU the README names.
+PROSE = [("docs/benchmarks.md", "h200-interactive-verdict", "16.7 [13.5, 19.2]", "26.7 [13.5, 49.2]"),
+         ("README.md", "readme-engines", "on an H200", "on an H100")]
+
+
+@pytest.fixture
+def docs_copy(tmp_path) -> Path:
+    """README.md and docs/*.md copied under a temporary root, as they are in the repository."""
+    (tmp_path / "docs").mkdir()
+    for f in doc_files(REPO):
+        shutil.copyfile(f, tmp_path / f.relative_to(REPO))
+    return tmp_path
+
+
+@pytest.mark.parametrize("doc,name,original,planted", PROSE, ids=[p[1] for p in PROSE])
+def test_a_changed_prose_figure_fails_the_check_and_names_its_block(docs_copy, capsys, doc, name, original, planted):
+    copy = docs_copy / doc
+    text = copy.read_text()
+    (block,) = [m for m in marked_tables(text) if m.name == name]
+    assert block.kind == "text" and block.body.count(original) == 1, f"{original!r} is no longer in {doc}'s {name}"
+    copy.write_text(text[:block.start] + text[block.start:block.end].replace(original, planted) + text[block.end:])
+    docs = [a for f in doc_files(docs_copy) for a in ("--doc", str(f))]
+
+    assert registry.main(["--check", *docs]) == 1  # every doc of the copy, every block, datasets from the repository
+    err = capsys.readouterr().err
+    assert f"text {name}: differs from its dataset" in err, err
+    lines = err.splitlines()  # the diff: the doc's line (-) and the dataset's (+)
+    assert any(x.startswith("-") and planted in x for x in lines), err
+    assert any(x.startswith("+") and original in x for x in lines), err
+    named = [line for line in err.splitlines() if ": differs from its dataset" in line]
+    assert len(named) == 1 and named[0].startswith(str(copy)), named  # only the changed block, in its file
+
+    assert registry.main(["--write", *docs, name]) == 0
+    assert copy.read_text() == (REPO / doc).read_text()
+
+
+def test_a_marker_of_the_other_kind_fails():
+    name = "h200-interactive-verdict"
+    block = TABLES[name]
+    text = f"<!-- table: {name} ({', '.join(block.datasets)}) -->\n\n{render(name, REPO)}\n\n<!-- /table -->\n"
+    (problem,) = check_text(text, "doc.md", REPO)
+    assert f"{name} is a text" in problem.message, problem.message
+
+
+def test_generated_prose_never_opens_a_line_with_a_block_marker():
+    """Wrapped at the docs' width, a ">= 70" or "- 3" at a line's start would become a quote or a list item."""
+    words = " ".join(["word"] * 23)  # 23 x 5 - 1 = 114 characters: the wrap falls inside what follows
+    for sentence in (f"{words} >= 70 GiB", f"{words} # 3 of them", f"{words} - 3 more", f"{words} 12. then"):
+        for out in (paragraph(sentence), bullets([sentence])):
+            later = out.splitlines()[1:]
+            assert later and not any(line.lstrip().startswith((">", "#", "- ", "12.")) for line in later), out

@@ -1,0 +1,66 @@
+"""Every generated text, by name, with the datasets it reads (relative to the repository root).
+
+:mod:`orchestrator.doc_tables.registry` adds these to its tables; a text sits between
+``<!-- text: NAME (DATASETS) -->`` and ``<!-- /text -->`` in README.md or docs/*.md.
+"""
+
+from __future__ import annotations
+
+from orchestrator.doc_tables.blocks import DocBlock, text
+from orchestrator.doc_tables.kv import KV_DATASETS
+from orchestrator.doc_tables.texts import h200_runs, h200_studies, planning, repeatability, simulator, trained
+
+_EX = "results/examples/"
+INGRESS, REF, STUDY = _EX + "h200-ingress", _EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"
+FIDELITY, LEVELS = _EX + "llama3-8b-h200-fidelity", _EX + "llama3-8b-h200-fidelity-levels"
+INTERACTIVE, KV_FP8 = _EX + "llama3-8b-h200-interactive", _EX + "llama3-8b-h200-kv-fp8"
+MULTITURN = _EX + "multiturn-h200-fixed"
+SIM, CPU, H200, H100 = (_EX + d for d in ("repeatability-sim", "repeatability-cpu-vllm", "repeatability-h200",
+                                          "repeatability-h100"))
+QUANT, SPEC = _EX + "trained-base-quant-h100", _EX + "trained-base-spec-h100"
+
+TEXTS: tuple[DocBlock, ...] = (
+    # README.md
+    text("readme-engines", (INGRESS, REF), h200_runs.readme_engines),
+    text("readme-scoring-rate", (FIDELITY, LEVELS), h200_studies.readme_scoring_rate),
+    # docs/benchmarks.md
+    text("h200-ingress-targets", (INGRESS,), h200_runs.ingress_targets),
+    text("h200-ingress-findings", (INGRESS,), h200_runs.ingress_findings),
+    text("repeatability-findings", (SIM, CPU, H100), repeatability.repeatability_findings),
+    text("repeatability-h200-findings", (H200, STUDY), repeatability.h200_repeatability),
+    text("repeatability-h100-findings", (H100, STUDY), repeatability.h100_repeatability),
+    text("window-noise-findings", (H200, H100, CPU, SIM), repeatability.window_noise_findings),
+    text("h200-interactive-run", (INTERACTIVE,), h200_runs.interactive_run),
+    text("h200-interactive-verdict", (INTERACTIVE,), h200_runs.interactive_verdict),
+    text("h200-reference-checks", (REF,), h200_studies.reference_checks),
+    text("h200-capacity-search", (STUDY,), h200_studies.capacity_search),
+    text("h200-capacity-dataset", (STUDY,), h200_studies.capacity_dataset),
+    text("h200-capacity-verdict", (STUDY, REF, H200), h200_studies.capacity_verdict),
+    text("h200-capacity-findings", (STUDY,), h200_studies.capacity_findings),
+    text("h200-fidelity-run", (FIDELITY,), h200_studies.fidelity_run),
+    text("h200-fidelity-findings", (FIDELITY, STUDY), h200_studies.fidelity_findings),
+    text("h200-fidelity-levels-run", (LEVELS,), h200_studies.fidelity_levels_run),
+    text("h200-fidelity-levels-findings", (LEVELS, FIDELITY), h200_studies.fidelity_levels_findings),
+    text("h200-kv-fp8-run", (KV_FP8,), h200_runs.kv_fp8_run),
+    text("h200-kv-fp8-findings", (KV_FP8,), h200_runs.kv_fp8_findings),
+    text("trained-runs", (QUANT, SPEC), trained.trained_runs),
+    text("trained-quantization-findings", (QUANT,), trained.quantization_findings),
+    text("trained-speculation-intro", (SPEC,), trained.speculation_intro),
+    text("trained-speculation-findings", (SPEC, QUANT), trained.speculation_findings),
+    text("trained-training-twice", (SPEC, QUANT), trained.training_twice),
+    text("h200-multiturn-intro", (MULTITURN,), h200_runs.multiturn_intro),
+    text("h200-multiturn-measured", (MULTITURN,), h200_runs.multiturn_measured),
+    text("h200-multiturn-findings", (MULTITURN,), h200_runs.multiturn_findings),
+    # docs/trained-models.md
+    text("trained-models-gpu-training", (QUANT, SPEC), trained.models_gpu_training),
+    text("trained-models-gpu-floor", (QUANT, SPEC), trained.models_gpu_floor),
+    text("trained-models-gpu-guardrail", (QUANT,), trained.models_gpu_guardrail),
+    text("trained-models-gpu-speculation", (SPEC,), trained.models_gpu_speculation),
+    # docs/simulator.md
+    text("kv-error-band", KV_DATASETS, simulator.kv_error_band),
+    text("sim-vs-h200-scored", (INGRESS, REF, STUDY), simulator.scored_points),
+    # docs/planning.md
+    text("planning-interval-sizing", (INTERACTIVE,), planning.interval_sizing),
+    # docs/nightly.md
+    text("nightly-capacity-spread", (H200, H100), repeatability.nightly_spread),
+)
