@@ -136,8 +136,8 @@ def marked_tables(text: str) -> list[Marked]:
     found = []
     for m in _BLOCK.finditer(text):
         datasets = tuple(d.strip() for d in m.group("datasets").split(",") if d.strip())
-        found.append(Marked(m.group("kind"), m.group("name"), datasets, m.group("body").strip("\n"), m.start("body"), m.end("body"),
-                            text.count("\n", 0, m.start()) + 1))
+        found.append(Marked(m.group("kind"), m.group("name"), datasets, m.group("body").strip("\n"), m.start("body"),
+                            m.end("body"), text.count("\n", 0, m.start()) + 1))
     if len(found) != len(_START.findall(text)):
         raise ValueError("an opening '<!-- KIND: NAME (DATASETS) -->' without its '<!-- /KIND -->' "
                          f"(found {len(_START.findall(text))} openings, {len(found)} complete blocks)")
@@ -161,7 +161,8 @@ class Problem:
     kind: str = "table"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.kind} {self.name}: {self.message}" + (f"\n{self.diff}" if self.diff else "")
+        head = f"{self.path}:{self.line}: {self.kind} {self.name}: {self.message}"
+        return head + (f"\n{self.diff}" if self.diff else "")
 
 
 def table_diff(expected: str, actual: str, label: str) -> str:

@@ -36,7 +36,8 @@ MARKED = _marked()
 def test_marked_block_equals_its_dataset(path, marked):
     block = TABLES.get(marked.name)
     assert block is not None, f"{path}:{marked.line}: no registered block {marked.name!r} (known: {sorted(TABLES)})"
-    assert marked.kind == block.kind, f"{path}:{marked.line}: the marker says {marked.kind}, {marked.name} is a {block.kind}"
+    assert marked.kind == block.kind, (f"{path}:{marked.line}: the marker says {marked.kind}, "
+                                       f"{marked.name} is a {block.kind}")
     assert marked.datasets == block.datasets, (f"{path}:{marked.line}: the marker names {marked.datasets}, "
                                                f"the {block.kind} is built from {block.datasets}")
     expected = render(marked.name, REPO)

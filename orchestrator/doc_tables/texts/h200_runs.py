@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.doc_tables.blocks import bullets, count_word, join, paragraph, series, span
+from orchestrator.doc_tables.blocks import bullets, count_word, paragraph, series, span
 from orchestrator.doc_tables.h200 import initial_point, interval, journal_trials, param, ran, short_id, trials_of
-from orchestrator.doc_tables.texts.common import gpu_name, plural, run_id, stop_story, versions
+from orchestrator.doc_tables.texts.common import gpu_name, run_id, stop_story, versions
 from orchestrator.doc_tables.trained import probe_answers
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.levels import load_levels
@@ -55,7 +55,8 @@ def ingress_findings(folder: str | Path) -> str:
     r = _ingress(folder)
     bare, eng, llm = r["bare"], r["engine"], r["serve_llm"]
     bench = json.loads((Path(folder) / f"engine_r40_s{eng['40']['seed']}.json").read_text())  # vllm bench serve's own
-    shape = f"{bench['total_input_tokens'] / bench['completed']:.0f}/{bench['total_output_tokens'] / bench['completed']:.0f}"
+    per_request = [bench[k] / bench["completed"] for k in ("total_input_tokens", "total_output_tokens")]
+    shape = "/".join(f"{x:.0f}" for x in per_request)
     kept_up = llm["40"]["request_throughput"] >= 0.95 * bare["40"]["request_throughput"]
     sat = [bare["inf"]["request_throughput"], eng["inf"]["request_throughput"]]
     deploy = {m: r[m]["deploy_s"] for m in r}
@@ -64,7 +65,8 @@ def ingress_findings(folder: str | Path) -> str:
         + ("kept up" if kept_up else "could not keep up")
         + f" ({llm['40']['request_throughput']:.1f} req/s served; TTFT p50 {llm['40']['median_ttft_ms'] / 1000:.1f} s "
         f"against {bare['40']['median_ttft_ms']:.0f} ms bare), and saturated it served "
-        f"{llm['inf']['request_throughput'] / bare['inf']['request_throughput']:.2f}x of bare `vllm serve`. Its ITL p50 "
+        f"{llm['inf']['request_throughput'] / bare['inf']['request_throughput']:.2f}x of bare `vllm serve`. Its ITL "
+        "p50 "
         f"is {llm['40']['median_itl_ms']:.2f} ms (50 ms stream batching delivers chunks in bursts).",
         f"**The saturated engine serves {span(sat)} req/s of fresh {shape} prompts** (bare and `engine`).",
         f"The `engine` ingress deploys {'faster' if deploy['engine'] < deploy['bare'] else 'slower'} than bare here "
@@ -84,7 +86,8 @@ def readme_engines(folder: str | Path, reference_dir: str | Path) -> str:
     return paragraph(
         "Engines: `vllm` (real vLLM in a Serve replica: by default vLLM's own server, measured directly, which "
         + (f"matched bare `vllm serve` ({series([f'{x:.2f}x' for x in ratios])} its requests per second at 40 req/s "
-           "and saturated, docs/benchmarks.md)" if matched else "served less than bare `vllm serve` (docs/benchmarks.md)")
+           "and saturated, docs/benchmarks.md)" if matched else
+           "served less than bare `vllm serve` (docs/benchmarks.md)")
         + "; or `ray.serve.llm`'s app, with its serving settings searchable), `sim` (a model of vLLM's V1 scheduler "
         f"and GPU cost, calibrated against real vLLM on an {gpu}, served in real time or run in virtual time), "
         "`external` (an endpoint that already runs).")
@@ -267,10 +270,13 @@ def multiturn_intro(study_dir: str | Path) -> str:
     return paragraph(
         f"Chat sessions of {w.sessions.turns.min} to {w.sessions.turns.max} turns, each turn resending the "
         f"conversation so far plus a new user message ({w.input_len.kind}, mean {w.input_len.mean:g} tokens; answers "
-        f"mean {w.output_len.mean:g}), {w.sessions.think_time_ms.mean / 1000:g} s of thinking ({w.sessions.think_time_ms.kind}) "
-        f"between an answer and the next turn, {w.shared_prefix.groups} system prompts of {w.shared_prefix.length} tokens: "
+        f"mean {w.output_len.mean:g}), {w.sessions.think_time_ms.mean / 1000:g} s of thinking "
+        f"({w.sessions.think_time_ms.kind}) "
+        f"between an answer and the next turn, {w.shared_prefix.groups} system prompts of {w.shared_prefix.length} "
+        "tokens: "
         f"the multi-turn workload of docs/workloads.md. Sessions arrive at {arrival.rate:g} a second for "
-        f"{offered / arrival.rate:g} s ({offered} sessions); those whose first turn falls in the first {w.warmup_s:g} s "
+        f"{offered / arrival.rate:g} s ({offered} sessions); those whose first turn falls in the first {w.warmup_s:g} "
+        "s "
         f"are left out, so {first['sessions']:.0f} sessions ({n_turns} turns, {first['turns_per_session_mean']:.2f} a "
         "session) are measured in every trial, each turn against "
         + " and ".join(f"{names.get(m, m)} {c.op} {c.value:g} ms" for m, c in limits.items())
@@ -311,7 +317,8 @@ def multiturn_findings(study_dir: str | Path) -> str:
         "beyond it.",
         f"**`max_num_seqs` {few['max_num_seqs']:.0f} breaks the workload.** Without the cache and with "
         f"{few['max_num_seqs']:.0f} sequences, turns queue for a slot: TTFT p50 "
-        f"{few['ttft_p50_ms_first_turn'] / 1000:.1f} s on first turns and {few['ttft_p50_ms_later_turns'] / 1000:.1f} s "
+        f"{few['ttft_p50_ms_first_turn'] / 1000:.1f} s on first turns and {few['ttft_p50_ms_later_turns'] / 1000:.1f} "
+        "s "
         f"on later ones, {pct(few)} of sessions meet the SLOs."
         + (f" The peak running count sits at the cap ({few['num_requests_running_peak']:.0f})."
            if few["num_requests_running_peak"] == few["max_num_seqs"] else ""),

@@ -133,7 +133,8 @@ def capacity_verdict(study_dir: str | Path, reference_dir: str | Path, repeat_di
 
     return paragraph(
         f"**Best capacity {top:.1f} req/s against the hand-tuned reference's {ref['capacity_rps']:.1f} "
-        f"({gain - 1:+.0%}), measured once each: {'a tie' if inside else 'a difference beyond one configuration’s spread'}.** "
+        f"({gain - 1:+.0%}), measured once each: "
+        f"{'a tie' if inside else 'a difference beyond one configuration’s spread'}.** "
         "These rows were written before capacities had intervals; the repeatability benchmark above has since measured "
         f"vLLM's defaults alone on this GPU spreading {lo:.1f}–{hi:.1f} req/s across {len(repeats)} runs, so "
         f"{gain - 1:+.0%} is {'inside' if inside else 'outside'} one configuration's own noise.",
@@ -141,20 +142,23 @@ def capacity_verdict(study_dir: str | Path, reference_dir: str | Path, repeat_di
         f"{short_id(default['trial_id'])}) and "
         + series([f"`max_num_seqs` {param('max_num_seqs', t['max_num_seqs'])} ({short_id(t['trial_id'])})"
                   for t in pair[1:]])
-        + f", which held the same rate with a {'lower' if pair[1]['ttft_p99_ms'] < default['ttft_p99_ms'] else 'higher'} "
+        + ", which held the same rate with a "
+          f"{'lower' if pair[1]['ttft_p99_ms'] < default['ttft_p99_ms'] else 'higher'} "
         f"p99 TTFT ({pair[1]['ttft_p99_ms']:.0f} against {default['ttft_p99_ms']:.0f} ms, also one draw each)"
         + (f"; both missed at {next_rate:g} req/s." if both_missed else "."),
         f"What the study does show beyond that spread is the rest of the ranking: {count_word(len(low))} of the "
         f"{count_word(len(done))} configurations served {cost.min():.0%} to {cost.max():.0%} less than the best "
         "(below).",
-        f"Every level ran on prompts the engine had not seen (prefix-cache hit rate {span(hits, '.3f')} per trial, where "
+        f"Every level ran on prompts the engine had not seen (prefix-cache hit rate {span(hits, '.3f')} per trial, "
+        "where "
         f"the shared prefixes explain {explained:.3f}), and "
         + ("every level was engine-bound." if lvb.empty else
            f"every level but {count_word(len(lvb))} was engine-bound: "
            + series([f"trial {short_id(lv['trial_id'])}'s level {lv['level']} ({lv['rate']:g} req/s) is "
                      f"`harness_bound` (client TTFT p50 {lv['ttft_p50_ms']:.0f} ms against the engine's "
                      f"{lv['engine_ttft_p50_ms']:.0f} ms)" for _, lv in lvb.iterrows()]) + "."),
-        f"The warm-up converged in {len(conv)} of the {len(done)} trials ({series(list(conv['trial_id'].map(short_id)))}); "
+        f"The warm-up converged in {len(conv)} of the {len(done)} trials "
+        f"({series(list(conv['trial_id'].map(short_id)))}); "
         f"in {series(list(unconv['trial_id'].map(short_id)))} it ended without converging (`warmup_converged` false; "
         f"{series(unserved)} could not serve the first level's {first_rate:g} req/s at all), and their levels were "
         "measured after it all the same.",
@@ -293,7 +297,8 @@ def fidelity_findings(study_dir: str | Path, plain_dir: str | Path) -> str:
            if top["warmup_converged"] != 1 and eager_unconverged else "."),
         "**Prediction errors** of the calibrated simulator: "
         + series([f"{t['prediction_error_capacity_rps']:+.0%}" for t in graph]) + " on the "
-        + ("fp8-KV graph configurations" if all(t["kv_cache_dtype"] == "fp8" for t in graph) else "graph configurations")
+        + ("fp8-KV graph configurations" if all(t["kv_cache_dtype"] == "fp8" for t in graph) else
+           "graph configurations")
         + ", " + series([f"{t['prediction_error_capacity_rps']:+.0%}" for t in fid if t["enforce_eager"]])
         + " on the eager one; their TPOT was predicted "
         + " / ".join(f"{t['predicted_tpot_p50_ms']:.1f}" for t in graph) + " ms against "
@@ -340,7 +345,8 @@ def fidelity_levels_findings(study_dir: str | Path, per_trial_dir: str | Path) -
          f"and {other[0]['capacity_rps']:.1f} there: the same configuration, "
          f"{trials[0]['capacity_rps'] / other[0]['capacity_rps'] - 1:+.0%} apart"
          + "".join(f" (at {r:g} req/s it met the SLOs {'here' if a['slo_met'] else 'there'}, TTFT p99 "
-                   f"{(a if a['slo_met'] else b)['ttft_p99_ms']:.0f} ms, and missed {'there' if a['slo_met'] else 'here'}, "
+                   f"{(a if a['slo_met'] else b)['ttft_p99_ms']:.0f} ms, and missed "
+                   f"{'there' if a['slo_met'] else 'here'}, "
                    f"{(b if a['slo_met'] else a)['ttft_p99_ms']:.0f} ms)" for r, a, b in split[:1])
          + ". Run-to-run spread at this resolution is one level or two (levels 5% apart near the knee); no "
          "conclusion here rests on a difference smaller than that." if same else
@@ -355,9 +361,11 @@ def fidelity_levels_run(study_dir: str | Path) -> str:
     trials = trials_of(study_dir)
     return paragraph(
         f"One {gpu_name(trials)}, {versions(trials, 'vllm', 'ray')}, run `{run_id(trials)}` in "
-        f"{count_word(len(calls(study_dir)))} calls (the machine was lost in between: the results folder was carried to "
+        f"{count_word(len(calls(study_dir)))} calls (the machine was lost in between: the results folder was carried "
+        "to "
         "a fresh one and the run resumed from it). Dataset: "
-        f"`results/examples/{Path(study_dir).name}` (trials, levels, predictions, the Optuna journal, both calls' logs).")
+        f"`results/examples/{Path(study_dir).name}` (trials, levels, predictions, the Optuna journal, both calls' "
+        "logs).")
 
 
 # ---------------------------------------------------------------- README

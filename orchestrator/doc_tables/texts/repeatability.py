@@ -81,7 +81,8 @@ def _not_sharp(folder: str | Path) -> list[str]:
             above = met[met["rate"] > miss["rate"]]
             if len(above):
                 hit = above.sort_values("rate").iloc[-1]
-                out.append(f"seed {run['seed']} missed at {miss['rate']:.4g} req/s (TTFT p99 {miss['ttft_p99_ms']:,.0f} "
+                out.append(f"seed {run['seed']} missed at {miss['rate']:.4g} req/s "
+                           f"(TTFT p99 {miss['ttft_p99_ms']:,.0f} "
                            f"ms) and was decided met at {hit['rate']:.3g} ({hit['ttft_p99_ms']:,.0f} ms)")
                 break
     return out
@@ -131,7 +132,8 @@ def h200_repeatability(h200: Path, study: Path) -> str:
         others = pd.concat([levels_of(o) for _, o in r.iterrows() if o["seed"] != m["seed"]])
         near = others[(others["rate"] > below["rate"] - 1) & (others["rate"] < above["rate"] + 1.5)]
         out.append(
-            f"Seed {m['seed']}'s interval, {_interval(m)}, misses it by {by:.1f} req/s: it passed {below['rate']:.1f} req/s "
+            f"Seed {m['seed']}'s interval, {_interval(m)}, misses it by {by:.1f} req/s: it passed {below['rate']:.1f} "
+            "req/s "
             f"in {count_word(int(below['windows']))} window (TTFT p99 {below['ttft_p99_ms']:.0f} ms "
             f"[{below['ttft_p99_ms_low']:.0f}, {below['ttft_p99_ms_high']:.0f}]) and failed {above['rate']:.1f} in "
             f"{count_word(int(above['windows']))} ({above['ttft_p99_ms']:.0f} ms [{above['ttft_p99_ms_low']:.0f}, "
@@ -161,7 +163,8 @@ def h200_repeatability(h200: Path, study: Path) -> str:
         f"from it; {s['holding']} of the {s['runs']} intervals hold the median. " + " ".join(out)
         + f" The windows at the same rate disagree by more than one window's bootstrap allows: at 60 req/s the "
         f"{count_word(len(at60))} levels ({windows60} windows) read TTFT p99 "
-        f"{series([format(lv['ttft_p99_ms'], ',.0f') for lv in at60])} ms, and seed {r['seed'][highest]}'s interval there, "
+        f"{series([format(lv['ttft_p99_ms'], ',.0f') for lv in at60])} ms, and seed {r['seed'][highest]}'s interval "
+        "there, "
         f"[{at60[highest]['ttft_p99_ms_low']:,.0f}, {at60[highest]['ttft_p99_ms_high']:,.0f}], "
         + ("lies wholly above" if apart else "overlaps") + f" seed {r['seed'][lowest]}'s "
         f"[{at60[lowest]['ttft_p99_ms_low']:,.0f}, {at60[lowest]['ttft_p99_ms_high']:,.0f}]; at 40 req/s, "
@@ -199,7 +202,8 @@ def h100_repeatability(h100: Path, study: Path) -> str:
     one_window = open_[open_["windows"] == 1]
     rate, spread, lo, hi = fixed_spread(h100)
     _, tpot_spread, tlo, thi = fixed_spread(h100, "tpot_p50_ms")
-    serve = [int(m.group(1)) for log in sorted(Path(h100).glob("run-*.log")) for m in _SERVE_UP.finditer(log.read_text())]
+    serve = [int(m.group(1)) for log in sorted(Path(h100).glob("run-*.log"))
+             for m in _SERVE_UP.finditer(log.read_text())]
     ref = trials_of(study)
     ref_wall = ref.loc[ref["trial_id"].str.endswith("-0000"), "wall_time_s"].iloc[0]
     ratio = (r["wall_time_s"].median() + np.median(serve)) / ref_wall
@@ -209,7 +213,8 @@ def h100_repeatability(h100: Path, study: Path) -> str:
         + ", and says how wide the answer is.** Capacities "
         f"{series([f'{c:.1f}' for c in r['capacity_rps']])} req/s, median {med:.1f}, the farthest ±{s['spread']:.1%} "
         f"({'within' if s['within_3pct'] else 'so not within'} ±3%); {s['holding']} of {s['runs']} intervals hold the "
-        f"median: {series(said)}. Each search spent {'its ' + str(windows[0]) if len(set(windows)) == 1 else span(windows)} "
+        f"median: {series(said)}. Each search spent "
+        f"{'its ' + str(windows[0]) if len(set(windows)) == 1 else span(windows)} "
         f"windows: {series([f'{x:g}' for x in met_rates])} req/s decided met, {series([f'{x:g}' for x in miss_rates])} "
         f"decided missed, and the levels near the knee ({span(open_['rate'], '.1f')} req/s, one or two windows each"
         + (f"; seed {one_window['seed'].iloc[0]}'s {one_window['rate'].iloc[0]:.1f} req/s level had one"
@@ -220,7 +225,8 @@ def h100_repeatability(h100: Path, study: Path) -> str:
         f"{min(miss_rates):g} req/s at 90%, best estimated within ±{math.ceil(100 * s['spread'])}%. A narrower one "
         "costs more windows near the knee (`capacity.max_windows`, `level_duration_s`). Trial walls "
         f"{span(r['wall_time_s'])} s of load (median {r['wall_time_s'].median():.0f}); `vllm serve` took "
-        f"{series([f'{x}' for x in sorted(set(serve))])} s to start: about {ratio:.1f}x a {ref_wall:.0f} s trial of the "
+        f"{series([f'{x}' for x in sorted(set(serve))])} s to start: about {ratio:.1f}x a {ref_wall:.0f} s trial of "
+        "the "
         f"H200 study, {'within' if ratio <= 1.5 else 'beyond'} the 1.5x allowed. At {rate:g} req/s one window's TTFT "
         f"p99 moved {lo:.0f}–{hi:.0f} ms between seeds (±{spread:.0%}), TPOT p50 {tlo:.1f}–{thi:.1f} ms."])
 

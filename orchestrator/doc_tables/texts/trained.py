@@ -25,6 +25,7 @@ _TRAINED = re.compile(r"trained (\w+) \(([0-9.]+) M parameters, (\w+)\) in ([0-9
                       r"([0-9.]+)")
 _RUN = re.compile(r"^run (\S+): (\d+) trial\(s\) in (\d+) s", re.MULTILINE)
 _HASH = re.compile(r"^([0-9a-f]{64})\s+\S+/(model(?:-again)?)/model\.safetensors$", re.MULTILINE)
+_BENCH = "benchmarks.md#learned-weights-on-one-h100-fp8-and-speculative-decoding-with-their-quality-cost"
 _CAPACITY = re.compile(r"\] (\S+) completed\s+num_speculative_tokens=(\d+).*\n\s+capacity_rps=([0-9.]+)")
 
 
@@ -45,7 +46,8 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 
 def _runs(folder: Path) -> list[tuple[str, int, int]]:
-    return [(m.group(1), int(m.group(2)), int(m.group(3))) for m in _RUN.finditer((Path(folder) / "run.log").read_text())]
+    text = (Path(folder) / "run.log").read_text()
+    return [(m.group(1), int(m.group(2)), int(m.group(3))) for m in _RUN.finditer(text)]
 
 
 def _probe(folder: Path) -> tuple[pd.DataFrame, list, dict]:
@@ -83,7 +85,7 @@ def trained_runs(quant: Path, spec: Path) -> str:
         f"`{run_id(s)}` (the speculation study, {_runs(spec)[0][1]} trials in {_runs(spec)[0][2]} s): "
         f"`results/examples/{Path(spec).name}`, with `run.log`, `determinism.txt` and the `training.json` of both "
         f"trainings of the model ({st['seconds']:.1f} and {again['seconds']:.1f} s, held-out perplexity "
-        f"{st['heldout_perplexity']:.3f}{'' if st['heldout_perplexity'] == again['heldout_perplexity'] else ' and ' + format(again['heldout_perplexity'], '.3f')}, "
+        f"{series(list(dict.fromkeys(format(t['heldout_perplexity'], '.3f') for t in (st, again))))}, "
         "attention through the math kernel) and of the draft model."])
 
 
@@ -105,8 +107,10 @@ def quantization_findings(quant: Path) -> str:
     at_max = levels[levels["rate"] == offered].set_index("trial_id")["request_throughput"]
     alone = [at_max[t] for t in [base["trial_id"], *fp8[fp8.apply(lambda t: which(t) != "both", axis=1)]["trial_id"]]]
     both = fp8[fp8.apply(lambda t: which(t) == "both", axis=1)].iloc[0]
-    kv = {"auto": base["kv_cache_tokens"], "fp8": trials.loc[trials["kv_cache_dtype"] == "fp8", "kv_cache_tokens"].max()}
-    overlap = all(t["capacity_rps_low"] <= base["capacity_rps_high"] and base["capacity_rps_low"] <= t["capacity_rps_high"]
+    kv = {"auto": base["kv_cache_tokens"],
+          "fp8": trials.loc[trials["kv_cache_dtype"] == "fp8", "kv_cache_tokens"].max()}
+    overlap = all(t["capacity_rps_low"] <= base["capacity_rps_high"]
+                  and base["capacity_rps_low"] <= t["capacity_rps_high"]
                   for _, t in fp8.iterrows())
     ppl = {which(t): t["perplexity_delta"] for _, t in fp8.iterrows()}
     rel = {k: v / base["heldout_perplexity"] for k, v in ppl.items()}
@@ -122,7 +126,8 @@ def quantization_findings(quant: Path) -> str:
         + (" On this GPU a batch-size change does not flip this model's greedy tokens."
            if floor["token_agreement"] == 1 else ""),
         "**fp8 does, far above that floor.** "
-        + series([(f"{which(t)} change{'s' if which(t) == 'both' else ''} {_diverged(reference, answers[t['trial_id']])} "
+        + series([(f"{which(t)} change{'s' if which(t) == 'both' else ''} "
+                   f"{_diverged(reference, answers[t['trial_id']])} "
                    f"of the {len(reference)} answers (token agreement " if i == 0 else
                    f"{which(t)} {_diverged(reference, answers[t['trial_id']])} (") +
                   f"{cols[t['trial_id']]['token_agreement']:.3f})" for i, (_, t) in enumerate(fp8.iterrows())])
@@ -133,7 +138,8 @@ def quantization_findings(quant: Path) -> str:
         f"had a logprob between {min(flips):.2f} and {max(flips):.2f} (probability {math.exp(min(flips)):.2f} to "
         f"{math.exp(max(flips)):.2f}: the grammar offers two or more nearly equal successors there), and the two runs' "
         f"own chosen tokens are within {gap:.3f} nats of each other (`divergence_gap_max`): fp8 picks the other of two "
-        "near-equal tokens. Once an answer takes the other branch it never returns, which is why agreement falls so far.",
+        "near-equal tokens. Once an answer takes the other branch it never returns, which is why agreement falls so "
+        "far.",
         "**Perplexity hardly moves.** "
         + ", ".join(f"{k} {v:+.4f} ({rel[k]:+.2%})" for k, v in ppl.items())
         + f", against a floor of {floor_ppl:.4f}: on this model fp8 changes which of two near-equal tokens greedy "
@@ -146,7 +152,8 @@ def quantization_findings(quant: Path) -> str:
         f"baseline's ({'ties' if overlap else 'not ties'}). The baseline and each fp8 alone served {span(alone)} req/s "
         f"when offered {offered:g} (both fp8 together: {at_max[both['trial_id']]:.1f}), and fp8 KV "
         f"{'doubles' if 1.9 < kv['fp8'] / kv['auto'] < 2.1 else 'changes'} the cache ({kv['fp8'] / 1e6:.1f} M tokens "
-        f"against {kv['auto'] / 1e6:.1f} M) while the baseline used at most {base['kv_cache_usage_peak']:.1%} of it: for "
+        f"against {kv['auto'] / 1e6:.1f} M) while the baseline used at most {base['kv_cache_usage_peak']:.1%} of it: "
+        "for "
         "a 100 M model neither weight bandwidth nor KV space limits capacity here, so fp8 has nothing to relieve. On a "
         "model whose weights or KV cache fill the GPU the same study measures the trade; on this one it measures the "
         "quality cost alone."])
@@ -171,7 +178,8 @@ def speculation_intro(spec: Path) -> str:
         f"{ngram['num_speculative_tokens']:.0f} tokens proposed by prompt lookup (n-gram, "
         f"{ngram['prompt_lookup_min']:.0f}..{ngram['prompt_lookup_max']:.0f}), and "
         f"{draft_row['num_speculative_tokens']:.0f} proposed by a draft model (the `{draft['recipe']['name']}` trained "
-        f"recipe: {draft['params'] / 1e6:.1f} M parameters, the same tokenizer, trained on the {draft['device'].upper()} "
+        f"recipe: {draft['params'] / 1e6:.1f} M parameters, the same tokenizer, trained on the "
+        f"{draft['device'].upper()} "
         f"in {draft['seconds']:.1f} s, held-out perplexity {draft['heldout_perplexity']:.2f} against the target's "
         f"{model['heldout_perplexity']:.2f}).")
 
@@ -203,23 +211,28 @@ def speculation_findings(spec: Path, quant: Path) -> str:
     decided_met = lv["draft"][(lv["draft"]["slo_met"] == True) & (lv["draft"]["slo_decided"] == True)]  # noqa: E712
     return bullets([
         "**The noise floor.** The probe answers the baseline's prompts twice, the second time in another batch "
-        f"composition (`floor_*` columns): on this model and GPU greedy decoding agrees with itself on {floor[0]:.3f} of "
-        f"the tokens, with a mean chosen-token drift of {floor[1]:.4f} nats and near-ties up to {floor[2]:.3f} nats apart "
+        f"composition (`floor_*` columns): on this model and GPU greedy decoding agrees with itself on {floor[0]:.3f} "
+        "of "
+        f"the tokens, with a mean chosen-token drift of {floor[1]:.4f} nats and near-ties up to {floor[2]:.3f} nats "
+        "apart "
         "(`floor_divergence_gap_max`). The run says so: `token_agreement >= 0.9` \"asks for more agreement than the "
         f"baseline has with itself ({floor[0]:.3f}): numerics alone can fail it\"." if floor[0] < 0.9 else
         f"**The noise floor.** Greedy decoding agrees with itself on {floor[0]:.3f} of the tokens.",
         f"**Greedy answers: {'the same, up to the floor' if above_floor else 'not the same'}.** Both kinds of "
         f"speculation agree with the baseline {'more' if above_floor else 'less'} than the baseline agrees with itself "
-        f"({c['ngram']['token_agreement']:.3f} and {c['draft']['token_agreement']:.3f}), and every answer that diverges "
+        f"({c['ngram']['token_agreement']:.3f} and {c['draft']['token_agreement']:.3f}), and every answer that "
+        "diverges "
         f"does so at a near-tie (`divergence_gap_max` {series(sorted({f'{g:.3f}' for g in gaps}))}"
         f"{' for both' if len({f'{g:.3f}' for g in gaps}) == 1 else ''}, the floor's {floor[2]:.3f}): the verification "
         "pass scores several tokens per sequence at once, a different kernel shape, which moves the last bits of a "
         "logit. vLLM states the same bound (speculative decoding is lossless up to the precision of the hardware's "
         "numerics). A speculation bug, a proposed token accepted where the model preferred another, would show as a "
         f"large gap; none does. Perplexity: {ngram['perplexity_delta']:+.4f} and {draft['perplexity_delta']:+.4f}.",
-        f"**n-gram: accepted almost always, proposed rarely, and a tie.** {ngram['engine_spec_acceptance_rate']:.1%} of "
+        f"**n-gram: accepted almost always, proposed rarely, and a tie.** {ngram['engine_spec_acceptance_rate']:.1%} "
+        "of "
         f"proposed tokens are accepted ({ngram['engine_spec_accepted_per_draft']:.2f} of "
-        f"{ngram['num_speculative_tokens']:.0f} per draft), but only {ngram['engine_spec_token_share']:.0%} of the output "
+        f"{ngram['num_speculative_tokens']:.0f} per draft), but only {ngram['engine_spec_token_share']:.0%} of the "
+        "output "
         "tokens came from proposals: the lookup proposes only where the text so far repeats. Capacity "
         f"{iv(ngram, 'capacity_rps', '.3g')} against {iv(off, 'capacity_rps', '.3g')} req/s and TPOT p50 at capacity "
         f"{iv(ngram, 'tpot_p50_ms', '.2f')} against {iv(off, 'tpot_p50_ms', '.2f')} ms: "
@@ -231,7 +244,8 @@ def speculation_findings(spec: Path, quant: Path) -> str:
         + ". A 100 M model's decode step is a few milliseconds of mostly fixed cost, not the weight reads that "
         "speculation amortises.",
         f"**The draft model is {'slower, measured' if slower else 'not measurably slower'}.** The "
-        f"{_training(spec, 'draft')['params'] / 1e6:.1f} M draft predicts the {_training(spec, 'model')['params'] / 1e6:.1f} "
+        f"{_training(spec, 'draft')['params'] / 1e6:.1f} M draft predicts the "
+        f"{_training(spec, 'model')['params'] / 1e6:.1f} "
         f"M target poorly: {draft['engine_spec_acceptance_rate']:.1%} of its proposals are accepted "
         f"({draft['engine_spec_accepted_per_draft']:.2f} of {draft['num_speculative_tokens']:.0f} per draft), which "
         f"still makes {draft['engine_spec_token_share']:.0%} of the output tokens, yet each step now runs the draft "
@@ -239,7 +253,8 @@ def speculation_findings(spec: Path, quant: Path) -> str:
         f"{iv(off, 'tpot_p50_ms', '.2f')}: the intervals {'do not meet' if slower else 'meet'}"
         + (", so this is a measured slow-down" if slower else "")
         + (", at every level" if every else "") + " ("
-        + ", ".join(f"{lv['draft'].loc[r, 'tpot_p50_ms']:.2f} against {lv['off'].loc[r, 'tpot_p50_ms']:.2f} ms at {r:g} "
+        + ", ".join(f"{lv['draft'].loc[r, 'tpot_p50_ms']:.2f} against {lv['off'].loc[r, 'tpot_p50_ms']:.2f} ms "
+                    f"at {r:g} "
                     "req/s" for r in shared)
         + f"). Its capacity, {iv(draft, 'capacity_rps', '.3g')} req/s, is a tie by interval: its levels at "
         f"{series([f'{r:g}' for r in met_undecided.index])} req/s met the SLO (p99 TTFT "
@@ -308,7 +323,8 @@ def models_gpu_training(quant: Path, spec: Path) -> str:
 def models_gpu_floor(quant: Path, spec: Path) -> str:
     q, reference, answers = _probe(quant)
     base = q[q["trial_id"] == q["probe_baseline"]].iloc[0]
-    same_cfg = q[(q["quantization"].isna()) & (q["kv_cache_dtype"] == "auto") & (q["trial_id"] != base["trial_id"])].iloc[0]
+    same_cfg = q[(q["quantization"].isna()) & (q["kv_cache_dtype"] == "auto")
+                 & (q["trial_id"] != base["trial_id"])].iloc[0]
     floor = compare(reference, answers[same_cfg["trial_id"]])
     off = _spec_rows(spec)[0]
     return bullets([
@@ -317,7 +333,7 @@ def models_gpu_floor(quant: Path, spec: Path) -> str:
         f"{base['max_num_seqs']:.0f}, and another (the speculation study's) read a recorded floor of "
         f"{off['floor_token_agreement']:.3f} agreement, drift {off['floor_logprob_diff_mean']:.4f} and near-ties up to "
         f"{off['floor_divergence_gap_max']:.3f} nats apart: the floor is the model's and the GPU's, measured per study "
-        "([benchmarks.md](benchmarks.md#learned-weights-on-one-h100-fp8-and-speculative-decoding-with-their-quality-cost))."], "*")
+        f"([benchmarks.md]({_BENCH}))."], "*")
 
 
 def models_gpu_guardrail(quant: Path) -> str:
@@ -330,8 +346,10 @@ def models_gpu_guardrail(quant: Path) -> str:
     moved = fp8["perplexity_delta"].abs().max() / base_ppl
     return bullets([
         f"On the {gpu_name(q)}, fp8 weights and an fp8 KV cache changed {span(flipped, '.0f', ' to ')} of the "
-        f"{len(reference)} answers of the `base` model (agreement {min(agree):.2f} to {max(agree):.2f}, every flip at a near-tie: "
-        f"`divergence_gap_max` at most {max(gaps):.3f} nats) and moved its perplexity by at most {moved:.2%}: agreement "
+        f"{len(reference)} answers of the `base` model (agreement {min(agree):.2f} to {max(agree):.2f}, every flip at "
+        "a near-tie: "
+        f"`divergence_gap_max` at most {max(gaps):.3f} nats) and moved its perplexity by at most {moved:.2%}: "
+        "agreement "
         "rejects them, perplexity accepts them."], "*")
 
 
@@ -356,4 +374,4 @@ def models_gpu_speculation(spec: Path) -> str:
         + f". Both changed {span(div, '.0f', ' to ')} of {len(reference)} greedy answers, each at a near-tie (within "
         f"{max(gaps):.3f} nats, the baseline's own floor {off['floor_divergence_gap_max']:.3f}), as vLLM's "
         "lossless-up-to-numerics bound allows "
-        "([benchmarks.md](benchmarks.md#learned-weights-on-one-h100-fp8-and-speculative-decoding-with-their-quality-cost)).")
+        f"([benchmarks.md]({_BENCH})).")
