@@ -11,6 +11,7 @@ code. Commentary stays in the prose around a table; a cell says only what the ro
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -302,10 +303,18 @@ def kv_dtype_table(study_dir: str | Path, above_rate: float = 60.0) -> str:
 
 
 # ---------------------------------------------------------------- simulator.md
+@functools.lru_cache(maxsize=None)
+def simulated_points(kind: str, folder: str) -> tuple:
+    """One dataset's points (``kind``: ``ingress`` or ``study``) replayed in virtual time with the
+    simulator's current constants, levels stopped early left out; kept for the process, so the
+    tables and texts that read the same dataset simulate it once."""
+    return tuple(p for p in run(load_points([(kind, folder)])) if p.mark != "aborted")
+
+
 def sim_vs_real_table(datasets: Sequence[tuple[str, str | Path]]) -> str:
     """``benchmarks/sim_vs_h200.py``'s points (``(kind, folder)``: ``ingress`` or ``study``), replayed
     in virtual time with the simulator's current constants; levels stopped early left out."""
-    points = [p for p in run(load_points([(kind, str(path)) for kind, path in datasets])) if p.mark != "aborted"]
+    points = [p for kind, path in datasets for p in simulated_points(kind, str(Path(path).resolve()))]
     return "\n".join([TABLE_HEADER, *(table_row(p) for p in points)])
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.apps.measured_replay import error_summary, load_points, run
+from orchestrator.apps.measured_replay import error_summary
 from orchestrator.doc_tables.blocks import paragraph, series
+from orchestrator.doc_tables.h200 import simulated_points
 from orchestrator.doc_tables.kv import predictions
 
 
@@ -33,8 +34,8 @@ def kv_error_band(*paths: Path) -> str:
 
 def scored_points(ingress: Path, reference: Path, study: Path) -> str:
     """The simulator's error over every warm H200 point (the ingress runs, the reference, the study)."""
-    points = [p for p in run(load_points([("ingress", str(ingress)), ("study", str(reference)), ("study", str(study))]))
-              if p.mark != "aborted"]
+    points = [p for kind, path in (("ingress", ingress), ("study", reference), ("study", study))
+              for p in simulated_points(kind, str(Path(path).resolve()))]
     names = {"req_s": "request throughput", "ttft_p50_ms": "TTFT p50", "tpot_p50_ms": "TPOT p50"}
     parts = []
     for m, (mx, med, n) in error_summary(points).items():
