@@ -111,6 +111,8 @@ def capacity_verdict(study_dir: str | Path, reference_dir: str | Path, repeat_di
     repeats = pd.concat([trials_of(d) for d in sorted(Path(repeat_dir).glob("*-s[0-9]"))], ignore_index=True)
     lo, hi = repeats["capacity_rps"].min(), repeats["capacity_rps"].max()
     gain = top / ref["capacity_rps"]
+    same_gpu = gpu_name(repeats) == gpu_name(trials)
+    where = "on this GPU" if same_gpu else f"on an {gpu_name(repeats)}"
     inside = gain <= hi / lo
     initial = read_study_definition(str(study_dir)).search.initial_points
     default = done[done.apply(lambda t: initial_point(t, initial), axis=1)].iloc[0]
@@ -136,7 +138,7 @@ def capacity_verdict(study_dir: str | Path, reference_dir: str | Path, repeat_di
         f"({gain - 1:+.0%}), measured once each: "
         f"{'a tie' if inside else 'a difference beyond one configuration’s spread'}.** "
         "These rows were written before capacities had intervals; the repeatability benchmark above has since measured "
-        f"vLLM's defaults alone on this GPU spreading {lo:.1f}–{hi:.1f} req/s across {len(repeats)} runs, so "
+        f"vLLM's defaults alone {where} spreading {lo:.1f}–{hi:.1f} req/s across {len(repeats)} runs, so "
         f"{gain - 1:+.0%} is {'inside' if inside else 'outside'} one configuration's own noise.",
         f"{count_word(len(pair)).capitalize()} configurations reach {top:.1f}, vLLM's defaults (trial "
         f"{short_id(default['trial_id'])}) and "

@@ -222,7 +222,7 @@ def h100_repeatability(h100: Path, study: Path) -> str:
         + ") stayed undecided under the window noise, so the bracket is the decided levels"
         + (f" (seed {series([str(x) for x in fitted])}'s comes from the knee fit)" if fitted else "") + ". That is the "
         f"honest answer of {windows[0]} windows of 12 s on this GPU: between {min(met_rates):g} and "
-        f"{min(miss_rates):g} req/s at 90%, best estimated within ±{math.ceil(100 * s['spread'])}%. A narrower one "
+        f"{min(miss_rates):g} req/s at 90%, best estimated within ±{s['spread']:.0%}. A narrower one "
         "costs more windows near the knee (`capacity.max_windows`, `level_duration_s`). Trial walls "
         f"{span(r['wall_time_s'])} s of load (median {r['wall_time_s'].median():.0f}); `vllm serve` took "
         f"{series([f'{x}' for x in sorted(set(serve))])} s to start: about {ratio:.1f}x a {ref_wall:.0f} s trial of "
