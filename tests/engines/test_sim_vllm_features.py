@@ -244,6 +244,46 @@ def test_continuous_usage_stats_need_include_usage(client):
     assert chunks and all(chunk.usage is None for chunk in chunks)
 
 
+# ---- priority
+
+def test_priority_orders_the_waiting_queue_under_the_priority_policy():
+    """vLLM's ``priority`` (lower first) with ``--scheduling-policy priority`` (under ``fcfs``
+    vLLM ignores it): one sequence at a time; while one runs (1000 tokens of llama-3.1-8b, about
+    4 s), a low-priority request and then a high-priority one wait; the later one goes first."""
+    import threading
+    import time
+
+    proc, url = start_serve_sim("--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-num-seqs", "1",
+                                "--scheduling-policy", "priority")
+    try:
+        llm = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        done: list[str] = []
+
+        def gauge(name: str) -> float:
+            with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as r:
+                return float(re.search(rf"^vllm:{name}\{{.*\}} (\S+)$", r.read().decode(), re.M)[1])
+
+        def ask(name: str, priority: int, tokens: int) -> None:
+            llm.completions.create(model="llama-3.1-8b", prompt="t5 t6", max_tokens=tokens,
+                                   extra_body={"priority": priority})
+            done.append(name)
+
+        threads = []
+        for name, priority, tokens, gauge_name, count in (("running", 0, 1000, "num_requests_running", 1),
+                                                          ("low", 5, 2, "num_requests_waiting", 1),
+                                                          ("high", -5, 2, "num_requests_waiting", 2)):
+            threads.append(threading.Thread(target=ask, args=(name, priority, tokens)))
+            threads[-1].start()
+            deadline = time.monotonic() + 30
+            while gauge(gauge_name) < count and time.monotonic() < deadline:
+                time.sleep(0.02)
+        for t in threads:
+            t.join(timeout=120)
+        assert done == ["running", "high", "low"]
+    finally:
+        stop(proc)
+
+
 # ---- /version
 
 def test_version_is_the_vllm_it_answers_as(client):

@@ -52,6 +52,7 @@ class SimRuntime:
         self.ids = itertools.count()
         self.error: Optional[BaseException] = None
         self.request_success = dict.fromkeys(FINISH_REASONS, 0)  # finished requests by finished_reason
+        self._stopping = 0  # live requests with a stop before max_tokens (the step's outputs are checked only then)
         self.metrics = SimRequestMetrics()  # vLLM's request-latency histograms (engine thread)
         self.on_accept: Optional[Callable[[], None]] = None  # per accepted request (fault injection)
         self._pending_failure: Optional[BaseException] = None
@@ -106,7 +107,8 @@ class SimRuntime:
                 delay = next_free - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                self._stop(result.outputs)
+                if self._stopping:
+                    self._stop(result.outputs)
                 # Recorded before any token reaches a client: a scrape after the client saw a
                 # request end always counts it.
                 self.metrics.step(result.outputs, start, loop.time())
@@ -126,6 +128,7 @@ class SimRuntime:
                             box.pending = 0
                     if out.finished:
                         self.mailboxes.pop(out.request_id, None)
+                        self._stopping -= box.stop_after is not None
                         self.request_success[box.finish_reason] += 1
                         self._deliver(box, *((box.pending, FINISHED) if box.pending else (FINISHED,)))
                         box.pending = 0
@@ -161,6 +164,7 @@ class SimRuntime:
                 return
             self.metrics.add(rid, arrival, queued)
             self.mailboxes[rid] = box
+            self._stopping += box.stop_after is not None
             self._wake.set()
             caller.call_soon_threadsafe(fut.set_result, None)
             if self.on_accept is not None:
@@ -181,7 +185,9 @@ class SimRuntime:
     def abort(self, rid: str) -> None:
         def _abort():
             self.metrics.abort(rid)
-            if self.mailboxes.pop(rid, None) is not None:
+            box = self.mailboxes.pop(rid, None)
+            if box is not None:
+                self._stopping -= box.stop_after is not None
                 try:
                     self.core.abort_request(rid)
                 except Exception:  # noqa: BLE001 - it finished meanwhile
