@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from orchestrator.doc_tables.blocks import DocBlock, text
 from orchestrator.doc_tables.kv import KV_DATASETS
-from orchestrator.doc_tables.texts import h200_runs, h200_studies, planning, repeatability, simulator, trained
+from orchestrator.doc_tables.texts import decisions, h200_runs, h200_studies, planning, repeatability, simulator, trained
 
 _EX = "results/examples/"
 INGRESS, REF, STUDY = _EX + "h200-ingress", _EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"
@@ -18,12 +18,16 @@ MULTITURN = _EX + "multiturn-h200-fixed"
 SIM, CPU, H200, H100 = (_EX + d for d in ("repeatability-sim", "repeatability-cpu-vllm", "repeatability-h200",
                                           "repeatability-h100"))
 QUANT, SPEC = _EX + "trained-base-quant-h100", _EX + "trained-base-spec-h100"
+DECISIONS, STARTS_H100, STARTS_CPU = _EX + "decisions-sim", _EX + "starts-h100", _EX + "starts-cpu-vllm"
 
 TEXTS: tuple[DocBlock, ...] = (
     # README.md
     text("readme-engines", (INGRESS, REF), h200_runs.readme_engines),
     text("readme-scoring-rate", (FIDELITY, LEVELS), h200_studies.readme_scoring_rate),
     # docs/benchmarks.md
+    text("decisions-sim-findings", (DECISIONS,), decisions.decisions_findings),
+    text("decisions-sim-coverage", (DECISIONS,), decisions.decisions_coverage),
+    text("starts-findings", (STARTS_H100, STARTS_CPU), decisions.starts_findings),
     text("h200-ingress-targets", (INGRESS,), h200_runs.ingress_targets),
     text("h200-ingress-findings", (INGRESS,), h200_runs.ingress_findings),
     text("repeatability-findings", (SIM, CPU, H100), repeatability.repeatability_findings),
