@@ -118,19 +118,21 @@ def tiny_trained_model(request, tmp_path_factory) -> Path:
 
 @contextmanager
 def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num_gpus: int = 0,
-              ray_metrics: bool = False) -> Iterator[str]:
+              ray_metrics: bool = False, dashboard: bool = False) -> Iterator[str]:
     """A Ray cluster of our own (``address="local"``: never one another job on the machine started).
     ``env``: set in this process and in Ray's workers while it runs. ``ray_metrics``: metrics reported
     every second, as ``orchestrator run`` starts Ray for vLLM (the ``serve_llm`` ingress reads vLLM's
     metrics from Ray's exporter); Ray's 10 s default otherwise, which costs an idle cluster
-    ~15 % less CPU. Yields the session folder (Ray's logs)."""
+    ~15 % less CPU. ``dashboard``: the whole dashboard (``ray job submit`` and ``ray job stop`` reach
+    the cluster through it; about 1 CPU-s a minute more when idle), on Ray's port or the next free
+    one (``ray._private.worker.get_dashboard_url()``). Yields the session folder (Ray's logs)."""
     import ray
 
     release_shared_cluster()  # one Ray per process
     env = dict(env or {})
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard,
              namespace="orchestrator", runtime_env={"env_vars": env} if env else None,
              **({"_system_config": {"metrics_report_interval_ms": 1000}} if ray_metrics else {}))
     try:
@@ -207,11 +209,13 @@ def shared_serve() -> int:
 class EngineCluster:
     """The engine unit's Ray with Serve (3 CPUs, 4 logical GPUs for the simulated engines of the
     engine contract): its vLLM processes are found by ``cache_root``, the caches the unit's engines
-    share (``VLLM_CACHE_ROOT`` under it, set in every worker); ``session_dir`` holds Ray's logs."""
+    share (``VLLM_CACHE_ROOT`` under it, set in every worker); ``session_dir`` holds Ray's logs;
+    ``dashboard_url``: where ``ray job`` commands reach it (test_vllm_cpu_stop's ``ray job stop``)."""
 
     cache_root: Path
     serve_port: int
     session_dir: Path
+    dashboard_url: str
 
 
 @pytest.fixture
@@ -228,8 +232,12 @@ def engine_cluster(request, tmp_path_factory) -> EngineCluster:
         cache_root = tmp_path_factory.mktemp("engine-unit-cache")
         env = own_caches(stack.enter_context(pytest.MonkeyPatch.context()), cache_root,
                          shared_model_infos(request.config, tmp_path_factory))
-        session_dir = stack.enter_context(local_ray({**env, **ENGINE_UNIT_ENV}, num_gpus=4, ray_metrics=True))
-        return EngineCluster(cache_root, start_serve(ENGINE_SERVE_PORT), Path(session_dir))
+        session_dir = stack.enter_context(local_ray({**env, **ENGINE_UNIT_ENV}, num_gpus=4, ray_metrics=True,
+                                                    dashboard=True))
+        import ray
+
+        dashboard_url = "http://" + ray._private.worker.get_dashboard_url()  # noqa: SLF001 - no public API
+        return EngineCluster(cache_root, start_serve(ENGINE_SERVE_PORT), Path(session_dir), dashboard_url)
 
     return _shared_cluster(ENGINE_UNIT, start)
 

@@ -201,7 +201,10 @@ class VllmServeEngine(Engine):
         app = serve.deployment(
             VllmServer, name=DEPLOYMENT_NAME, num_replicas=1, ray_actor_options=options,
             health_check_period_s=5, health_check_timeout_s=60,
-            graceful_shutdown_wait_loop_s=0.5, graceful_shutdown_timeout_s=30,
+            # Serve kills a replica it cannot stop gracefully (one still in its constructor: an engine that
+            # starts) only after this; the server's supervisor ends its group after the replica either way
+            # (process.py), so a short wait bounds a stop and cuts no running server's shutdown short.
+            graceful_shutdown_wait_loop_s=0.5, graceful_shutdown_timeout_s=5,
             max_constructor_retry_count=1,  # a configuration that cannot start fails the same way
         ).bind(argv=self.server_argv(trial_id, args, model_dir), env=self.engine_env(args), log_name=log_name,
                ready_timeout_s=spec.start_timeout_s + 30)
