@@ -43,10 +43,11 @@ def test_the_vllm_server_log_line_and_its_failure_messages_hold_no_token(tmp_pat
     from orchestrator.engines.vllm.process import command_secrets, failure_text, log_command, server_command
     from orchestrator.engines.vllm.serve import VllmServeEngine
     from orchestrator.hardware.engine_args import engine_args_from_params
+    from orchestrator.search.trial_plan import engine_target
 
     monkeypatch.setenv("ORCH_TEST_HF_TOKEN", TOKEN)
     study = vllm_study(tmp_path)
-    engine = VllmServeEngine(study)
+    engine = VllmServeEngine(engine_target(study))
     args = engine.resolve(engine_args_from_params({"max_num_seqs": 4}, fixed=dict(study.engine.engine_kwargs)))
     env = engine.engine_env(args)
     cmd = server_command(8123, engine.server_argv("t1", args, str(tmp_path / "model")))

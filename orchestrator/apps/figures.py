@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from orchestrator.apps.report_tables import LEVEL_X_COLUMNS, axes_metrics
+from orchestrator.apps.report_tables import LEVEL_X_COLUMNS, START_PHASE_LABELS, axes_metrics
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.metrics import default_direction
 from orchestrator.results.pareto import pareto_front
@@ -233,6 +233,31 @@ def nightly_figure(history: pd.DataFrame, metric: str):
     ax.set_title("best capacity per nightly run (red: regression flagged)")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.grid(True, alpha=0.3)
+    return fig
+
+
+# One colour per start phase, in START_PHASE_LABELS' order (the rest of startup_s last, in grey).
+START_COLOURS = ("#9467bd", "#8c564b", "#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#c7c7c7")
+
+
+def start_figure(starts: pd.DataFrame):
+    """A stacked bar per trial of a :func:`start_table`: where its engine start's seconds went."""
+    t = starts.tail(60)
+    fig = _figure(11, 1.3 + 0.25 * len(t))
+    ax = fig.subplots()
+    left = np.zeros(len(t))
+    for (column, label), colour in zip(START_PHASE_LABELS.items(), START_COLOURS):
+        width = t[column].fillna(0.0).to_numpy(dtype=float)
+        ax.barh(range(len(t)), width, left=left, color=colour, edgecolor="white", linewidth=0.3, label=label)
+        left += width
+    cached = t["compile_cached"].tolist()
+    ax.set_yticks(range(len(t)), [f"{n}" + {True: " (cache)", False: " (compiled)"}.get(c, "")
+                                  for n, c in zip(t["trial_number"], cached)], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds of the engine's start (startup_s)")
+    ax.set_ylabel("trial number")
+    ax.legend(fontsize=7, ncol=4, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
+    ax.grid(True, axis="x", alpha=0.3)
     return fig
 
 

@@ -7,8 +7,8 @@ can be mailed, attached to a CI run or opened from an object store.
 
 Sections: the Pareto front (throughput per GPU against p99 TTFT and against TPOT;
 SLO-missing, failed, infeasible and pruned trials drawn differently), latency
-against load per configuration, parameter importance, the trial timeline, failures
-by kind, the table of the front, the recommended deployment and, when nightly runs
+against load per configuration, parameter importance, the trial timeline, where each
+real engine's start went (a stacked bar per trial), failures by kind, the table of the front, the recommended deployment and, when nightly runs
 exist, the latest nightly comparison.
 
 Layers: pure functions turn DataFrames into tables (:mod:`.report_tables`), figure
@@ -32,12 +32,13 @@ import pandas as pd
 import pyarrow as pa
 
 from orchestrator.apps.figures import (STATUS_COLOURS, STYLES, curves_figure, failures_figure, figure_png,
-                                       importance_figure, level_figure, nightly_figure, pareto_figure, timeline_figure)
+                                       importance_figure, level_figure, nightly_figure, pareto_figure, start_figure,
+                                       timeline_figure)
 from orchestrator.apps.nightly import load_summaries
 from orchestrator.apps.recommend import RecommendError, distance_from_defaults, recommend
 from orchestrator.apps.report_tables import (LEVEL_X_COLUMNS, LEVEL_Y_COLUMNS, axes_metrics, config_table, curve_trials,
                                              front_of, front_table, importances, leaders_table, level_curves,
-                                             load_curves, point_categories)
+                                             load_curves, point_categories, start_table)
 from orchestrator.failures import TrialStatus
 from orchestrator.measure.harness import harness_bound_mask
 from orchestrator.results.decisions import decide_front
@@ -320,6 +321,17 @@ def build_report(trials: pd.DataFrame, requests: pd.DataFrame, study: Study, *,
     sections.append(Section("timeline", "Trial timeline", [
         img_tag(pngs["timeline.png"], "trial timeline"),
         f'<p class="note">Run {esc(latest_run)}: {len(run_trials)} trial(s), at most 60 shown.</p>']))
+
+    starts = start_table(trials)
+    if len(starts):
+        pngs["starts.png"] = figure_png(start_figure(starts), options.dpi)
+        sections.append(Section("starts", "Engine starts", [
+            img_tag(pngs["starts.png"], "engine start phases per trial"),
+            '<p class="note">Where each trial\'s engine start went, read from vLLM\'s own log: process and '
+            'imports, weights, torch.compile (compiled, or loaded from the study\'s compile cache), CUDA graphs, '
+            'profiling with the KV cache and warm-up, the server answering; the rest of <i>startup_s</i> is '
+            'Serve placing the replica and the routes answering. At most 60 trials shown.</p>',
+            table_html(starts.tail(60), text_columns=["trial_id", "compile_cached"])]))
 
     breakdown = failure_breakdown(trials)
     pngs["failures.png"] = figure_png(failures_figure(breakdown), options.dpi)

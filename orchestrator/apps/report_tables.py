@@ -205,3 +205,33 @@ def front_table(trials: pd.DataFrame, study: Study) -> tuple[pd.DataFrame, bool]
                       in zip(front["strict_front"], front["tied_with"], front["equivalent_with"])]
     order = front[y].to_numpy(dtype=float).argsort(kind="stable")[::-1] if y in front else slice(None)
     return shown.iloc[order][cols + ["noise"]], under_slos
+
+
+# How each start phase is named where it is shown (orchestrator.engines.vllm.start_log), and the rest of a
+# trial's ``startup_s``: Serve placing the replica, the replica's own start, the routes answering.
+START_PHASE_LABELS: dict[str, str] = {
+    "start_import_s": "process and imports", "start_load_s": "weights", "start_compile_s": "torch.compile",
+    "start_graphs_s": "CUDA graphs", "start_profile_s": "profile, KV cache, warm-up",
+    "start_ready_s": "server up", "start_other_s": "Serve and the rest"}
+
+
+def start_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial whose engine start was read from the engine's log (real vLLM), in the order the
+    trials started: its number and id, each phase's seconds (NaN: did not happen or not read),
+    ``start_other_s`` (what ``startup_s`` holds beyond the phases), ``startup_s`` and
+    ``compile_cached``. Empty for studies without such trials (the simulator, older results)."""
+    phases = [c for c in START_PHASE_LABELS if c != "start_other_s"]
+    present = [c for c in phases if c in trials.columns]
+    if not present or "startup_s" not in trials.columns:
+        return pd.DataFrame(columns=["trial_number", "trial_id", *START_PHASE_LABELS, "startup_s", "compile_cached"])
+    read = trials[trials[present].notna().any(axis=1)]
+    read = read.sort_values(["started_at", "trial_number"] if "started_at" in read else ["trial_number"])
+    out = read[["trial_number", "trial_id"]].copy()
+    for c in phases:
+        out[c] = pd.to_numeric(read[c], errors="coerce") if c in read else np.nan
+    out["start_other_s"] = (pd.to_numeric(read["startup_s"], errors="coerce")
+                            - out[phases].fillna(0.0).sum(axis=1)).clip(lower=0.0)
+    out["startup_s"] = read["startup_s"]
+    cached = read["start_compile_cached"] if "start_compile_cached" in read else pd.Series(None, index=read.index)
+    out["compile_cached"] = cached.map(lambda v: None if pd.isna(v) else bool(v)).astype(object)
+    return out.reset_index(drop=True)

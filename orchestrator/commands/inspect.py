@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.apps.report_tables import START_PHASE_LABELS, start_table
 from orchestrator.commands.common import EXIT_OK, EXIT_USAGE, print_front, study_from_dataset
 from orchestrator.failures import TrialStatus
 from orchestrator.hardware.pricing import unit_columns
@@ -53,8 +54,31 @@ def cmd_show(args) -> int:
             print(f"  {r['trial_id']}: {r.get('harness_bound_reason') or '?'}")
         if len(flagged) > 5:
             print(f"  ... and {len(flagged) - 5} more")
+    _print_starts(start_table(df))
     print_front(study, args.path)
     return EXIT_OK
+
+
+def _print_starts(starts, limit: int = 12) -> None:
+    """Where the engines' starts went, one line per trial (the last ``limit``) and the medians."""
+    if starts.empty:
+        return
+    names = ["import", "load", "compile", "graphs", "profile", "ready", "other"]
+    print("engine starts, seconds (from vLLM's log; compile: cold, or loaded from the compile cache):")
+    print("  " + f"{'trial':>6}" + "".join(f"{n:>9}" for n in names) + f"{'startup_s':>11}  compile")
+
+    def line(label, values, startup, cached) -> str:
+        cells = "".join(f"{'-' if v != v else f'{v:.1f}':>9}" for v in values)
+        return f"  {label:>6}{cells}{'-' if startup != startup else f'{startup:.1f}':>11}  {cached}"
+
+    phases = list(START_PHASE_LABELS)
+    for _, r in starts.tail(limit).iterrows():
+        cached = {True: "cache", False: "cold"}.get(r["compile_cached"], "-")
+        print(line(str(r["trial_number"]), [float(r[c]) for c in phases], float(r["startup_s"]), cached))
+    if len(starts) > limit:
+        print(f"  ... {len(starts) - limit} earlier trial(s) not shown")
+    med = starts[phases + ["startup_s"]].astype(float).median()
+    print(line("median", [med[c] for c in phases], med["startup_s"], ""))
 
 
 

@@ -359,6 +359,11 @@ ENGINE_METRIC_NAMES: tuple[str, ...] = ("startup_s", "kv_cache_tokens", "kv_cach
 # Where a trial's wall time went: waiting for GPUs, the load window (warm-up included),
 # tear-down, and the rest (orchestration overhead: everything but start-up and load).
 PHASE_NAMES: tuple[str, ...] = ("queue_s", "load_window_s", "teardown_s", "overhead_s")
+# Where a real engine's start went, from its own log (orchestrator.engines.vllm.start_log): process and
+# imports, weights, torch.compile, CUDA graphs, profiling and KV cache, the server answering; null where a
+# phase did not happen or could not be read. (``start_compile_cached`` is a bool column of the schema.)
+START_PHASE_NAMES: tuple[str, ...] = ("start_import_s", "start_load_s", "start_compile_s", "start_graphs_s",
+                                      "start_profile_s", "start_ready_s")
 # Capacity search (highest SLO-compliant request rate of one configuration).
 CAPACITY_METRIC_NAMES: tuple[str, ...] = ("capacity_rps", "capacity_goodput")
 # How well a capacity search's levels pin its capacity down (orchestrator.trial.capacity_fit): the binding
@@ -394,5 +399,5 @@ SESSION_METRIC_NAMES: tuple[str, ...] = (
 def known_metric_names() -> list[str]:
     """Every metric an objective or constraint may name."""
     return list(LOAD_METRIC_NAMES + TELEMETRY_METRIC_NAMES + ENGINE_METRIC_NAMES + CAPACITY_METRIC_NAMES
-                + CAPACITY_FIT_METRIC_NAMES + PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES
-                + PROBE_METRIC_NAMES + SESSION_METRIC_NAMES)
+                + CAPACITY_FIT_METRIC_NAMES + PHASE_NAMES + START_PHASE_NAMES + ENGINE_WINDOW_METRIC_NAMES
+                + WARMUP_METRIC_NAMES + UNIT_METRIC_NAMES + PROBE_METRIC_NAMES + SESSION_METRIC_NAMES)

@@ -22,6 +22,7 @@ DuckDB and Polars read it with no project code:
   before they existed;
 * ``harness_bound`` (bool) and ``harness_bound_reason``: whether the serving path or
   the client, not the engine, limited the measurement (:mod:`orchestrator.measure.harness`);
+* ``start_compile_cached`` (bool): whether the engine's start loaded torch.compile's graphs from its cache;
 * ``extra_json`` for anything else.
 
 Rows are built through :func:`trial_row_to_table`, which rejects unknown keys and
@@ -111,13 +112,17 @@ _JUDGEMENTS: tuple[tuple[str, pa.DataType], ...] = (
     ("capacity_conditioned", pa.bool_()),
     ("capacity_binding", pa.string()),  # the SLO metric whose margin crosses zero first
 )
+# The engine's start (orchestrator.engines.vllm.start_log): True when torch.compile's graphs all came from
+# the compile cache, False when one was compiled, null without torch.compile.
+_START: tuple[tuple[str, pa.DataType], ...] = (("start_compile_cached", pa.bool_()),)
 # The reference-agreement probe (orchestrator.trial.probe): what its reference is (dummy weights, real
 # weights, an endpoint) and which trial's answers it was compared with (null: no baseline yet).
 _PROBE: tuple[tuple[str, pa.DataType], ...] = (
     ("probe_reference", pa.string()),
     ("probe_baseline", pa.string()),
 )
-FIXED_TRIAL_COLUMNS: tuple[str, ...] = tuple(n for n, _ in _HEAD + _CONFIG + _JUDGEMENTS + _PROBE) + ("extra_json",)
+FIXED_TRIAL_COLUMNS: tuple[str, ...] = (tuple(n for n, _ in _HEAD + _CONFIG + _JUDGEMENTS + _START + _PROBE)
+                                         + ("extra_json",))
 # Partition keys of the dataset layout; no row column may use these names.
 PARTITION_COLUMNS = ("date", "run")
 
@@ -153,7 +158,7 @@ def trials_schema(param_types: Mapping[str, str], predicted: Sequence[str] = ())
     fields += [pa.field(m, pa.float64()) for m in metric_columns()]
     fields += [pa.field(c, pa.float64()) for c in INTERVAL_COLUMNS]
     fields += [pa.field(c, pa.float64()) for c in prediction_columns(predicted)]
-    fields += [pa.field(n, t) for n, t in _JUDGEMENTS + _PROBE]
+    fields += [pa.field(n, t) for n, t in _JUDGEMENTS + _START + _PROBE]
     fields.append(pa.field("extra_json", pa.string()))
     meta = {META_SCHEMA_VERSION: str(SCHEMA_VERSION), META_TABLE: "trials",
             META_PARAMS: json.dumps(dict(param_types))}

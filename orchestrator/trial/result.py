@@ -18,7 +18,7 @@ from orchestrator.hardware.pricing import UnitMetrics
 from orchestrator.measure.columns import EngineColumns, ProbeColumns, SessionColumns
 from orchestrator.measure.confidence import Interval, intervals_to_columns
 from orchestrator.measure.harness import HarnessVerdict
-from orchestrator.measure.metrics import LoadMetrics
+from orchestrator.measure.metrics import START_PHASE_NAMES, LoadMetrics
 from orchestrator.measure.records import RequestRecord
 from orchestrator.measure.warmup import WarmupOutcome
 
@@ -88,8 +88,8 @@ class TrialResult:
     telemetry: EngineColumns = field(default_factory=EngineColumns)  # engine histograms/gauges, NVML
     warmup: Optional[WarmupOutcome] = None  # the warm-up before the (first) measured window
     harness: Optional[HarnessVerdict] = None  # was the serving path or the client the limit?
-    # What the engine said of its start (endpoint, command line, KV-cache size, ...): recorded in the
-    # row's extra_json as the engine gave it; only the KV-cache size is a column.
+    # What the engine said of its start (endpoint, command line, KV-cache size, start phases, ...): recorded
+    # in the row's extra_json as the engine gave it; the KV-cache size and the start phases are columns.
     engine_facts: Mapping[str, Any] = field(default_factory=dict)
     timings: PhaseTimings = PhaseTimings()
     capacity: Optional[CapacityOutcome] = None
@@ -125,9 +125,11 @@ class TrialResult:
             out["capacity_margin_slope"] = cap.margin_slope
             out["capacity_margin_sd"] = cap.margin_sd
             out["capacity_contradictions"] = float(cap.contradictions)
-        for k in ("kv_cache_tokens", "kv_cache_gib"):
+        for k in ("kv_cache_tokens", "kv_cache_gib", *START_PHASE_NAMES):
             if self.engine_facts.get(k) is not None:
                 out[k] = float(self.engine_facts[k])
+        if self.engine_facts.get("start_compile_cached") is not None:
+            out["start_compile_cached"] = bool(self.engine_facts["start_compile_cached"])
         out.update(self.timings.columns())
         if self.warmup is not None:
             out.update(self.warmup.columns())

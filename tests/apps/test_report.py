@@ -75,6 +75,29 @@ def test_level_curves_reads_a_capacity_search_levels_table():
     assert level_curves(levels.drop(columns=["ttft_p99_ms"])) is None
 
 
+def test_start_phases_table_and_its_stacked_bars():
+    """One row per trial whose engine start was read, in the order they started; the bars of a trial
+    add up to its startup_s (what the phases do not hold is the last, grey part)."""
+    from orchestrator.apps.figures import start_figure
+    from orchestrator.apps.report_tables import START_PHASE_LABELS, start_table
+
+    nan = np.nan
+    trials = pd.DataFrame({
+        "trial_number": [1, 0, 2], "trial_id": ["b", "a", "c"],
+        "started_at": pd.to_datetime(["2026-12-07 10:05", "2026-12-07 10:00", "2026-12-07 10:10"], utc=True),
+        "startup_s": [30.0, 80.0, nan], "start_import_s": [20.0, 40.0, nan], "start_load_s": [1.0, 1.0, nan],
+        "start_compile_s": [4.0, 30.0, nan], "start_graphs_s": [nan, nan, nan], "start_profile_s": [2.0, 5.0, nan],
+        "start_ready_s": [1.0, 1.0, nan], "start_compile_cached": [True, False, None]})
+    table = start_table(trials)
+    assert list(table["trial_id"]) == ["a", "b"]  # c never started
+    assert list(table["start_other_s"]) == [3.0, 2.0] and list(table["compile_cached"]) == [False, True]
+    bars = start_figure(table).axes[0].patches
+    assert len(bars) == len(START_PHASE_LABELS) * 2
+    ends = {round(b.get_y() + b.get_height() / 2): b.get_x() + b.get_width() for b in bars}
+    assert ends == {0: 80.0, 1: 30.0}
+    assert start_table(trials.drop(columns=[c for c in trials if c.startswith("start_")])).empty
+
+
 # ------------------------------------------------------------------ the browser
 def chromium_path() -> str:
     """A Chromium binary; installed with apt-get when missing and possible, else the test fails saying why."""

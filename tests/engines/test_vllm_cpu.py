@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.measure.harness import harness_verdict
+from support.cli import orchestrator
 from support.vllm_processes import PLANTED_TOKEN, PLANTED_TOKEN_VAR, one_process, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -159,12 +160,15 @@ def test_cpu_vllm_study(tmp_path, engine_cluster):
         assert cfg["enable_prefix_caching"] == params["enable_prefix_caching"]
         _assert_monotone_curve(r, levels[levels["trial_id"] == r["trial_id"]].sort_values("rate"))
         _assert_engine_side_numbers(r, levels[levels["trial_id"] == r["trial_id"]])
+        _assert_start_phases(r)
     # Prefix caching on (ok_a) with shared prefixes: the engine reports hits.
     assert row(ok_a)["prefix_cache_hit_rate"] > 0
     assert pd.isna(row(ok_b)["prefix_cache_hit_rate"]) or row(ok_b)["prefix_cache_hit_rate"] == 0
 
     bad = row(too_long)
     assert bad["status"] == "infeasible" and bad["failure_kind"] == "kv_cache_too_small"
+    assert bad[["startup_s", "start_import_s", "start_ready_s"]].isna().all()  # no start to read
+    _assert_starts_shown(orchestrator("show", str(run.study_dir)).stdout, trials)
     assert "max seq len" in bad["failure_message"]
 
     died = row(killed)
@@ -189,6 +193,28 @@ def test_cpu_vllm_study(tmp_path, engine_cluster):
     explained = ((cached_blocks * 128 * (mine["prefix_group"].notna() & ok)).sum()
                  / mine.loc[ok, "prompt_tokens"].sum())
     assert 0.5 * explained < a["prefix_cache_hit_rate"] <= explained + 0.01, (a["prefix_cache_hit_rate"], explained)
+
+
+def _assert_start_phases(row) -> None:
+    """Where the start went, read from the server's log (docs/metrics.md): every phase this eager
+    engine runs, none it does not (no torch.compile, no CUDA graphs), and together no more than the
+    whole start (the log's stamps are whole seconds)."""
+    ran = ["start_import_s", "start_load_s", "start_profile_s", "start_ready_s"]
+    assert all(pd.notna(row[c]) and row[c] >= 0 for c in ran), row[ran]
+    assert row["start_import_s"] > 1.0  # Python imports vLLM and starts its engine core: seconds, never less
+    assert row[["start_compile_s", "start_graphs_s", "start_compile_cached"]].isna().all()
+    assert sum(row[c] for c in ran) <= row["startup_s"] + 2.0, (row[ran], row["startup_s"])
+
+
+def _assert_starts_shown(show: str, trials: pd.DataFrame) -> None:
+    """``orchestrator show`` prints one line per engine that started, with its phases."""
+    lines = show.split("engine starts, seconds")[1].splitlines()[2:]
+    started = trials[trials["startup_s"].notna()]
+    assert len(started) >= 3 and lines[len(started)].split()[0] == "median", show
+    for line, (number, r) in zip(lines, started.sort_values("started_at").iterrows()):
+        cells = line.split()
+        assert cells[0] == str(number) and cells[1] == f"{r['start_import_s']:.1f}", (line, r["start_import_s"])
+        assert cells[3:5] == ["-", "-"] and cells[-1] == "-"  # no torch.compile, no graphs: eager
 
 
 def _assert_no_secret_written(out: Path, trials: pd.DataFrame) -> None:

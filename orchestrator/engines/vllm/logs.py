@@ -2,7 +2,8 @@
 
 vLLM's engine core runs in a child process whose traceback only reaches the replica's
 log. :func:`replica_log_tail` finds it through Ray's state API or this node's log folder;
-:func:`kv_cache_facts` reads the KV cache vLLM allocated.
+:func:`kv_cache_facts` reads the KV cache vLLM allocated (and
+:func:`orchestrator.engines.vllm.start_log.start_phases` where the start's seconds went).
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from orchestrator.engines.vllm.process import ray_logs_dir
+from orchestrator.engines.vllm.start_log import is_phase_line
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +31,25 @@ def local_logs_dir() -> Path:
 
 
 def replica_log_tail(app_name: str, lines: int = 400, *, marker: Optional[str] = None,
-                     since: Optional[float] = None) -> str:
-    """Lines of the app's replica logs that say why (errors, memory, KV cache), best effort:
-    through Ray's state API (needs the dashboard), else this node's Ray log files."""
-    text = _state_api_log_tail(app_name, lines)
+                     since: Optional[float] = None, keep: Optional[Callable[[str], bool]] = None,
+                     max_lines: Optional[int] = None) -> str:
+    """Lines of the app's replica logs that say why (errors, memory, KV cache; or those ``keep``
+    keeps), the last ``max_lines`` of them, best effort: through Ray's state API (needs the
+    dashboard), else this node's Ray log files."""
+    keep = keep or _interesting
+    text = _state_api_log_tail(app_name, lines, keep, max_lines or 60)
     if not text and marker:
-        text = _local_log_tail(marker, since=since)
+        text = _local_log_tail(marker, since=since, keep=keep, max_lines=max_lines or 80)
     return text
 
 
-def _local_log_tail(marker: str, *, since: Optional[float] = None, max_bytes: int = 4_000_000) -> str:
+def start_fact_line(line: str) -> bool:
+    """A line the start's facts are read from: its KV-cache size, its phases."""
+    return _interesting(line) or is_phase_line(line)
+
+
+def _local_log_tail(marker: str, *, since: Optional[float] = None, max_bytes: int = 4_000_000,
+                    keep: Callable[[str], bool], max_lines: int) -> str:
     """Worker log files of this node's Ray session that mention ``marker`` (e.g. the model id,
     which vLLM prints at start-up); the engine core writes to its replica's files."""
     try:
@@ -56,11 +67,11 @@ def _local_log_tail(marker: str, *, since: Optional[float] = None, max_bytes: in
         except OSError:
             continue
         if marker in data:
-            out += [ln for ln in data.splitlines() if _interesting(ln)]
-    return "\n".join(out[-80:])
+            out += [ln for ln in data.splitlines() if keep(ln)]
+    return "\n".join(out[-max_lines:])
 
 
-def _state_api_log_tail(app_name: str, lines: int) -> str:
+def _state_api_log_tail(app_name: str, lines: int, keep: Callable[[str], bool], max_lines: int) -> str:
     try:
         from ray.util.state import get_log, list_actors
 
@@ -77,8 +88,8 @@ def _state_api_log_tail(app_name: str, lines: int) -> str:
                     text = "".join(get_log(actor_id=aid, tail=lines, suffix=suffix, timeout=10))
                 except Exception:  # noqa: BLE001 - log not available on this node/version
                     continue
-                out += [ln for ln in text.splitlines() if _interesting(ln)]
-        return "\n".join(out[-60:])
+                out += [ln for ln in text.splitlines() if keep(ln)]
+        return "\n".join(out[-max_lines:])
     except Exception as e:  # noqa: BLE001
         log.debug("no replica logs for %s: %s", app_name, e)
         return ""

@@ -29,11 +29,13 @@ import tempfile
 import time
 import urllib.request
 from collections import deque
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Iterable, Optional
 
 import psutil
 
+from orchestrator.engines.vllm.start_log import READY_MARK, START_MARK, mark_line
 from orchestrator.redaction import argv_secrets, scrub, secret_values, shell_line
 
 DEPLOYMENT_NAME = "VllmServer"
@@ -189,6 +191,13 @@ def log_command(log_file: IO[bytes], cmd: list[str], secrets: Iterable[str]) -> 
     log_file.flush()
 
 
+def log_mark(log_file: IO[bytes], what: str) -> None:
+    """A ``# started`` / ``# ready`` line with the time now: where the start's phases begin and end
+    (:mod:`orchestrator.engines.vllm.start_log`)."""
+    log_file.write(mark_line(what, datetime.now()).encode())
+    log_file.flush()
+
+
 def failure_text(head: str, log_path: Path, secrets: Iterable[str]) -> str:
     """A failure message: ``head`` and the server's last log lines, redacted."""
     return head + (scrub(tail(log_path, _FAILURE_LINES), secrets) or "")
@@ -213,6 +222,7 @@ class VllmServer:
         self.secrets = command_secrets(cmd, env)
         self.log_file = open(self.log_path, "ab")
         log_command(self.log_file, cmd, self.secrets)
+        log_mark(self.log_file, START_MARK)
         # vLLM's ZMQ sockets (one file each, in the temporary folder by default) outlive a server that
         # is stopped: a folder of the server's own, removed with it (the study's env may name another).
         self.rpc_dir = tempfile.mkdtemp(prefix="vllm-rpc-")
@@ -227,6 +237,7 @@ class VllmServer:
                 raise RuntimeError(failure_text(f"vllm serve exited with code {code} while starting:\n",
                                                 self.log_path, self.secrets))
             if _ok(self.url + "/health"):
+                log_mark(self.log_file, READY_MARK)
                 return
             if time.monotonic() > deadline:
                 self._stop()

@@ -18,16 +18,19 @@ import logging
 import os
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from orchestrator.cluster.connect import _local_gpu_count
 from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget, ResourceRequest
 from orchestrator.engines.serve_app import app_name_for, delete_app, knows_label_selector, start_app
 from orchestrator.engines.vllm.deployment import EngineModeDeployment, ReleaseCheck, VllmDeployment
-from orchestrator.engines.vllm.logs import kv_cache_facts, local_logs_dir, replica_log_tail, this_node_ip
+from orchestrator.engines.vllm.logs import (kv_cache_facts, local_logs_dir, replica_log_tail, start_fact_line,
+                                            this_node_ip)
 from orchestrator.engines.vllm.process import DEPLOYMENT_NAME, VllmServer, tail
+from orchestrator.engines.vllm.start_log import start_phases
 from orchestrator.failures import EngineStartError, FailureKind, start_failure_from_text
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
@@ -110,8 +113,8 @@ class VllmServeEngine(Engine):
         """The environment of the engine processes (both ingress modes)."""
         spec = self.target.engine
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-               **{k: os.environ[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME")
-                  if os.environ.get(k)}, **spec.env}
+               **study_caches(self.target.state_dir / COMPILE_CACHE_DIR, os.environ, spec.env),
+               **{k: os.environ[k] for k in (*CACHE_VARS, "HF_HOME") if os.environ.get(k)}, **spec.env}
         if self.platform == "cpu" and "kv_cache_memory_bytes" not in args.extra:  # the env var would override it
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
         return env
@@ -226,7 +229,10 @@ class VllmServeEngine(Engine):
         _wait_models(base, timeout_s=120)
         facts: dict[str, Any] = {"platform": self.platform, "ingress": "engine", "model_dir": model_dir,
                                  "vllm_argv": redact_argv(self.server_argv(trial_id, args, model_dir)), **info}
-        facts.update(kv_cache_facts(handle.log_tail.remote(3000).result(timeout_s=60)))
+        log_text = handle.log_tail.remote(3000).result(timeout_s=60)
+        facts.update(kv_cache_facts(log_text))
+        facts.update(start_phases(log_text).columns())
+        facts["caches"] = {k: v for k, v in self.engine_env(args).items() if k in CACHE_VARS}
         gpus = info.get("accelerators")
         endpoint = EngineEndpoint(
             base_url=base, model=served, metrics_url=base + "/metrics", metric_prefix="vllm:",
@@ -273,14 +279,35 @@ class VllmServeEngine(Engine):
             raise start_failure_from_text(text, timed_out=e.kind == FailureKind.START_TIMEOUT) from None
         base = self.context.serve_url(route)
         _wait_models(base, timeout_s=120)
+        t_ready = time.time()
         facts: dict[str, Any] = {"platform": self.platform, "model_dir": model_dir,
                                  "llm_config": redact(json.loads(json.dumps(cfg, default=str)), secret_values(spec))}
-        facts.update(kv_cache_facts(replica_log_tail(name, lines=3000, marker=served, since=t_wall)))
+        log_text = replica_log_tail(name, lines=3000, marker=served, since=t_wall, keep=start_fact_line, max_lines=400)
+        facts.update(kv_cache_facts(log_text))
+        # The replica's process starts after the deploy: its import phase includes Serve placing it.
+        facts.update(start_phases(log_text, started_at=datetime.fromtimestamp(t_wall),
+                                  ready_at=datetime.fromtimestamp(t_ready)).columns())
+        facts["caches"] = {k: v for k, v in cfg["runtime_env"]["env_vars"].items() if k in CACHE_VARS}
         facts["ingress"] = "serve_llm"
         endpoint = EngineEndpoint(base_url=base, model=served, metrics_url=node_metrics_url(),
                                   metric_prefix=RAY_METRIC_PREFIX, startup_s=time.monotonic() - t0, facts=facts,
                                   metric_labels={"model_name": served}, sample_nvml=self.platform == "cuda")
         return VllmDeployment(name, endpoint, teardown_timeout_s=spec.teardown_timeout_s, release=release)
+
+
+# The caches a start reads and fills: vLLM's compile cache (its AOT-compiled model, the graphs of each
+# compile range) and Inductor's (FX graphs, Triton kernels), by default in the home of whichever node runs
+# the engine.
+CACHE_VARS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
+COMPILE_CACHE_DIR = "_compile_cache"  # in the study's folder (a name with "_": not data)
+
+
+def study_caches(folder: Path, environ: Mapping[str, str], study_env: Mapping[str, str]) -> dict[str, str]:
+    """vLLM's and Inductor's caches in ``folder``, the study's: a trial whose graphs an earlier trial
+    compiled loads them instead of compiling again, on any node that sees the folder. Only for the
+    variables neither the study's ``engine.env`` nor the trial's environment sets."""
+    subdirs = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+    return {var: str(folder / sub) for var, sub in subdirs.items() if not environ.get(var) and var not in study_env}
 
 
 def _wait_models(base: str, timeout_s: float) -> None:
