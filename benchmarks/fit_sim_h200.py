@@ -79,7 +79,7 @@ def cold_runs(sims: list[dict]) -> list[dict]:
     out = []
     for (kind, key), sim in zip(_cold_specs(), sims):
         if kind == "online":
-            (rate, seqs, n), (ttft, tpot, tok) = key, ref.ONLINE[key]
+            (rate, seqs, _n), (ttft, tpot, tok) = key, ref.ONLINE[key]
             real = {"output_tok_s": tok, "tpot_p50_ms": tpot, "ttft_p50_ms": ttft}
             metrics = ["output_tok_s", "tpot_p50_ms"] + (["ttft_p50_ms"] if key in COLD_TTFT else [])
             out.append({"label": f"cold, {rate} req/s, max_num_seqs {seqs}", "real": real, "sim": sim,

@@ -50,9 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.apps.measured_replay import METRICS
 from orchestrator.apps.measured_replay import TABLE_HEADER as HEADER  # noqa: E402,F401
-from orchestrator.apps.measured_replay import Point, error_summary, load_points, run, summary_lines
+from orchestrator.apps.measured_replay import Point, load_points, run, summary_lines
 from orchestrator.apps.measured_replay import table_row as row
 
 DATASETS = (("ingress", "results/examples/h200-ingress"),

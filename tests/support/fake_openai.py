@@ -238,7 +238,8 @@ def fake(server):
 
 
 def make_set(n: int, *, rate: Optional[float] = None, output_len: int = 6, input_len: int = 12,
-             warmup: int = 0, concurrency: Optional[int] = None, first_tokens: dict = {}) -> RequestSet:
+             warmup: int = 0, concurrency: Optional[int] = None, first_tokens: Optional[dict] = None) -> RequestSet:
+    first_tokens = first_tokens or {}
     def req(i: int, warm: bool) -> Request:
         first = first_tokens.get(i, 100 + abs(i))
         return Request(index=i, arrival_s=0.0 if (warm or rate is None) else i / rate,

@@ -3,7 +3,6 @@ dense sweep (virtual sim), the levels table, and study validation."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
