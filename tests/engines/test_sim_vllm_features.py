@@ -3,8 +3,9 @@ ids, ``n`` choices, usage on every chunk, ``GET /version``, and refusals of what
 
 What vLLM 0.29 answers was read from its OpenAI server (``completion/serving.py``,
 ``chat_completion/serving.py`` and their ``protocol.py``, ``v1/engine/detokenizer.py``,
-``v1/core/sched/utils.py``); the stop rule itself is checked against vLLM's own code in
-``test_sim_stops.py``. The simulator generates the token ``" tok"`` (id ``TOK`` in tiny-llama's
+``v1/core/sched/utils.py``) and checked once against a vLLM 0.29.0 CPU server on a generated
+tiny-llama (the same requests: chunk keys, chunk order, usage per chunk and in total, error
+bodies); the stop rule itself is checked against vLLM's own code in ``test_sim_stops.py``. The simulator generates the token ``" tok"`` (id ``TOK`` in tiny-llama's
 vocabulary) over and over, so stops are written against that text: ``stop=["ok"]`` ends the
 first token after ``" t"``.
 """
@@ -183,6 +184,7 @@ def test_n_chat_completions_send_each_choice_its_role_first(client):
     chunks = list(create(client, True, max_tokens=2, n=2, stream=True, stream_options=USAGE))
     first = [(c.index, c.delta.role, c.delta.content) for chunk in chunks[:2] for c in chunk.choices]
     assert first == [(0, "assistant", ""), (1, "assistant", "")]  # vLLM: a role chunk per choice, before any token
+    assert chunks[0].model_extra == {"prompt_token_ids": None, "prompt_text": None}  # as vLLM 0.29's role chunk
     got = joined(chunks, True)
     assert {i: (g["text"], g["finish"]) for i, g in got.items()} == {0: (" tok tok", "length"),
                                                                      1: (" tok tok", "length")}

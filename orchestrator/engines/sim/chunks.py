@@ -103,7 +103,9 @@ def usage(subs: list[Sub], cached: bool = False) -> dict:
 # ---- streamed chunks: a choice (the chunk's prefix, up to ``"choices":[``, is the caller's), then its end
 
 def role_chunk(index: int) -> str:
-    return f'{{"index":{index},"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]'
+    """Chat's first chunk of a choice; vLLM's also sets the chunk's ``prompt_token_ids`` and ``prompt_text``."""
+    return (f'{{"index":{index},"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}],'
+            '"prompt_token_ids":null,"prompt_text":null')
 
 
 def echo_chunk(index: int, text: str) -> str:
