@@ -5,9 +5,9 @@ What vLLM 0.29 answers was read from its OpenAI server (``completion/serving.py`
 ``chat_completion/serving.py`` and their ``protocol.py``, ``v1/engine/detokenizer.py``,
 ``v1/core/sched/utils.py``) and checked once against a vLLM 0.29.0 CPU server on a generated
 tiny-llama (the same requests: chunk keys, chunk order, usage per chunk and in total, error
-bodies); the stop rule itself is checked against vLLM's own code in ``test_sim_stops.py``. The simulator generates the token ``" tok"`` (id ``TOK`` in tiny-llama's
-vocabulary) over and over, so stops are written against that text: ``stop=["ok"]`` ends the
-first token after ``" t"``.
+bodies); the stop rule itself is checked against vLLM's own code in ``test_sim_stops.py``.
+The simulator generates the token ``" tok"`` (id ``TOK`` in tiny-llama's vocabulary) over and
+over, so stops are written against that text: ``stop=["ok"]`` ends the first token after ``" t"``.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ STOPS = [  # (fields, text, finish_reason, stop_reason, completion tokens): vLLM
 def test_stops_end_the_completion_as_in_vllm(client, chat, fields, text, finish, stop_reason, tokens):
     out = create(client, chat, max_tokens=5, **dict(fields))
     choice = out.choices[0]
-    assert (text_of(choice, chat), choice.finish_reason, choice.model_extra["stop_reason"]) == (text, finish, stop_reason)
+    got = (text_of(choice, chat), choice.finish_reason, choice.model_extra["stop_reason"])
+    assert got == (text, finish, stop_reason)
     assert out.usage.completion_tokens == tokens
 
     chunks = list(create(client, chat, max_tokens=5, stream=True, stream_options=USAGE, **dict(fields)))
@@ -129,7 +130,8 @@ def test_the_engine_ends_a_stopped_request(base_url, client):
     def successes() -> dict[str, float]:
         with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=30) as r:
             text = r.read().decode()
-        return {m[1]: float(m[2]) for m in re.finditer(r'request_success_total\{.*finished_reason="(\w+)"\} (\S+)', text)}
+        found = re.finditer(r'request_success_total\{.*finished_reason="(\w+)"\} (\S+)', text)
+        return {m[1]: float(m[2]) for m in found}
 
     before = successes()
     create(client, False, max_tokens=50, stop=["ok"])
@@ -333,9 +335,11 @@ def test_tools_are_answered_as_by_vllm_without_a_tool_parser(client):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     with pytest.raises(openai.BadRequestError) as e:  # tools without tool_choice: "auto"
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, tools=tools)
-    assert e.value.body["message"] == '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    assert e.value.body["message"] == ('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                                       'to be set')
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, tools=tools, tool_choice="required")
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, tools=tools,
+                                       tool_choice="required")
     assert e.value.body["message"] == 'tool_choice="required" requires --tool-call-parser to be set'
     out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, tools=tools, tool_choice="none")
     assert out.choices[0].message.content == " tok tok"

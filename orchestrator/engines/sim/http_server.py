@@ -198,7 +198,8 @@ class OpenAIFrontend:
         chat = req.chat
         created, name = int(time.time()), self.name
         obj = "chat.completion.chunk" if chat else "text_completion"
-        prefix = f'data: {{"id":"{subs[0].rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},"choices":['
+        prefix = (f'data: {{"id":"{subs[0].rid}","object":"{obj}","created":{created},"model":{json.dumps(name)},'
+                  '"choices":[')
         # the hot path (the load generator's requests): chunks written without json.dumps
         plain = req.logprobs is None and not req.echo and not req.stop.active and not req.continuous_usage
         close = chunk_usage if req.continuous_usage else no_usage

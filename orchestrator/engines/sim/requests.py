@@ -301,10 +301,10 @@ def parse_request(body: Any, chat: bool, *, served_name: str, vocab_size: int) -
         raise
     options = fields.stream_options
     include_usage = bool(stream and options and options.include_usage)
+    continuous_usage = include_usage and bool(options.continuous_usage_stats)  # vLLM: only with include_usage
     return ApiRequest(chat=chat, prompts=prompts, max_tokens=max_tokens, echo=echo, echo_only=echo_only,
                       logprobs=logprobs, prompt_logprobs=prompt_logprobs, stream=stream,
-                      include_usage=include_usage, continuous_usage=include_usage and bool(options.continuous_usage_stats),
-                      seed=fields.seed, n=n, stop=stop,
+                      include_usage=include_usage, continuous_usage=continuous_usage, seed=fields.seed, n=n, stop=stop,
                       ending=plan_ending(stop, max_tokens, GENERATED_TEXT, generated_token_id(vocab_size)),
                       priority=fields.priority, chat_echo=_chat_echo(body) if chat and fields.echo else "",
                       tokens_as_ids=bool(fields.return_tokens_as_token_ids))

@@ -53,7 +53,7 @@ def check_tool_usage(body: dict) -> None:
     """vLLM's ``check_tool_usage`` (a raw-JSON validator), its first checks."""
     if body.get("tools") == []:
         raise validation_error("`tools` must not be an empty array. Either provide at least one tool or omit the "
-                          "field entirely.", param="tools")
+                               "field entirely.", param="tools")
     choice = _tool_choice(body)
     if choice in (None, "none"):
         return
@@ -61,7 +61,7 @@ def check_tool_usage(body: dict) -> None:
         raise validation_error("When using `tool_choice`, `tools` must be set.", param="tool_choice")
     if choice not in ("auto", "required") and not isinstance(choice, dict):
         raise validation_error(f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", \"auto\" or "
-                          "\"required\" are supported.", param="tool_choice")
+                               "\"required\" are supported.", param="tool_choice")
 
 
 def check_tools(body: dict) -> None:
@@ -72,6 +72,7 @@ def check_tools(body: dict) -> None:
         return
     if choice == "auto":
         raise BadRequest('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     described = f'function "{name}"' if name is not None else f'"{choice}"'
     raise BadRequest(f"tool_choice={described} requires --tool-call-parser to be set")
