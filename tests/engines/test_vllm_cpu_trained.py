@@ -30,6 +30,13 @@ from support.vllm_processes import one_process
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 KV_BYTES = 8 * 2**20
+# What bfloat16 does to this model's greedy answers on CPU vLLM 0.29, measured by this test (64 prompts,
+# 16 tokens, n-gram speculation on): token agreement 0.891 in the run docs/trained-models.md quotes and
+# 0.868 in two later ones, mean chosen-token logprob drift 0.0091 to 0.0092 nats. The bands hold those runs
+# with room for the batches speculation forms; a probe that sees no drift (agreement 1, drift 0) fails, and
+# so does a model that bfloat16 broke.
+BF16_AGREEMENT = (0.75, 0.97)
+BF16_DRIFT_NATS = (0.004, 0.02)
 
 
 def test_trained_model_drift_on_cpu_vllm(tmp_path, engine_cluster, tiny_trained_model):
@@ -105,18 +112,19 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, engine_cluster, tiny_trained_
     assert sum(chosen) / len(chosen) > -2.0 > -math.log(4096)
     assert len({tuple(a["tokens"]) for a in answers}) > len(answers) // 2
 
-    # bfloat16 drifts from the float32 baseline.
+    # bfloat16 drifts from the float32 baseline by what it was measured to do on CPU.
     assert bf16["probe_baseline"] == base["trial_id"]
-    assert bf16["logprob_diff_mean"] > 0 and bf16["token_agreement"] <= 1.0
+    assert BF16_AGREEMENT[0] <= bf16["token_agreement"] <= BF16_AGREEMENT[1], bf16["token_agreement"]
+    assert BF16_DRIFT_NATS[0] <= bf16["logprob_diff_mean"] <= BF16_DRIFT_NATS[1], bf16["logprob_diff_mean"]
     assert bf16["perplexity_delta"] != 0.0
     assert abs(bf16["perplexity_delta"]) < 0.5 * base["heldout_perplexity"]  # drift, not a broken model
 
-    assert bf16["prefix_agreement"] <= bf16["token_agreement"] and bf16["first_divergence_mean"] <= 16
-    assert bf16["logprob_diff_p95"] >= 0
+    # A flipped greedy token changes the context after it: the answers part at their first flip.
+    assert bf16["prefix_agreement"] <= bf16["token_agreement"] and bf16["first_divergence_mean"] < 16
+    assert bf16["logprob_diff_p95"] > 0
     # Where bfloat16 flips a token, the two runs' own chosen tokens are near-ties: as likely as each
     # other within the drift bfloat16 causes elsewhere, not a confident token replaced.
-    if bf16["token_agreement"] < 1.0:
-        assert bf16["divergence_gap_max"] < 0.5
+    assert 0 < bf16["divergence_gap_max"] < 0.5
 
     # The SLO on the probe decides feasibility, for the rows and for the sampler.
     assert bool(base["feasible"]) and not bool(bf16["feasible"])

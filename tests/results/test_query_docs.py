@@ -1,4 +1,5 @@
-"""The quickstart's dataset: readable without project code, and every example of docs/querying.md runs on it.
+"""The quickstart's dataset: readable without project code, and every example of docs/querying.md runs on it
+and prints what plain pandas finds on the same files.
 
 The dataset is ``support.quickstart_dataset``'s: the real quickstart study through ``orchestrator run``
 once per test run (all xdist workers share it), in virtual time so that it takes seconds; the
