@@ -64,8 +64,8 @@ def _print_starts(starts, limit: int = 12) -> None:
     if starts.empty:
         return
     names = ["import", "load", "compile", "graphs", "profile", "ready", "other"]
-    print("engine starts, seconds (from vLLM's log; compile: cold, or loaded from the compile cache):")
-    print("  " + f"{'trial':>6}" + "".join(f"{n:>9}" for n in names) + f"{'startup_s':>11}  compile")
+    print("engine starts, seconds (from vLLM's log; torch.compile compiled, or loaded from the compile cache):")
+    print("  " + f"{'trial':>6}" + "".join(f"{n:>9}" for n in names) + f"{'startup_s':>11}  torch.compile")
 
     def line(label, values, startup, cached) -> str:
         cells = "".join(f"{'-' if v != v else f'{v:.1f}':>9}" for v in values)
@@ -73,12 +73,13 @@ def _print_starts(starts, limit: int = 12) -> None:
 
     phases = list(START_PHASE_LABELS)
     for _, r in starts.tail(limit).iterrows():
-        cached = {True: "cache", False: "cold"}.get(r["compile_cached"], "-")
+        cached = {True: "cache", False: "compiled"}.get(r["compile_cached"], "-")
         print(line(str(r["trial_number"]), [float(r[c]) for c in phases], float(r["startup_s"]), cached))
     if len(starts) > limit:
         print(f"  ... {len(starts) - limit} earlier trial(s) not shown")
-    med = starts[phases + ["startup_s"]].astype(float).median()
-    print(line("median", [med[c] for c in phases], med["startup_s"], ""))
+    if len(starts) > 1:
+        med = starts[phases + ["startup_s"]].astype(float).median()
+        print(line("median", [med[c] for c in phases], med["startup_s"], ""))
 
 
 
