@@ -110,7 +110,8 @@ class FrontDecision:
                        f"an objective beyond the noise (equivalence margin {margin}):")
             out.extend(self._members())
         else:
-            pairs = len(self.classes) * (len(self.classes) - 1) // 2
+            trials = sum(len(c) for c in self.classes)  # ties are between trials, classes can hold several
+            pairs = trials * (trials - 1) // 2
             out.append(f"no single decision yet: {len(self.classes)} configurations on the front, "
                        f"{pairs - len(self.ties)} of their {pairs} comparisons decided (equivalence margin {margin}):")
             out.extend(self._members())
