@@ -89,6 +89,7 @@ def test_cpu_vllm_study(tmp_path, engine_cluster):
 
     from orchestrator.models.modelgen import make_model_dir
     from orchestrator.results import load_requests, load_trials
+    from orchestrator.results.definition import write_study_definition
     from orchestrator.results.levels import load_levels
     from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
@@ -131,6 +132,7 @@ def test_cpu_vllm_study(tmp_path, engine_cluster):
     killer = EngineKiller(tmp_path / "out" / "cpu-vllm" / "trials", cache_root, after_rows=3, after_requests=20)
     killer.start()
     try:
+        write_study_definition(study)  # as `orchestrator run` does: `show` below reads it
         run = run_study(study, quiet=True, serve_port=engine_cluster.serve_port)
     finally:
         killer.stop.set()
