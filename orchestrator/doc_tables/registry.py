@@ -44,6 +44,7 @@ from typing import Optional, Sequence
 from orchestrator.doc_tables import decisions as decision_tables
 from orchestrator.doc_tables import h200
 from orchestrator.doc_tables import kv as kv_tables
+from orchestrator.doc_tables import start_phases
 from orchestrator.doc_tables import trained as trained_tables
 from orchestrator.doc_tables import window_noise
 from orchestrator.doc_tables.blocks import KINDS, DocBlock
@@ -86,6 +87,9 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
     DocTable("starts", (_EX + "starts-h100", _EX + "starts-cpu-vllm"), decision_tables.starts_table),
     DocTable("starts-paired-h100", (_EX + "starts-h100",),
              functools.partial(decision_tables.paired_starts_table, better="tuned", baseline="defaults")),
+    # docs/benchmarks.md: where engine starts went
+    DocTable("start-phases-h100", (_EX + "starts-h100",), start_phases.server_log_phases_table),
+    DocTable("start-cache-cpu", (_EX + "start-cache-cpu-vllm",), start_phases.start_cache_table),
     # docs/benchmarks.md: learned weights
     DocTable("trained-quantization-h100", (_EX + "trained-base-quant-h100",), trained_tables.quantization_table),
     DocTable("trained-speculation-h100", (_EX + "trained-base-spec-h100",), trained_tables.speculation_table),
