@@ -257,6 +257,12 @@ def searcher_class():
             self._started: dict[str, dict] = {}  # Tune trial id -> parameters (racing), until its result
             self._study_space = getattr(kwargs["space"], "__self__", None)  # the SearchSpace of space.suggest
 
+        def save(self, checkpoint_path: str) -> None:
+            """Nothing: the Optuna journal is the search's memory, and Tune's own experiment restore is not
+            used (search/resume.py). Tune's searcher pickled itself at every checkpoint instead: the
+            study's trials each time, and Optuna's NSGA-II sampler, which holds a lock, ended every
+            ``sampler: nsga2`` run in a traceback."""
+
         def _race(self, stopping: bool = False) -> bool:
             """Queue the next racing trial, if it is racing's turn (or the search is ``stopping``)."""
             if self._racer is None:

@@ -28,9 +28,14 @@ class SearchStage(StrictModel):
                                   description="trials of this stage; the last stage may leave it out (the rest)")
 
 
+# Optuna's samplers seed NumPy's legacy generator, which takes 0 .. 2**32 - 1: a larger seed passed
+# validate and ended ``run`` in a traceback ("Seed must be between 0 and 2**32 - 1").
+MAX_SEED = 2**32 - 1
+
+
 class SearchSettings(StrictModel):
     sampler: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
-    seed: Optional[int] = Field(default=None, ge=0, description="sampler seed; default: the study's seed")
+    seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED, description="sampler seed; default: the study's seed")
     n_startup_trials: Optional[int] = Field(default=None, ge=0, description="random trials before the model kicks in")
     warm_start: list[str] = Field(default_factory=list, description="result datasets whose best points are tried first")
     initial_points: list[dict[str, Any]] = Field(

@@ -40,7 +40,7 @@ from orchestrator.study.engine import (ENGINE_SPECS, EngineSpec, ExternalEngineS
 from orchestrator.study.errors import LocatedError, Problem, StudyFileError, models_by_tag, problems_from_validation
 from orchestrator.study.goals import Constraint, Objective, parse_objective
 from orchestrator.study.probe import ProbeSpec, probe_problems
-from orchestrator.study.search import SearchSettings, SearchStage, fidelity_problems, search_problems
+from orchestrator.study.search import MAX_SEED, SearchSettings, SearchStage, fidelity_problems, search_problems
 from orchestrator.study.space import SearchSpace, space_problems
 from orchestrator.study.state_dir import output_problem
 from orchestrator.workload.arrivals import is_rate_driven
@@ -109,7 +109,7 @@ DEFAULT_MAX_ERROR_RATE = 0.01
 class Study(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     description: str = ""
-    seed: int = Field(default=0, ge=0, description="seeds the workload, the sampler and the probe")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="seeds the workload, the sampler and the probe")
     engine: EngineSpec = SimEngineSpec()
     model: ModelSpec
     hardware: HardwareSpec

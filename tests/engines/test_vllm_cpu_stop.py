@@ -41,6 +41,8 @@ SIGNAL_BOUND_S = 30  # the issue's bound: no process of the run 30 s after the s
 # The Ray actors of a run, by the process title Ray gives them: its Serve replicas, Tune's trial actors,
 # its results writer and GPU ledger.
 RUN_ACTORS = ("ray::ServeReplica:tune-", "ray::ImplicitFunc", "ray::ResultsSinkActor", "ray::GpuLedgerActor")
+# vLLM's processes: the API server (and its supervisor), the engine core, a worker where it has one.
+VLLM_KINDS = ("vllm.entrypoints", "EngineCore", "VLLM::Worker")
 
 
 def _study_file(tmp_path, name: str) -> str:
@@ -124,8 +126,8 @@ def _run_actors(cache_root) -> list[str]:
 def _left_after(cache_root, deadline: float) -> list:
     """What of the run is still there at ``deadline`` (nothing as soon as nothing is)."""
     while True:
-        left = ([" ".join(p.cmdline()[:3]) for p in vllm_processes(cache_root)] + _run_actors(cache_root)
-                + _apps())
+        left = ([" ".join(p.cmdline()[:3]) for p in vllm_processes(cache_root, kinds=VLLM_KINDS)]
+                + _run_actors(cache_root) + _apps())
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)

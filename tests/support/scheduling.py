@@ -39,10 +39,10 @@ RAY_MODULES = ("test_search_fidelity.py", "test_unit_metrics.py", "test_nightly.
 SERVED_UNIT = "served-simulator"
 SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_served.py", "test_warmup_served.py",
                   "test_sessions_served.py", "test_study_served.py", "test_sim_http.py", "test_decisions_served.py",
-                  "test_stop_signals.py")
+                  "test_stop_signals.py", "test_fuzz_runs.py")
 
 EXPECTED_S = {
-    "test_trained_model.py": 70, SERVED_UNIT: 290, RAY_UNIT: 400, "test_faults_cluster.py": 220,
+    "test_trained_model.py": 70, SERVED_UNIT: 450, RAY_UNIT: 400, "test_faults_cluster.py": 220,
     "test_study_e2e.py": 130, "test_jobs.py": 110, "test_resume_kill.py": 100,
     "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
     "test_query_docs.py": 20,

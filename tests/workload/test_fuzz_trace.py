@@ -6,31 +6,13 @@ so each fuzzed file is checked both by ``read_trace`` and by ``orchestrator vali
 
 from __future__ import annotations
 
-import copy
-import json
-
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import BASE_STUDY
 from orchestrator.workload import trace
-
-VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
-                   st.text(max_size=12), st.lists(st.integers(0, 5), max_size=3))
-ENTRY = st.dictionaries(st.sampled_from(["timestamp", "input_len", "output_len", "prompt", "prefix_group",
-                                         "prefix_len", "bogus"]), VALUES, max_size=5)
-GOOD = st.builds(lambda t, i, o: {"timestamp": t, "input_len": i, "output_len": o},
-                 st.floats(0, 100, allow_nan=False), st.integers(1, 500), st.integers(1, 200))
-LINE = st.one_of(ENTRY.map(json.dumps), GOOD.map(json.dumps), st.text(max_size=30), st.just(""), st.just("{"))
-
-
-def _study_with_trace(tmp_path, name: str) -> dict:
-    doc = copy.deepcopy(BASE_STUDY)
-    doc["workload"] = {"trace": {"path": name}}
-    return doc
-
+from support.fuzz_studies import LINE, study_with_trace
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(LINE, min_size=0, max_size=6))
@@ -48,7 +30,7 @@ def test_fuzzed_traces_load_or_name_the_line(tmp_path, capsys, lines):
     else:
         assert entries
     study = tmp_path / "s.yaml"
-    study.write_text(yaml.safe_dump(_study_with_trace(tmp_path, path.name)))
+    study.write_text(yaml.safe_dump(study_with_trace(path.name)))
     rc = main(["validate", str(study)])
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
