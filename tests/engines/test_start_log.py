@@ -151,9 +151,16 @@ def test_a_study_shares_one_compile_cache_unless_one_is_named(tmp_path, monkeypa
 
 
 def test_lines_before_the_start_belong_to_another():
-    """A Ray worker's log holds whatever that worker ran before: given the start time, earlier lines
-    are not this start's."""
-    earlier = _line("12-07 08:00:00", "Model loading took 7.5 GiB memory and 9.000000 seconds")
-    now = _line("12-07 10:00:05", "Loading weights took 0.50 seconds")
-    assert start_phases(f"{earlier}\n{now}", started_at=datetime(2026, 12, 7, 10, 0, 0)).load_s == 0.5
-    assert start_phases(f"{earlier}\n{now}").load_s == 9.0
+    """Ray's logs hold whatever ran before (``ray.serve.llm``'s replica, Serve's controller quoting an
+    earlier server's log, its ``# ready`` line included): given the deploy's and the answer's times,
+    earlier lines and marks are not this start's."""
+    earlier = [_line("12-07 08:00:00", "Model loading took 7.5 GiB memory and 9.000000 seconds"),
+               _line("12-07 08:00:09", "init engine (profile, create kv cache, warmup model) took 3.00 s"),
+               mark_line(READY_MARK, datetime(2026, 12, 7, 8, 0, 10)).strip()]
+    now = [_line("12-07 10:00:05", "Starting to load model /m..."),
+           _line("12-07 10:00:05", "Loading weights took 0.50 seconds"),
+           _line("12-07 10:00:07", "init engine (profile, create kv cache, warmup model) took 1.00 s")]
+    log = "\n".join(earlier + now)
+    p = start_phases(log, started_at=datetime(2026, 12, 7, 10, 0, 0), ready_at=datetime(2026, 12, 7, 10, 0, 9, 500000))
+    assert (p.import_s, p.load_s, p.profile_s, p.ready_s) == (5.5, 0.5, 1.0, 2.0)
+    assert start_phases(log).load_s == 9.0  # the server's own log, without times: every line is its own

@@ -75,6 +75,13 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, engine_clust
     assert bool(row["harness_bound"]), row["harness_bound_reason"]
     assert row["harness_bound_reason"].startswith("client TTFT p50"), row["harness_bound_reason"]
 
+    # Where the start went, read from the replica's lines in Ray's logs (the import phase counted from
+    # the deploy, Serve placing the replica included); an eager engine compiles nothing.
+    ran = ["start_import_s", "start_load_s", "start_profile_s", "start_ready_s"]
+    assert all(row[c] == row[c] and row[c] >= 0 for c in ran), row[ran]
+    assert sum(row[c] for c in ran) <= row["startup_s"] + 2.0, (row[ran], row["startup_s"])
+    assert row["start_compile_s"] != row["start_compile_s"]  # NaN: no torch.compile
+
     rec = recommend(load_trials(run.study_dir), study)
     assert rec.llm_config()["experimental_configs"] == {"stream_batching_interval_ms": 400.0,
                                                         "num_ingress_replicas": 1}

@@ -7,7 +7,7 @@ happen (each is NaN in the row when it did not happen or could not be read):
 * ``import``: from the server process's start to the engine starting to load weights: Python
   imports of the API server and the engine core, configuration, the engine-core process, device
   set-up. Needs the process's start time: the ``# started`` line the replica writes before it
-  starts the server (:func:`mark_line`), or ``started_at``.
+  starts the server (:func:`mark_line`), or ``started_at`` (``ray.serve.llm``: the deploy).
 * ``load``: weights ("Model loading took ... seconds" on GPUs, "Loading weights took" on CPUs).
 * ``compile``: torch.compile ("torch.compile took X s in total"; on CPUs, which do not log it, from
   the warm-up for the compilation to the compiled function saved or loaded). ``compile_cached``:
@@ -54,6 +54,7 @@ _PHASE_LINE = re.compile("|".join(p.pattern for p in (
     _LOAD_BEGINS, _MODEL_LOADING, _WEIGHTS, _COMPILE_TOTAL, _INIT, _CPU_COMPILE_BEGINS, _CPU_COMPILE_ENDS,
     _COMPILED, _FROM_CACHE, _GRAPHS, _SERVER_UP)))
 _HALF = timedelta(seconds=0.5)  # a whole-second stamp stands for the middle of its second
+_SECOND = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -152,16 +153,20 @@ def _compile_seconds(lines: list[_Line]) -> Optional[float]:
 
 def start_phases(log_text: str, *, started_at: Optional[datetime] = None,
                  ready_at: Optional[datetime] = None) -> StartPhases:
-    """The phases of the last engine start in ``log_text`` (a ``vllm serve`` log, or the lines of
-    one that a Ray log holds). ``started_at`` / ``ready_at``: when the process started and when it
-    answered (naive local times), where the log has no ``# started`` / ``# ready`` line."""
-    raw = _last_start(log_text.splitlines())
-    marks = {m.group(1): datetime.fromisoformat(m.group(2)) for ln in raw if (m := _MARK.match(ln))}
-    started_at = marks.get(START_MARK, started_at)
-    ready_at = marks.get(READY_MARK, ready_at)
-    lines = _stamped(raw, started_at or (ready_at - timedelta(days=1) if ready_at else None))
-    if started_at is not None:  # a Ray worker's log may hold an earlier start: only this one's lines
-        lines = [ln for ln in lines if ln.at is None or ln.at >= started_at - timedelta(seconds=1)]
+    """The phases of an engine start in ``log_text``.
+
+    Without ``started_at``: the server's own log, as the replica writes it (the last start in it,
+    between its ``# started`` and ``# ready`` lines). With ``started_at`` and ``ready_at`` (naive
+    local times: the deploy, the endpoint answering): lines that Ray's logs hold, where other
+    starts' lines may sit too (their marks included): only the lines stamped from ``started_at`` on."""
+    raw = log_text.splitlines()
+    if started_at is None:
+        raw = _last_start(raw)
+        marks = {m.group(1): datetime.fromisoformat(m.group(2)) for ln in raw if (m := _MARK.match(ln))}
+        started_at, ready_at = marks.get(START_MARK), ready_at or marks.get(READY_MARK)
+        lines = _stamped(raw, started_at or (ready_at - timedelta(days=1) if ready_at else None))
+    else:
+        lines = [ln for ln in _stamped(raw, started_at) if ln.at is not None and ln.at >= started_at - _SECOND]
 
     load_begins = _first(lines, _LOAD_BEGINS)
     init = next((ln for ln in reversed(lines) if _INIT.search(ln.text)), None)
