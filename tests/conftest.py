@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -132,9 +132,10 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
     env = dict(env or {})
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard,
-             namespace="orchestrator", runtime_env={"env_vars": env} if env else None,
-             **({"_system_config": {"metrics_report_interval_ms": 1000}} if ray_metrics else {}))
+    with _job_agent_of_its_own() if dashboard else nullcontext():
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard,
+                 namespace="orchestrator", runtime_env={"env_vars": env} if env else None,
+                 **({"_system_config": {"metrics_report_interval_ms": 1000}} if ray_metrics else {}))
     try:
         yield ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - no public API
     finally:
@@ -144,6 +145,27 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def _job_agent_of_its_own() -> Iterator[None]:
+    """``ray.init`` with its dashboard agent (what ``ray job submit`` talks to) on a free port of its own.
+    Every Ray's agent listens on 52365 unless told otherwise, and ``ray.init`` has no argument to tell
+    it: with the suite's other Rays up, one of them took the port and this one had no job agent ("No
+    available agent to submit job"). Port 0 is Ray's own "bind any" (the agent registers the port it got)."""
+    from ray._private.parameter import RayParams
+
+    original = RayParams.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs.setdefault("dashboard_agent_listen_port", 0)
+        original(self, *args, **kwargs)
+
+    RayParams.__init__ = init
+    try:
+        yield
+    finally:
+        RayParams.__init__ = original
 
 
 def ray_unit() -> str:

@@ -166,7 +166,10 @@ def _drive(study: Study, run: RunState, *, resumed: bool, state_dir: Path, addre
                         serve_port=serve_port, remaining=remaining, started_here=started_here, resumed=resumed)
     except StudyInterrupted as e:
         e.running = printer.running  # the trials stopped in flight: marked interrupted, they run again on resume
-        reconcile(study, storage, ostudy_name, store.read_trials())
+        try:
+            reconcile(study, storage, ostudy_name, store.read_trials())
+        except Exception as problem:  # noqa: BLE001 - the next run marks them; the stop still ends in one line
+            log.warning("the trials in flight are marked at the next run: %s", root_message(problem))
         raise
     finally:
         if started_here:

@@ -118,7 +118,7 @@ def served_ray():
     return shared_serve()  # the served unit's Ray, with Serve's proxy on SHARED_SERVE_PORT
 
 
-@settings(max_examples=3, **FUZZ_SETTINGS)
+@settings(max_examples=2, **FUZZ_SETTINGS)
 @given(doc=mutated_docs())
 def test_every_mutated_study_validate_accepts_runs_to_a_clean_end(served_ray, tmp_path, capsys, caplog, doc):
     _runs_cleanly(tmp_path, capsys, caplog, yaml.safe_dump(doc, allow_unicode=True))
@@ -130,7 +130,7 @@ def test_every_odd_numbered_study_validate_accepts_runs_to_a_clean_end(served_ra
     _runs_cleanly(tmp_path, capsys, caplog, text)
 
 
-@settings(max_examples=2, **FUZZ_SETTINGS)
+@settings(max_examples=1, **FUZZ_SETTINGS)
 @given(lines=st.lists(LINE, min_size=1, max_size=6))
 def test_every_fuzzed_trace_validate_accepts_runs_to_a_clean_end(served_ray, tmp_path, capsys, caplog, lines):
     doc = study_with_trace("t.jsonl")
