@@ -13,7 +13,7 @@ Kubernetes eviction) end the run gracefully, a second one at once; neither leave
   until the run's Serve applications are gone, marks the trials that were running interrupted (they
   run again when the run resumes), stops the Ray it started and exits with 128 + the signal and one
   line saying what was stopped.
-* **Second signal.** No more bookkeeping: once the deletions were asked for (a few seconds at most),
+* **Second signal.** No more bookkeeping: once the deletions were asked for (10 s at most),
   Ray is shut down (every replica with it where the run started Ray, and every supervisor ends its
   engine's group) and the process exits at once.
 * **SIGKILL of the driver.** Nothing runs; the engines still die with their replicas where Ray dies
