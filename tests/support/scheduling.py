@@ -42,7 +42,7 @@ SERVED_MODULES = ("test_ties.py", "test_capacity_served.py", "test_harness_serve
                   "test_stop_signals.py", "test_fuzz_runs.py")
 
 EXPECTED_S = {
-    "test_trained_model.py": 70, SERVED_UNIT: 450, RAY_UNIT: 400, "test_faults_cluster.py": 220,
+    "test_trained_model.py": 70, SERVED_UNIT: 380, RAY_UNIT: 400, "test_faults_cluster.py": 220,
     "test_study_e2e.py": 130, "test_jobs.py": 110, "test_resume_kill.py": 100,
     "test_study_inputs.py": 40, "test_damage_fuzz.py": 40,
     "test_query_docs.py": 20,
