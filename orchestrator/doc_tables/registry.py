@@ -44,10 +44,12 @@ from typing import Optional, Sequence
 from orchestrator.doc_tables import decisions as decision_tables
 from orchestrator.doc_tables import h200
 from orchestrator.doc_tables import kv as kv_tables
+from orchestrator.doc_tables import sim_error
 from orchestrator.doc_tables import start_phases
 from orchestrator.doc_tables import trained as trained_tables
 from orchestrator.doc_tables import window_noise
 from orchestrator.doc_tables.blocks import KINDS, DocBlock
+from orchestrator.doc_tables.blocks import text as text_block
 from orchestrator.doc_tables.texts.catalog import TEXTS
 from orchestrator.results import repeatability
 
@@ -98,6 +100,13 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
     DocTable("sim-vs-h200-capacity", (_EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"),
              h200.sim_capacity_table),
     DocTable("kv-predicted-vs-logged", kv_tables.KV_DATASETS, kv_tables.kv_prediction_table),
+    # docs/simulator.md: the simulator's out-of-sample error (benchmarks/sim_error.py's dataset)
+    DocTable("sim-error-by-gpu", (_EX + "sim-error",), sim_error.by_gpu_table),
+    DocTable("sim-error-by-dataset", (_EX + "sim-error",), sim_error.by_dataset_table),
+    DocTable("sim-error-fits", (_EX + "sim-error",), sim_error.fits_table),
+    DocTable("sim-error-margins", (_EX + "sim-error",), sim_error.margins_table),
+    text_block("sim-error-verdict", (_EX + "sim-error",), sim_error.verdict_text),
+    text_block("sim-error-ranking", (_EX + "sim-error",), sim_error.ranking_text),
     # the prose beside them (orchestrator/doc_tables/texts/)
     *TEXTS,
 )}

@@ -64,7 +64,10 @@ def _doc(tmp_path, url: str, **search) -> dict:
 def test_the_simulator_screens_and_real_trials_confirm(endpoint, unit_ray, tmp_path):
     import ray
 
-    study = parse_study(_doc(tmp_path, endpoint))  # fidelity_min_gain: the default, 1%
+    # 3%: on this GPU the simulator's measured throughput margin (docs/simulator.md, "Out-of-sample error")
+    # keeps another trial's expected gain in a flat landscape near 2% for many trials; above it, the
+    # search stops once its confirmations are in.
+    study = parse_study(_doc(tmp_path, endpoint, fidelity_min_gain=0.03))
     rows, out = run_printed(study, serve_port=8133)
     actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
     # Nothing is deployed for an endpoint that runs elsewhere: no Serve controller or proxy was started.

@@ -43,12 +43,8 @@ LOG_LO = np.log([BOUNDS[f][0] for f in CAL_FIELDS])
 LOG_HI = np.log([BOUNDS[f][1] for f in CAL_FIELDS])
 FD_STEP = 0.05  # finite-difference step in log(multiplier)
 FIT_ITERATIONS = 2  # from the last fit: each real trial moves it little
-# The calibrated simulator's log error before evidence, by metric family: the spread left after
-# the joint fit to the H200 capacity study (docs/simulator.md: request throughput median error 2%,
-# max 18%; TPOT p50 median 11%; TTFT p50 median 13%, max 45%). Counted as PRIOR_WEIGHT residuals
-# in the running estimate of each metric's residual spread.
-PRIOR_LOG_SD = {"throughput": 0.05, "tpot": 0.15, "ttft": 0.2}
-PRIOR_LOG_SD_OTHER = 0.2
+# The simulator's log error before evidence (the margin, per GPU and metric: .margin) counts as
+# PRIOR_WEIGHT residuals in the running estimate of each metric's residual spread.
 PRIOR_WEIGHT = 1.0
 # The run-to-run spread of one real measurement (log sd) when its row carries no interval: vLLM's
 # defaults' capacity on an H200 over five seeds, 54.7-62.4 req/s (log sd 0.064; docs/benchmarks.md,
@@ -58,16 +54,16 @@ MIN_LOG_SD = 0.005  # a configuration's value is never known more closely than t
 LENGTH_SCALE = 0.35  # of the residual model, in normalised parameter units
 
 
-def prior_log_sd(metric: str) -> float:
-    """The calibrated simulator's typical log error on ``metric`` (see PRIOR_LOG_SD)."""
+def metric_family(metric: str) -> str:
+    """Which kind of number ``metric`` is, for the simulator's error on it: ``throughput`` (rates,
+    goodput, capacity, cost per token: an inverse throughput), ``tpot`` (per-token and end-to-end
+    latencies), ``ttft`` or ``other``."""
     m = metric.lower()
     if any(w in m for w in ("throughput", "goodput", "capacity", "rps", "cost_per")):
-        return PRIOR_LOG_SD["throughput"]  # cost per token is an inverse throughput
+        return "throughput"
     if any(w in m for w in ("tpot", "itl", "e2el")):
-        return PRIOR_LOG_SD["tpot"]
-    if "ttft" in m:
-        return PRIOR_LOG_SD["ttft"]
-    return PRIOR_LOG_SD_OTHER
+        return "tpot"
+    return "ttft" if "ttft" in m else "other"
 
 
 def noise_log_sd(measured: Mapping[str, Any], metric: str, z: float) -> float:
@@ -88,6 +84,12 @@ def log_value(v: Any) -> Optional[float]:
 
 
 # ------------------------------------------------------------------ calibration
+def calibration(theta: Sequence[float]) -> dict[str, float]:
+    """The multipliers of log multipliers ``theta``, within :data:`BOUNDS` (clamped after exp:
+    exp(log(10)) is 10.000000000000002)."""
+    return {f: min(max(float(math.exp(v)), BOUNDS[f][0]), BOUNDS[f][1]) for f, v in zip(CAL_FIELDS, theta)}
+
+
 def _residuals(measured: Sequence[Mapping[str, Any]], predicted: Sequence[Mapping[str, Any]],
                metrics: Sequence[str], theta: np.ndarray) -> np.ndarray:
     out = []
@@ -185,7 +187,7 @@ class Residuals:
     noise: Optional[np.ndarray] = None  # (n,) each real measurement's log sd (default NOISE_LOG_SD)
 
     @classmethod
-    def fit(cls, x: np.ndarray, e: np.ndarray, prior_sd: float = PRIOR_LOG_SD_OTHER,
+    def fit(cls, x: np.ndarray, e: np.ndarray, prior_sd: float,
             noise: Optional[np.ndarray] = None) -> "Residuals":
         n = len(e)
         mean = float(e.sum()) / (PRIOR_WEIGHT + n) if n else 0.0

@@ -8,7 +8,10 @@ trial is then the configuration with the largest expected gain
 the SLOs, later the most promising where the simulator is least certain). After every real
 trial the calibration is fitted again to all real trials, the shortlist is scored again
 and re-ranked. The search stops when no configuration is predicted to gain more than
-``search.fidelity_min_gain`` of the best, or when the budget is spent.
+``search.fidelity_min_gain`` of the best, or when the budget is spent; not before as many real
+trials as the simulator's measured error on the study's GPU asks for
+(:func:`~orchestrator.search.fidelity.margin.screening_rule`, which also sets how far each
+prediction is trusted before any real trial).
 
 Every real trial carries the prediction it was picked on (the calibrated simulator's
 numbers, :func:`prediction_columns`); the scores of all candidates are written apart from
@@ -32,6 +35,7 @@ from orchestrator.failures import TrialStatus
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
 from orchestrator.search.fidelity import model as fm
+from orchestrator.search.fidelity.margin import screening_rule
 from orchestrator.search.feasibility import space_points
 from orchestrator.search.fidelity.scoring import (Scorer, SimScorer, fidelity_metrics, fit_levels, noise_columns,
                                                   score_in_simulator, study_metrics)
@@ -98,13 +102,16 @@ class FidelitySearch:
         # A real measurement's interval is at the capacity search's confidence (or the default).
         self.z = z_of(study.capacity.confidence if study.capacity is not None else DEFAULT_CONFIDENCE)
         self.scored = 0  # simulations run
+        # How far the simulator is trusted on this GPU, and the real trials before the stop rule may end the
+        # search: from its out-of-sample error measured there, wider on a GPU never measured (.margin).
+        self.rule = screening_rule(study.hardware.gpu)
+        self.confirmations = self.rule.confirmations(study.objectives[0].metric)
         self._encode = None
         self._ranked: list[tuple[float, tuple, Pick]] = []
 
     # ---------------------------------------------------------------- calibration and scoring
     def calibration(self, theta: Optional[np.ndarray] = None) -> dict[str, float]:
-        t = self.theta if theta is None else theta  # clamped after exp: exp(log(10)) is 10.000000000000002
-        return {f: min(max(float(math.exp(v)), fm.BOUNDS[f][0]), fm.BOUNDS[f][1]) for f, v in zip(fm.CAL_FIELDS, t)}
+        return fm.calibration(self.theta if theta is None else theta)
 
     def _score(self, points: Sequence[Mapping[str, Any]], theta: np.ndarray, *, over_cluster: bool = False,
                rates: Optional[Sequence[Optional[float]]] = None) -> list[tuple[str, dict]]:
@@ -127,6 +134,7 @@ class FidelitySearch:
             self.note(f"fidelity sim: {len(self.measured)} real trial(s) recorded before; {self.describe_calibration()}")
         starts = sum(c.status == TrialStatus.COMPLETED for c in self.candidates.values())
         feasible = sum(self._feasible(c) for c in self.candidates.values())
+        self.note(f"fidelity sim: {self.rule.describe(self.study.objectives[0].metric)}")
         self.note(f"fidelity sim: scored {len(points)} of {size} configurations in the simulator in "
                   f"{time.monotonic() - t0:.1f} s; {starts} start, {feasible} predicted to meet the SLOs")
         self._record()
@@ -256,7 +264,7 @@ class FidelitySearch:
                     errs.append(ly - lp)
                     rows.append(i)
                     noise.append(fm.noise_log_sd(m, metric, self.z))  # each measurement's own noise
-            model = fm.Residuals.fit(xr[rows], np.array(errs), fm.prior_log_sd(metric), np.array(noise))
+            model = fm.Residuals.fit(xr[rows], np.array(errs), self.rule.sd(metric), np.array(noise))
             mean, sd = model.predict(xs)
             lp = np.array([fm.log_value(self.candidates[k].metrics.get(metric)) or np.nan for k in keys])
             return lp + mean, sd
@@ -303,6 +311,9 @@ class FidelitySearch:
             self.stop_reason = "every configuration the simulator says can start was measured"
             return None
         gain, _, pick = ranked[0]
+        if len(self.measured) + len(pending) < self.confirmations:  # too few real trials to trust the ranking
+            self.stop_reason = None
+            return pick
         best = self._best_real()
         min_gain = self.study.search.fidelity_min_gain
         # A gain inside the best's own measurement noise would not be told apart from it.

@@ -1,0 +1,118 @@
+"""The simulator's out-of-sample error, and the fidelity search's margins that come from it.
+
+``results/examples/sim-error`` holds every recorded real trial replayed in the simulator
+(``benchmarks/sim_error.py``, an hour of simulations): docs/simulator.md's tables are generated
+from it (tests/apps/test_docs_tables.py), the margins in ``orchestrator/search/fidelity/margin.py``
+must equal what it gives, and a cheap part of it is replayed again here, so a simulator that
+changed under the stored dataset fails instead of leaving the docs and the margins stale.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from orchestrator.doc_tables import sim_error as tables
+from orchestrator.search.fidelity import error, margin, replay
+
+DATASET = REPO / "results" / "examples" / "sim-error"
+EXAMPLES = REPO / "results" / "examples"
+
+
+@pytest.fixture(scope="module")
+def rows() -> pd.DataFrame:
+    return tables.load(DATASET)
+
+
+def test_the_margins_are_what_the_recorded_errors_give(rows):
+    measured, unmeasured = error.margins(rows, replay.TABLE_METRICS)
+    assert measured == margin.MEASURED_LOG_SD, "rerun benchmarks/sim_error.py's margins into fidelity/margin.py"
+    assert unmeasured == margin.UNMEASURED_LOG_SD
+    assert set(measured) == {"H200", "H100-80GB"}  # both GPUs of the recorded datasets
+
+
+def test_every_recorded_real_trial_is_replayed_or_said_why_not(rows):
+    """A real dataset added under results/examples fails here until the benchmark runs again."""
+    trials, skipped = replay.recorded_trials(EXAMPLES)
+    run = json.loads((DATASET / tables.RUN_FILE).read_text())
+    assert set(run["left_out"]) <= set(skipped), "left out then, not now: run benchmarks/sim_error.py again"
+    assert "speculative decoding (not modelled)" in skipped.values()
+    assert set(rows["dataset"]) == {t.dataset for t in trials}
+    assert set(rows["trial_id"]) == {t.trial_id for t in trials}
+    # Every scheme predicts every trial: leave-one-out and other-GPU folds cover each dataset once.
+    for scheme in replay.SCHEMES:
+        assert set(rows[rows["scheme"] == scheme]["trial_id"]) == {t.trial_id for t in trials}, scheme
+    lodo = rows[rows["scheme"] == replay.LEAVE_ONE_OUT]
+    for dataset, g in lodo.groupby("dataset"):
+        assert dataset not in g["trained_on"].iloc[0].split(", ") and g["trained_on"].nunique() == 1
+
+
+def test_the_stored_predictions_are_what_the_simulator_gives_now(rows):
+    """The shipped fold of a small H100 and a small H200 dataset, simulated again: the same numbers.
+    When this fails, the simulator changed: `python benchmarks/sim_error.py`, then
+    `python -m orchestrator.doc_tables.registry --write` (and the margins, if they moved)."""
+    trials, _ = replay.recorded_trials(EXAMPLES)
+    for dataset in ("trained-base-spec-h100", "llama3-8b-h200-reference"):
+        mine = [t for t in trials if t.dataset == dataset]
+        fold = replay.Fold(replay.SHIPPED, mine[0].gpu, (dataset,), ())
+        again, _ = replay.run_fold(str(EXAMPLES), fold, mine, replay.sequential(str(EXAMPLES)))
+        stored = rows[(rows["scheme"] == replay.SHIPPED) & (rows["dataset"] == dataset)]
+        key = ["trial_id", "level", "metric"]
+        got = pd.DataFrame(again).set_index(key)["predicted"].sort_index()
+        want = stored.set_index(key)["predicted"].sort_index()
+        assert list(got.index) == list(want.index), dataset
+        pd.testing.assert_series_equal(got, want, rtol=1e-6, obj=f"{dataset}: predictions (rerun the benchmark)")
+
+
+def test_a_gpu_never_measured_gets_a_wider_margin_and_more_confirmations():
+    h200, h100, other = (margin.screening_rule(g) for g in ("H200", "H100", "A100-80GB"))
+    assert h200.measured and h100.measured and not other.measured and h100.gpu == "H100-80GB"
+    for rule in (h200, h100):
+        for m in replay.TABLE_METRICS:
+            assert other.sd(m) > rule.sd(m), (rule.gpu, m)
+            assert other.confirmations(m) >= rule.confirmations(m), (rule.gpu, m)
+        assert other.confirmations("capacity_rps") > rule.confirmations("capacity_rps"), rule.gpu
+    # The study in the test below: a throughput objective, confirmed once on the H200, more elsewhere.
+    assert h200.confirmations("output_throughput") < other.confirmations("output_throughput")
+    # A metric the table has no row for takes its family's widest: goodput is a throughput.
+    assert h200.sd("goodput") == max(h200.sd("capacity_rps"), h200.sd("output_throughput"))
+    with pytest.raises(KeyError, match="unknown GPU"):
+        margin.screening_rule("H300")
+
+
+def _study(gpu: str):
+    from orchestrator.study.spec import parse_study
+
+    return parse_study({
+        "name": "margins", "seed": 1, "engine": {"kind": "external", "base_url": "http://127.0.0.1:9"},
+        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": gpu, "gpus_per_node": 1},
+        "workload": {"arrival": {"kind": "concurrency", "concurrency": 4}, "num_requests": 8,
+                     "warmup_requests": 0, "input_len": 256, "output_len": 48},
+        "space": {"max_num_seqs": [8, 16, 32, 64], "max_num_batched_tokens": [2048, 8192]},
+        "objectives": ["maximize output_throughput"], "constraints": ["tpot_p50_ms <= 200"],
+        "search": {"fidelity": "sim"}, "budget": {"trials": 8}})
+
+
+@pytest.mark.parametrize("gpu", ["H200", "A100-80GB"])
+def test_the_fidelity_search_confirms_as_many_real_trials_as_its_gpus_error_asks(gpu):
+    """Real trials that measure exactly what the simulator predicted: the search stops as soon as its
+    rule lets it, after the confirmations of its GPU (more on a GPU never measured), and says the rule."""
+    from orchestrator.search.fidelity.search import FidelitySearch, fidelity_metrics
+
+    study = _study(gpu)
+    notes: list[str] = []
+    search = FidelitySearch(study, note=notes.append)
+    search.prepare()
+    rule = margin.screening_rule(gpu)
+    assert search.rule == rule and search.confirmations == rule.confirmations("output_throughput")
+    assert any(f"simulator error on {rule.gpu}" in n for n in notes), notes
+    measured = 0
+    while (pick := search.next_pick()) is not None:
+        score = search.scorer([pick.params], search.calibration())[0][1]
+        search.observe(pick.params, "completed", {m: score.get(m) for m in fidelity_metrics(study)}, refit=False)
+        measured += 1
+    assert measured == search.confirmations, (measured, search.stop_reason)
+    assert "below" in search.stop_reason
