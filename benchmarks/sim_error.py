@@ -11,7 +11,7 @@ written to ``results/examples/sim-error``; docs/simulator.md's tables are genera
 (:mod:`orchestrator.search.fidelity.margin`) must equal what they give
 (``tests/search/test_sim_error.py``). Printed: the tables.
 
-    python benchmarks/sim_error.py --jobs 2 --iterations 1   # every fold; about an hour on two shared cores
+    python benchmarks/sim_error.py --jobs 2 --iterations 1   # every fold; minutes on two cores (run.json: seconds)
 
 A fold's simulations run over ``--jobs`` processes; a simulation asked for twice (every fit's
 first steps are the same) runs once. ``--datasets`` keeps only the named datasets (a quick

@@ -27,6 +27,11 @@ def rows() -> pd.DataFrame:
     return tables.load(DATASET)
 
 
+@pytest.fixture(scope="module")
+def recorded() -> tuple[list, dict]:
+    return replay.recorded_trials(EXAMPLES)
+
+
 def test_the_margins_are_what_the_recorded_errors_give(rows):
     measured, unmeasured = error.margins(rows, replay.TABLE_METRICS)
     assert measured == margin.MEASURED_LOG_SD, "rerun benchmarks/sim_error.py's margins into fidelity/margin.py"
@@ -34,9 +39,9 @@ def test_the_margins_are_what_the_recorded_errors_give(rows):
     assert set(measured) == {"H200", "H100-80GB"}  # both GPUs of the recorded datasets
 
 
-def test_every_recorded_real_trial_is_replayed_or_said_why_not(rows):
+def test_every_recorded_real_trial_is_replayed_or_said_why_not(rows, recorded):
     """A real dataset added under results/examples fails here until the benchmark runs again."""
-    trials, skipped = replay.recorded_trials(EXAMPLES)
+    trials, skipped = recorded
     run = json.loads((DATASET / tables.RUN_FILE).read_text())
     assert set(run["left_out"]) <= set(skipped), "left out then, not now: run benchmarks/sim_error.py again"
     assert "speculative decoding (not modelled)" in skipped.values()
@@ -50,21 +55,30 @@ def test_every_recorded_real_trial_is_replayed_or_said_why_not(rows):
         assert dataset not in g["trained_on"].iloc[0].split(", ") and g["trained_on"].nunique() == 1
 
 
-def test_the_stored_predictions_are_what_the_simulator_gives_now(rows):
-    """The shipped fold of a small H100 and a small H200 dataset, simulated again: the same numbers.
-    When this fails, the simulator changed: `python benchmarks/sim_error.py`, then
-    `python -m orchestrator.doc_tables.registry --write` (and the margins, if they moved)."""
-    trials, _ = replay.recorded_trials(EXAMPLES)
-    for dataset in ("trained-base-spec-h100", "llama3-8b-h200-reference"):
-        mine = [t for t in trials if t.dataset == dataset]
-        fold = replay.Fold(replay.SHIPPED, mine[0].gpu, (dataset,), ())
-        again, _ = replay.run_fold(str(EXAMPLES), fold, mine, replay.sequential(str(EXAMPLES)))
-        stored = rows[(rows["scheme"] == replay.SHIPPED) & (rows["dataset"] == dataset)]
-        key = ["trial_id", "level", "metric"]
-        got = pd.DataFrame(again).set_index(key)["predicted"].sort_index()
-        want = stored.set_index(key)["predicted"].sort_index()
-        assert list(got.index) == list(want.index), dataset
-        pd.testing.assert_series_equal(got, want, rtol=1e-6, obj=f"{dataset}: predictions (rerun the benchmark)")
+@pytest.mark.parametrize("scheme, dataset", [(replay.SHIPPED, "trained-base-spec-h100"),
+                                             (replay.LEAVE_ONE_OUT, "trained-base-spec-h100"),
+                                             (replay.OTHER_GPU, "llama3-8b-h200-reference")])
+def test_the_stored_predictions_are_what_the_simulator_gives_now(rows, recorded, scheme, dataset):
+    """A small H100 and a small H200 dataset simulated again, with no calibration and with the one its
+    fold stored: the same numbers. When this fails, the simulator changed: `python benchmarks/sim_error.py
+    --jobs 2 --iterations 1`, then `python -m orchestrator.doc_tables.registry --write` (and the margins, if
+    they moved)."""
+    mine = [t for t in recorded[0] if t.dataset == dataset]
+    stored = rows[(rows["scheme"] == scheme) & (rows["dataset"] == dataset)]
+    calibration = json.loads(stored["calibration_json"].iloc[0])
+    fold = replay.Fold(scheme, mine[0].gpu, (dataset,), tuple(stored["trained_on"].iloc[0].split(", ")))
+    again = [r for t in mine
+             for r in replay.prediction_rows(str(EXAMPLES), t, fold, calibration, replay.sequential(str(EXAMPLES)))]
+    key = ["trial_id", "level", "metric"]
+    got = pd.DataFrame(again).set_index(key)["predicted"].sort_index()
+    want = stored.set_index(key)["predicted"].sort_index()
+    assert list(got.index) == list(want.index), dataset
+    pd.testing.assert_series_equal(got, want, rtol=1e-6, obj=f"{dataset} ({scheme}): predictions")
+    if scheme != replay.SHIPPED:  # the fold's calibration is one its fit found
+        fits = pd.read_parquet(DATASET / tables.FITS_FILE)
+        fit = fits[(fits["scheme"] == scheme) & (fits["gpu"] == mine[0].gpu)
+                   & fits["held_out"].str.split(", ").apply(lambda held: dataset in held)].iloc[0]
+        assert {f: fit[f] for f in calibration} == pytest.approx(calibration) and fit["fit_points"] > 0
 
 
 def test_a_gpu_never_measured_gets_a_wider_margin_and_more_confirmations():
