@@ -28,26 +28,12 @@ import openai
 import pytest
 
 from conftest import REPO
+from support.serve_sim import base_url, client  # noqa: F401 (fixtures)
 from support.serve_sim import start_serve_sim, stop
 
 MODEL = "tiny-llama"
 VOCAB = 4096  # tiny-llama's vocab_size: what "logprobs: -1" asks for
 PROMPT = "t5 t6 t7 hello"
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    proc, url = start_serve_sim("--model", MODEL, "--gpu", "H100-80GB", "--max-num-seqs", "8")
-    try:
-        yield url
-    finally:
-        if proc.poll() is None:
-            stop(proc)
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
 
 
 def post(base_url: str, path: str, body: dict) -> tuple[int, dict]:

@@ -25,6 +25,7 @@ import pytest
 from conftest import REPO
 from orchestrator.engines.sim.logprobs import generated_token_id
 from orchestrator.engines.sim.unsupported import NOT_SIMULATED
+from support.serve_sim import base_url, client  # noqa: F401 (fixtures)
 from support.serve_sim import start_serve_sim, stop
 
 MODEL = "tiny-llama"
@@ -33,21 +34,6 @@ TOK = generated_token_id(VOCAB)  # the id of every token the simulator generates
 MESSAGES = [{"role": "user", "content": "t5 t6 t7"}]
 USAGE = {"include_usage": True}
 CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    proc, url = start_serve_sim("--model", MODEL, "--gpu", "H100-80GB", "--max-num-seqs", "8")
-    try:
-        yield url
-    finally:
-        if proc.poll() is None:
-            stop(proc)
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
 
 
 def create(client, chat: bool, **fields):

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 from support.scheduling import full_weight
 
@@ -43,3 +45,23 @@ def stop(proc: subprocess.Popen) -> tuple[int, str]:
         proc.communicate()
         raise
     return proc.returncode, stderr
+
+
+# The OpenAI door of one `serve-sim` a module, for the modules that talk to it (imported there as fixtures).
+@pytest.fixture(scope="module")
+def base_url():
+    """A `serve-sim` of tiny-llama on an H100 (8 sequences), its `/v1` URL."""
+    proc, url = start_serve_sim("--model", "tiny-llama", "--gpu", "H100-80GB", "--max-num-seqs", "8")
+    try:
+        yield url
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    """The official OpenAI client on that server, no retries."""
+    import openai
+
+    return openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
