@@ -45,7 +45,7 @@ class DeviceDefaults:
 
     def resolve(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
         """``args`` with the device's defaults filled in; ``cpu`` overrides :attr:`on_cpu` for an
-        engine that knows better (the simulator models GPUs only; vLLM may find no GPU)."""
+        engine that knows better (the simulator models GPUs only)."""
         cpu = self.on_cpu if cpu is None else cpu
         if args.dtype == "auto" and self.model_dtype != "auto":
             args = dataclasses.replace(args, dtype=self.model_dtype)

@@ -385,6 +385,8 @@ def _check_cluster_fits(study: Study, engine, info) -> None:
     advice = ("start one whose nodes have enough: `ray start --head --num-gpus N` on a GPU machine, or for the "
               "simulated engine logical GPUs: `NUM_GPUS=N clusters/local.sh start`"
               if info.resource == "GPU" else "give its nodes more CPUs (`ray start --num-cpus N`)")
+    if info.resource == "GPU" and study.engine.kind == "vllm":
+        advice += "; or, for vLLM's CPU build, `hardware.gpu: CPU`"
     raise StudyStopped(f"study {study.name} stopped before any trial: every configuration needs at least "
                        f"{min(needs)} {info.resource} on one node, but {have}.\n  Nothing was run; {advice}, "
                        "then run the same command again.")

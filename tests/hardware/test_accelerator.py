@@ -27,6 +27,8 @@ def study(engine: dict, gpu: str):
     ({"kind": "vllm", "platform": "auto"}, "cpu", True),
     ({"kind": "vllm", "platform": "cuda"}, "CPU", True),  # the hardware says CPU: nothing to take a GPU from
     ({"kind": "vllm", "platform": "cuda"}, "H100-80GB", False),
+    # The study decides, not the machine: a GPU study planned on this GPU-less machine is a GPU study.
+    ({"kind": "vllm", "platform": "auto"}, "H100-80GB", False),
     ({"kind": "sim"}, "H100-80GB", False),
 ])
 def test_every_caller_gives_the_same_answer(engine, gpu, cpu):
@@ -40,6 +42,7 @@ def test_every_caller_gives_the_same_answer(engine, gpu, cpu):
 
 @pytest.mark.parametrize("engine, gpu", [({"kind": "vllm", "platform": "cpu"}, "CPU"),
                                          ({"kind": "vllm", "platform": "cuda"}, "H200"),
+                                         ({"kind": "vllm", "platform": "auto"}, "H100-80GB"),
                                          ({"kind": "sim"}, "A100-80GB"), ({"kind": "sim", "mode": "virtual"}, "H200")])
 def test_pre_flight_engine_and_simulator_resolve_alike(engine, gpu):
     s = study(engine, gpu)

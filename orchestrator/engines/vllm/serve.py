@@ -22,7 +22,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from orchestrator.cluster.connect import _local_gpu_count
 from orchestrator.cluster.gpu_ledger import leased_node
 from orchestrator.engines.base import Deployment, Engine, EngineEndpoint, EngineTarget, ResourceRequest
 from orchestrator.engines.serve_app import app_name_for, delete_app, knows_label_selector, start_app
@@ -43,19 +42,12 @@ log = logging.getLogger(__name__)
 RAY_METRIC_PREFIX = "ray_vllm_"  # vLLM's "vllm:x" metrics as Ray exports them
 
 
-def _has_cuda() -> bool:
-
-    return _local_gpu_count() > 0
-
-
 def resolve_platform(target: EngineTarget) -> str:
-    """``cpu`` for a CPU study (:attr:`EngineTarget.on_cpu`); else ``cuda`` when
-    ``engine.platform`` says so, or (``auto``) when this node has a GPU or the cluster is remote."""
-    if target.on_cpu:
-        return "cpu"
-    if target.engine.platform == "cuda":
-        return "cuda"
-    return "cuda" if _has_cuda() or os.environ.get("RAY_ADDRESS") else "cpu"
+    """``cpu`` for a CPU study (:attr:`EngineTarget.on_cpu`: ``engine.platform: cpu`` or
+    ``hardware.gpu: CPU``), else ``cuda``. The study decides, never the machine that plans it: the
+    pre-flight, the stages and the trials resolve the same arguments (a GPU study on a cluster
+    without GPUs stops before its first trial, saying so)."""
+    return "cpu" if target.on_cpu else "cuda"
 
 
 def model_directory(target: EngineTarget) -> str:
@@ -98,7 +90,7 @@ class VllmServeEngine(Engine):
 
     # ---- configuration
     def resolve(self, args: EngineArgs) -> EngineArgs:
-        return self.target.with_device_defaults(args, cpu=self.platform == "cpu")
+        return self.target.with_device_defaults(args)
 
     def resources(self, args: EngineArgs) -> ResourceRequest:
         if self.platform == "cpu":
