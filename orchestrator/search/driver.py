@@ -30,14 +30,15 @@ from typing import Optional
 from orchestrator.cluster.connect import NAMESPACE, cluster_info, engine_resource, ensure_ray, local_ray, start_serve
 from orchestrator.cluster.gpu_ledger import GpuLedgerActor
 from orchestrator.failures import TrialStatus, root_message, storage_problem
-from orchestrator.results.query import load_trials
 from orchestrator.results.store import ResultsStore
 from orchestrator.search import feasibility
+from orchestrator.search.fidelity.part import FidelityPart, PredictionWriter
 from orchestrator.search.fidelity.search import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter
-from orchestrator.search.racing import Racer
+from orchestrator.search.parts import FinishedGrid, SearchPart
+from orchestrator.search.racing import Racer, RacingPart
 from orchestrator.search.stop_signals import StudyInterrupted, ending, rearm
 from orchestrator.search.stop_signals import check as check_stop  # the driver's checkpoints
 from orchestrator.search.reconcile import reconcile
@@ -49,7 +50,8 @@ from orchestrator.search.screening import PreflightScreen, trimmed_space
 from orchestrator.search.stages import StagedSearch
 from orchestrator.search.state import local_state_dir, new_run_id, optuna_storage, optuna_study_name
 from orchestrator.search.trial_plan import engine_for
-from orchestrator.search.tune import ResultsSinkActor, lost_trial_recorder, tune_trainable, write_failure_stopper
+from orchestrator.search.tune import (ResultsSinkActor, filter_tune_logs, lost_trial_recorder, tune_trainable,
+                                     write_failure_stopper)
 from orchestrator.study.spec import Study
 from orchestrator.trial.run import TrialContext
 
@@ -197,10 +199,6 @@ class _TuneOutcome:
 
 def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, ostudy_name: str, printer, *,
           space, serve_port: int, remaining: int, started_here: bool, resumed: bool) -> _TuneOutcome:
-    import ray
-    from ray import tune
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     info = cluster_info(engine_resource(study.engine.kind, study.on_cpu), started_locally=started_here,
                         serve_port=serve_port)
     if engine.serves_http:
@@ -210,6 +208,53 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         # Left by killed drivers on a cluster that outlived them, this run's own included when it resumes one
         # (no trial of it runs yet: an application of it is a dead driver's, and its engine is still up).
         cleanup_apps(dead_run_ids(state_dir, run.run_id))
+    sink, ledger, ctx = _run_actors(study, run, engine, info, serve_port)
+    concurrency = study.budget.max_concurrent_trials
+    if engine.serves_http and info.total_units > 0:
+        concurrency = min(concurrency, info.total_units)
+
+    # What Tune pickles into its experiment (searcher, callbacks) gets the study without its secrets.
+    recorded = study.without_secrets()
+    searcher = searcher_class()(
+        space=space.suggest, metric=[o.metric for o in study.objectives],
+        mode=["max" if d == "maximize" else "min" for d in study.directions],
+        sampler=make_sampler(recorded), study_name=ostudy_name, storage=storage,
+        parts=_search_parts(recorded, store, space, remaining, printer, sink, ctx),
+    )
+    enqueue_probe_baseline(study, searcher, resumed=resumed)
+    enqueue_initial_points(study, searcher, resumed=resumed)
+    enqueue_warm_start(study, searcher)
+    stopper = write_failure_stopper()
+    recorder = lost_trial_recorder(recorded, run.run_id, ctx.sink_name, NAMESPACE)
+    tuner = _tuner(study, run, state_dir, ctx, searcher, remaining=remaining, concurrency=concurrency,
+                   stopper=stopper, callbacks=[printer.tune_callback(), recorder])
+    printer.start(concurrency=concurrency, cluster=info)
+    filter_tune_logs()
+    out = _TuneOutcome()
+    # A stop signal ends the run's engines at once, whatever becomes of the driver next (stop_signals.ending).
+    stop_ends = ending(partial(end_run_now, run.run_id, sink)) if engine.deploys_on_serve else nullcontext()
+    try:
+        with stop_ends:
+            tuner.fit()
+        check_stop()  # a stop signal ended Tune's loop (its stopper): the run stops here
+    except Exception as e:  # noqa: BLE001 - a full disk ends the study with a message, anything else is a bug
+        problem = storage_problem(e)
+        if problem is None:
+            raise
+        out.stop_message = _stopped_text(study, store, run, f"cannot write the study's state ({problem})")
+    finally:
+        out.gpu_peaks = _end_run_actors(run, engine, sink, ledger)
+    out.lost = recorder.lost
+    if stopper.message and out.stop_message is None:
+        out.stop_message = _stopped_text(study, store, run, f"results could not be written ({stopper.message})")
+    return out
+
+
+def _run_actors(study: Study, run: RunState, engine, info, serve_port: int):
+    """The run's writer and (for engines that lease GPUs) its GPU ledger, both on the driver's node, and
+    the context every trial gets: ``(sink, ledger or None, TrialContext)``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     suffix = run.run_id.replace("-", "")[-10:]
     node_id = ray.get_runtime_context().get_node_id()
@@ -226,38 +271,44 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
             name=ledger_name, namespace=NAMESPACE, num_cpus=0, max_concurrency=1000,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(info.resource, info.units_per_node)
-
     ctx = TrialContext(run_id=run.run_id, namespace=NAMESPACE, ledger_name=ledger_name, sink_name=sink_name,
                        cluster_units=info.total_units if engine.serves_http else None,
                        units_per_node=info.largest_node if engine.serves_http else None,
                        serve_port=serve_port)
-    concurrency = study.budget.max_concurrent_trials
-    if engine.serves_http and info.total_units > 0:
-        concurrency = min(concurrency, info.total_units)
+    return sink, ledger, ctx
 
-    # What Tune pickles into its experiment (searcher, callbacks) gets the study without its secrets.
-    recorded = study.without_secrets()
-    fidelity = _fidelity_search(recorded, store, printer, sink, run.run_id) if study.search.fidelity == "sim" else None
-    searcher = searcher_class()(
-        space=space.suggest, metric=[o.metric for o in study.objectives],
-        mode=["max" if d == "maximize" else "min" for d in study.directions],
-        sampler=make_sampler(recorded), study_name=ostudy_name, storage=storage,
-        staged=StagedSearch(recorded) if study.search.stages else None,
-        screen=PreflightScreen(recorded, engine_for(recorded), run.run_id, sink, printer, cluster_units=ctx.cluster_units,
-                                units_per_node=ctx.units_per_node) if feasibility.preflight_on(study) else None,
-        fidelity=fidelity, racer=_racer(recorded, store, remaining),
-    )
-    enqueue_probe_baseline(study, searcher, resumed=resumed)
-    enqueue_initial_points(study, searcher, resumed=resumed)
-    enqueue_warm_start(study, searcher)
+
+def _end_run_actors(run: RunState, engine, sink, ledger) -> dict[str, tuple[int, int]]:
+    """The run's applications deleted, its writer and ledger ended; the ledger's GPU peaks (empty without one)."""
+    import ray
+
+    peaks: dict[str, tuple[int, int]] = {}
+    if ledger is not None:
+        try:
+            peaks = ray.get(ledger.peaks.remote(), timeout=30)
+        except Exception:  # noqa: BLE001
+            pass
+    if engine.deploys_on_serve:
+        cleanup_apps([run.run_id])
+    for actor in (ledger, sink):
+        if actor is not None:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001
+                pass
+    return peaks
+
+
+def _tuner(study: Study, run: RunState, state_dir: Path, ctx: TrialContext, searcher, *, remaining: int,
+           concurrency: int, stopper, callbacks: list):
+    from ray import tune
+
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Tune's tables
     # The study's rows are its results: Tune's own per-trial CSV, JSON and TensorBoard files would be
     # written on every report and never read, and its TensorBoard logger imports torch (~2 CPU-s a run).
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    stopper = write_failure_stopper()
-    recorder = lost_trial_recorder(recorded, run.run_id, sink_name, NAMESPACE)
     trainable = tune.with_resources(tune.with_parameters(tune_trainable, study=study, ctx=ctx), {"cpu": 0.25})
-    tuner = tune.Tuner(
+    return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining, max_concurrent_trials=concurrency,
                                     # A reused trial process keeps its imports and request set: one
@@ -266,104 +317,46 @@ def _tune(study: Study, run: RunState, engine, store, state_dir: Path, storage, 
         run_config=tune.RunConfig(name=f"{run.run_id}-{int(time.time())}", storage_path=str(state_dir / "_tune"),
                                   verbose=0, stop=stopper, log_to_file=True,
                                   failure_config=tune.FailureConfig(max_failures=study.budget.trial_retries),
-                                  callbacks=[printer.tune_callback(), recorder]),
+                                  callbacks=callbacks),
     )
-    printer.start(concurrency=concurrency, cluster=info)
-    _filter_tune_logs()
-    out = _TuneOutcome()
-    # A stop signal ends the run's engines at once, whatever becomes of the driver next (stop_signals.ending).
-    stop_ends = ending(partial(end_run_now, run.run_id, sink)) if engine.deploys_on_serve else nullcontext()
-    try:
-        with stop_ends:
-            tuner.fit()
-        check_stop()  # a stop signal ended Tune's loop (its stopper): the run stops here
-    except Exception as e:  # noqa: BLE001 - a full disk ends the study with a message, anything else is a bug
-        problem = storage_problem(e)
-        if problem is None:
-            raise
-        out.stop_message = _stopped_text(study, store, run, f"cannot write the study's state ({problem})")
-    finally:
-        if ledger is not None:
-            try:
-                out.gpu_peaks = ray.get(ledger.peaks.remote(), timeout=30)
-            except Exception:  # noqa: BLE001
-                pass
-        if engine.deploys_on_serve:
-            cleanup_apps([run.run_id])
-        for actor in (ledger, sink):
-            if actor is not None:
-                try:
-                    ray.kill(actor)
-                except Exception:  # noqa: BLE001
-                    pass
-    out.lost = recorder.lost
-    if stopper.message and out.stop_message is None:
-        out.stop_message = _stopped_text(study, store, run, f"results could not be written ({stopper.message})")
-    return out
 
 
-def _racer(study: Study, store, remaining: int) -> Optional[Racer]:
-    """The run's racing state (``search.remeasure``), with the trials recorded before it."""
-    racer = Racer.for_study(study, remaining)
+def _search_parts(study: Study, store, space, remaining: int, printer, sink, ctx: TrialContext) -> list[SearchPart]:
+    """The parts of the run's search (:mod:`orchestrator.search.parts`), in the order they queue trials (the
+    first to queue has its trial measured first): racing's turn, a stage's held parameters, the fidelity
+    search's pick. Each has taken in the rows a resumed run recorded before."""
+    parts: list[SearchPart] = []
+    if study.search.sampler == "grid":
+        parts.append(FinishedGrid(space))
+    racer = Racer.for_study(study, remaining)  # search.remeasure
     if racer is not None:
-        try:
-            racer.observe_rows(load_trials(store.study_path))
-        except FileNotFoundError:
-            pass
-    return racer
+        parts.append(RacingPart(racer))
+    if study.search.stages:
+        parts.append(StagedSearch(study))
+    if feasibility.preflight_on(study):
+        parts.append(PreflightScreen(study, engine_for(study), ctx.run_id, sink, printer,
+                                     cluster_units=ctx.cluster_units, units_per_node=ctx.units_per_node))
+    fidelity = None
+    if study.search.fidelity == "sim":
+        fidelity = FidelitySearch(study, note=printer.note, record=PredictionWriter(sink, ctx.run_id))
+        parts.append(FidelityPart(fidelity))
+    # Only the calibration fits a capacity trial's levels.
+    levels = store.read_levels() if fidelity is not None and study.capacity is not None else None
+    trials = store.read_trials()
+    for part in parts:
+        part.observe_rows(trials, levels)
+    if fidelity is not None:
+        _prepare_fidelity(study, fidelity)
+    return parts
 
 
-class _PredictionWriter:
-    """Writes the simulator's scores through the run's writer (picklable, as Tune's searcher must be)."""
-
-    def __init__(self, sink, run_id: str):
-        self.sink, self.run_id = sink, run_id
-
-    def __call__(self, table) -> None:
-        import ray
-
-        ray.get(self.sink.write_predictions.remote(self.run_id, table))
-
-
-def _fidelity_search(study: Study, store, printer, sink, run_id: str) -> FidelitySearch:
+def _prepare_fidelity(study: Study, fidelity: FidelitySearch) -> None:
     """``search.fidelity: sim``: the space scored by the simulator before the first real trial."""
-    fidelity = FidelitySearch(study, note=printer.note, record=_PredictionWriter(sink, run_id))
-    levels = store.read_levels() if study.capacity is not None else None
-    fidelity.observe_rows(store.read_trials(), levels)  # a resumed run's real trials count
     try:
         fidelity.prepare()
     except (KeyError, FileNotFoundError, ValueError) as e:
         raise StudyStopped(f"study {study.name}: search.fidelity sim: the simulator cannot score this study "
                            f"({root_message(e)}); use search.fidelity: real") from None
-    return fidelity
-
-
-class _OneLine(logging.Filter):
-    """Tune's experiment-state writer logs a failed save with its traceback (a full disk); the
-    study stops with its own message, so the log keeps the error's last line only."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            record.msg = f"{record.getMessage()} {record.exc_info[1]}".strip()
-            record.args, record.exc_info, record.exc_text = (), None, None
-        return True
-
-
-class _NoTuneResultFiles(logging.Filter):
-    """Tune's result grid warns after ``fit`` that no trial has its ``result.json`` or
-    ``progress.csv``: the study writes none (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``) and reads
-    its own rows instead, so the warning says nothing to a user."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Failed to fetch metrics for")
-
-
-def _filter_tune_logs() -> None:
-    for name, kind in (("ray.tune.execution.experiment_state", _OneLine),
-                       ("ray.tune.analysis.experiment_analysis", _NoTuneResultFiles)):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, kind) for f in logger.filters):
-            logger.addFilter(kind())
 
 
 def _check_cluster_fits(study: Study, engine, info) -> None:

@@ -1,7 +1,10 @@
 """Proposing configurations and telling results: the one path between trials and Optuna.
 
 :func:`propose` is the only proposal loop: Tune's searcher (:func:`searcher_class`), tests
-and benchmarks all call it. Samplers propose a finished configuration again in small
+and benchmarks all call it. What a run adds around the sampler (racing, staged search, the
+pre-flight screen, the fidelity search, the grid's end) comes as a list of parts behind one
+interface (:mod:`orchestrator.search.parts`): the loop and the searcher call each part's hooks in
+turn and know none of them by name. Samplers propose a finished configuration again in small
 discrete spaces (TPE especially); measuring it again would spend a trial on a known
 answer (docs/benchmarks.md), so a repeat is answered from the earlier trial and a new
 proposal asked for. :func:`tell_report` is the only way a measured trial reaches Optuna,
@@ -18,17 +21,16 @@ the next start retries it.
 from __future__ import annotations
 
 import json
-import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orchestrator.failures import TrialStatus
-from orchestrator.search.fidelity.search import MEASURED_KEY, PICK_ATTR, PREDICTION_KEY, FidelitySearch
-from orchestrator.search.racing import REMEASURE_ATTR, REMEASURE_KEY
-from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch, enqueue_stage
-
-log = logging.getLogger(__name__)
+from orchestrator.search import parts as search_parts
+from orchestrator.search.fidelity.part import FidelityPart
+from orchestrator.search.fidelity.search import FidelitySearch
+from orchestrator.search.parts import Outcome, SearchPart
+from orchestrator.search.stages import DUPLICATE_ATTR, StagedSearch
 
 TRIAL_NUMBER_KEY = "__trial_number"  # in a trial's config: its Optuna trial number (names its rows)
 REPORT_KEY = "sampler_report"  # in a Tune result: the SamplerReport, as JSON
@@ -94,27 +96,6 @@ def tell(ostudy, trial, values=None, state=None) -> None:
             raise
 
 
-def _waiting(ostudy) -> bool:
-    """A trial is queued (a retry, an initial point, a racing trial): it goes first."""
-    # deferred: optuna is slow to import; validate/show load this module
-    from optuna.trial import TrialState
-
-    return any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False))
-
-
-def grid_exhausted(ostudy, space) -> bool:
-    """Every grid point has been measured (grid sampler: nothing new left to propose)."""
-    # deferred: optuna is slow to import; validate/show load this module
-    from optuna.samplers import BruteForceSampler
-    from optuna.trial import TrialState
-
-    if not isinstance(ostudy.sampler, BruteForceSampler):
-        return False
-    seen = {tuple(sorted(t.params.items())) for t in ostudy.get_trials(
-        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))}
-    return len(seen) >= space.grid_size()
-
-
 def queued_on_purpose(trial) -> bool:
     """A trial popped from the queue as given (warm start, initial point, retry, nightly re-measure):
     run it even if it repeats a configuration."""
@@ -159,22 +140,23 @@ def proposing_with(ostudy, attempt: int):
         ostudy.sampler = own
 
 
-def propose(ostudy, ask: Callable[[], Optional[tuple[Any, dict]]], *, staged: Optional[StagedSearch] = None,
-            discard: Callable[[Any], None] = lambda trial: None,
-            screen: Optional[Callable[[Any, dict], bool]] = None) -> Optional[tuple[Any, dict]]:
+def propose(ostudy, ask: Callable[[], Optional[tuple[Any, dict]]], parts: Sequence[SearchPart] = (), *,
+            pending: Sequence[Mapping[str, Any]] = (),
+            discard: Callable[[Any], None] = lambda trial: None) -> Optional[tuple[Any, dict]]:
     """The next configuration to measure: ``(optuna trial, params)``, or None to ask again later.
 
     ``ask()`` asks the sampler once (``ostudy.ask()`` + the space's suggestions, or Tune's
-    ``OptunaSearch.suggest``). A repeat of a finished trial is told that trial's result, handed
-    to ``discard``, and proposed again. ``screen(trial, params)`` returns True for a proposal
-    that cannot start (the pre-flight): it has told the sampler and recorded the row itself;
-    the proposal is discarded and the sampler asked again, so it takes no trial and no budget.
-    After :data:`MODEL_REPROPOSALS` tries the proposals are random. A staged search queues the
-    held parameters first and returns None while it must wait for running trials.
+    ``OptunaSearch.suggest``). Before each ask the search's ``parts`` queue what they want measured
+    (:func:`orchestrator.search.parts.queue`; ``pending``: the parameters of trials in flight); a
+    part that says wait, or stop, makes this None. A repeat of a finished trial is told that trial's
+    result, handed to ``discard``, and proposed again. A proposal a part turns away (the pre-flight:
+    it cannot start) has been told to the sampler and recorded by that part; every part observes
+    it, it is discarded and the sampler asked again, so it takes no trial and no budget. After
+    :data:`MODEL_REPROPOSALS` tries the proposals are random.
     """
     duplicates = screened = 0
     while True:
-        if staged is not None and not enqueue_stage(ostudy, staged):
+        if not search_parts.queue(parts, ostudy, pending):
             return None
         with proposing_with(ostudy, duplicates + screened):
             got = ask()
@@ -187,52 +169,33 @@ def propose(ostudy, ask: Callable[[], Optional[tuple[Any, dict]]], *, staged: Op
             discard(trial)
             duplicates += 1
             continue
-        if screen is not None and screened < MAX_SCREENED and screen(trial, params):
+        if screened < MAX_SCREENED and search_parts.turned_away(parts, trial, params):
+            search_parts.observe(parts, params, Outcome(screened=True))
             discard(trial)
             screened += 1
             continue
         return trial, params
 
 
-def fidelity_ask(ostudy, fidelity: FidelitySearch, ask: Callable[[], Any],
-                 pending: Callable[[], Sequence[Mapping[str, Any]]] = lambda: ()) -> Callable[[], Any]:
-    """An ``ask`` for :func:`propose` that queues the fidelity search's next pick first
-    (``search.fidelity: sim``; a trial queued already, a retry or an initial point, goes first).
-    None when that search stops (:attr:`FidelitySearch.stop_reason`)."""
-
-    def ask_pick():
-        # deferred: optuna is slow to import; validate/show load this module
-        from optuna.trial import TrialState
-
-        if not any(t.state == TrialState.WAITING for t in ostudy.get_trials(deepcopy=False)):
-            pick = fidelity.next_pick(pending())
-            if pick is None:
-                return None
-            ostudy.enqueue_trial(pick.params, user_attrs={PICK_ATTR: pick.reason})
-        return ask()
-
-    return ask_pick
-
-
-def ask_fidelity(ostudy, space, fidelity: FidelitySearch):
-    """:func:`fidelity_ask` through :func:`propose` with Optuna's own ``ask`` (no Tune):
-    ``(trial, params)``, or None when the search stops."""
+def _ask_optuna(ostudy, space) -> Callable[[], tuple[Any, dict]]:
+    """Optuna's own ``ask`` and the space's suggestions (no Tune)."""
 
     def ask():
         trial = ostudy.ask()
         return trial, space.suggest(trial)
 
-    return propose(ostudy, fidelity_ask(ostudy, fidelity, ask))
+    return ask
+
+
+def ask_fidelity(ostudy, space, fidelity: FidelitySearch):
+    """:func:`propose` with the fidelity search as its one part and Optuna's own ``ask`` (no Tune):
+    ``(trial, params)``, or None when the search stops."""
+    return propose(ostudy, _ask_optuna(ostudy, space), [FidelityPart(fidelity)])
 
 
 def ask_distinct(ostudy, space, staged: Optional[StagedSearch] = None):
     """:func:`propose` with Optuna's own ``ask`` (no Tune): ``(trial, params)`` or None."""
-
-    def ask():
-        trial = ostudy.ask()
-        return trial, space.suggest(trial)
-
-    return propose(ostudy, ask, staged=staged)
+    return propose(ostudy, _ask_optuna(ostudy, space), [staged] if staged is not None else [])
 
 
 # ------------------------------------------------------------------ Tune's searcher
@@ -243,19 +206,14 @@ def searcher_class():
     from ray.tune.search.optuna import OptunaSearch
 
     class ConstrainedOptunaSearch(OptunaSearch):
-        """OptunaSearch whose proposals go through :func:`propose` and whose results through
-        :func:`tell_report`; the Optuna trial number goes down to the trial (it names its rows)."""
+        """OptunaSearch whose proposals go through :func:`propose` and the search's parts
+        (:mod:`orchestrator.search.parts`), and whose results through :func:`tell_report`; the Optuna
+        trial number goes down to the trial (it names its rows)."""
 
-        def __init__(self, *args, staged: Optional[StagedSearch] = None,
-                     screen: Optional[Callable[[Any, dict], bool]] = None, fidelity=None, racer=None, **kwargs):
+        def __init__(self, *args, parts: Sequence[SearchPart] = (), **kwargs):
             super().__init__(*args, **kwargs)
-            self._staged = staged
-            self._screen = screen
-            self._fidelity = fidelity  # search.fidelity sim: a FidelitySearch picks every trial
-            self._racer = racer  # search.remeasure: the last trials measure the leading contenders again
-            self._picked: dict[str, dict] = {}  # Tune trial id -> parameters, until its result
-            self._started: dict[str, dict] = {}  # Tune trial id -> parameters (racing), until its result
-            self._study_space = getattr(kwargs["space"], "__self__", None)  # the SearchSpace of space.suggest
+            self._parts = tuple(parts)
+            self._running: dict[str, dict] = {}  # Tune trial id -> its parameters, until its result
 
         def save(self, checkpoint_path: str) -> None:
             """Nothing: the Optuna journal is the search's memory, and Tune's own experiment restore is not
@@ -263,46 +221,21 @@ def searcher_class():
             study's trials each time, and Optuna's NSGA-II sampler, which holds a lock, ended every
             ``sampler: nsga2`` run in a traceback."""
 
-        def _race(self, stopping: bool = False) -> bool:
-            """Queue the next racing trial, if it is racing's turn (or the search is ``stopping``)."""
-            if self._racer is None:
-                return False
-            if _waiting(self._ot_study):
-                return True  # queued already: it goes first
-            race = self._racer.next_remeasure(stopping)
-            if race is None:
-                return False
-            params, k = race
-            self._ot_study.enqueue_trial(params, user_attrs={REMEASURE_ATTR: k}, skip_if_exists=False)
-            return True
-
         def suggest(self, trial_id: str):
-            if trial_id not in self._ot_trials and grid_exhausted(self._ot_study, self._study_space) \
-                    and not self._race(stopping=True):
-                return Searcher.FINISHED  # the grid is done: end the run early
-            if trial_id not in self._ot_trials and not _waiting(self._ot_study):
-                self._race()
+            parts, ostudy = self._parts, self._ot_study
+            if trial_id not in self._ot_trials and search_parts.finished(parts, ostudy) \
+                    and not search_parts.last_call(parts, ostudy):
+                return Searcher.FINISHED  # nothing new is left (the grid is done): end the run early
             got = self._propose(trial_id)
-            if got is None and self._fidelity is not None and self._fidelity.stop_reason is not None \
-                    and self._race(stopping=True):
+            if got is None and search_parts.stop_reason(parts) is not None and search_parts.last_call(parts, ostudy):
                 got = self._propose(trial_id)
             if got is None:
-                if self._fidelity is not None and self._fidelity.stop_reason is not None and not self._picked:
+                if search_parts.stop_reason(parts) is not None and not self._running:
                     return Searcher.FINISHED  # nothing left worth a real trial
                 return None  # Tune asks again later
             trial, config = got
-            extra = {TRIAL_NUMBER_KEY: trial.number}
-            measurement = trial.user_attrs.get(REMEASURE_ATTR)
-            if measurement:
-                extra[REMEASURE_KEY] = int(measurement)
-            if self._racer is not None:
-                self._racer.trial_started(config)
-                self._started[trial_id] = dict(config)
-            if self._fidelity is None:
-                return {**config, **extra}
-            self._picked[trial_id] = dict(config)
-            predicted = json.dumps(self._fidelity.prediction_for(config), default=str)
-            return {**config, **extra, PREDICTION_KEY: predicted}
+            self._running[trial_id] = dict(config)
+            return {**config, TRIAL_NUMBER_KEY: trial.number, **search_parts.started(parts, trial, config)}
 
         def _propose(self, trial_id: str):
 
@@ -310,17 +243,7 @@ def searcher_class():
                 config = OptunaSearch.suggest(self, trial_id)
                 return None if config is None else (self._ot_trials[trial_id], config)
 
-            fidelity = self._fidelity
-            if fidelity is not None:
-                ask = fidelity_ask(self._ot_study, fidelity, ask, pending=lambda: list(self._picked.values()))
-            screen = self._screen
-            if fidelity is not None and screen is not None:
-                def screen(trial, params, _screen=self._screen):  # a pick that cannot start is not picked again
-                    turned_away = _screen(trial, params)
-                    if turned_away:
-                        fidelity.observe(params, TrialStatus.PRUNED.value, {}, refit=False)
-                    return turned_away
-            return propose(self._ot_study, ask, staged=self._staged, screen=screen,
+            return propose(self._ot_study, ask, self._parts, pending=list(self._running.values()),
                            discard=lambda trial: self._ot_trials.pop(trial_id, None))
 
         def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
@@ -328,8 +251,7 @@ def searcher_class():
             if ot_trial is None or trial_id in self._completed_trials:
                 return
             self._completed_trials.add(trial_id)
-            params = self._picked.pop(trial_id, None)
-            started = self._started.pop(trial_id, None)
+            params = self._running.pop(trial_id, None)
             if error:
                 # The trial's process was lost for good (its row says so): the configuration
                 # is not to blame, so the sampler ignores it.
@@ -339,17 +261,8 @@ def searcher_class():
             if report is None or report.write_error or ROW_KEY not in result:
                 return  # no row: leave the trial RUNNING in the journal; the next start retries it
             tell_report(self._ot_study, ot_trial, report)
-            if self._racer is not None and started is not None:
-                metric = self._racer.metric
-                self._racer.observe(started, bool(result.get("feasible")), result.get(metric),
-                                    result.get(f"{metric}_low"), result.get(f"{metric}_high"),
-                                    result.get("draws_json"))
-            if self._fidelity is not None and params is not None:
-                measured = json.loads(result.get(MEASURED_KEY) or "{}")
-                try:
-                    self._fidelity.observe(params, measured.pop("status", TrialStatus.ERROR.value), measured,
-                                           cluster_idle=not self._picked)  # no other trial in flight
-                except Exception as e:  # noqa: BLE001 - raised here, Tune leaves the trial half-stopped
-                    log.warning("fidelity sim: trial %s not taken into the calibration: %s", trial_id, e)
+            if params is not None:
+                outcome = Outcome(result, idle=not self._running, trial_id=trial_id)
+                search_parts.observe(self._parts, params, outcome)
 
     return ConstrainedOptunaSearch

@@ -14,7 +14,9 @@ them (pooled draw by draw with the rounds before). Once the best is ahead of eve
 equivalent to it, racing ends and the sampler has the budget back.
 
 A :class:`Racer` is state the searcher keeps (results it was told, trials it started); the
-choice itself is a pure function of that state.
+choice itself is a pure function of that state. :class:`RacingPart` is racing as a part of the search
+(:mod:`orchestrator.search.parts`): it queues racing's trial when it is racing's turn, or when the
+search stops, and tells its :class:`Racer` what started and what was measured.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
 from orchestrator.numbers import finite_float
 from orchestrator.results.paired import DEFAULT_EQUIVALENCE_MARGIN, MEASUREMENTS, TIED, compare
 from orchestrator.results.ties import bounds, pool
+from orchestrator.search.parts import Outcome, SearchPart, waiting
 
-__all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "remeasure_trials"]
+__all__ = ["REMEASURE_ATTR", "REMEASURE_KEY", "Racer", "RacingPart", "remeasure_trials"]
 
 REMEASURE_KEY = "__measurement"  # in a trial's config: which measurement of its configuration it is
 REMEASURE_ATTR = "remeasure"  # Optuna user attr of a trial queued to measure a configuration again
@@ -153,3 +156,43 @@ class Racer:
             return None
         k = min(lead, key=lambda c: (self.started.get(c, 1), lead.index(c)))
         return dict(self.params[k]), self.started.get(k, 1)
+
+
+class RacingPart(SearchPart):
+    """Racing in the search: a racing trial goes on Optuna's queue before the sampler is asked."""
+
+    def __init__(self, racer: Racer):
+        self.racer = racer
+
+    def queue(self, ostudy, pending) -> bool:
+        self._enqueue(ostudy, stopping=False)
+        return True  # racing never holds the sampler back
+
+    def last_call(self, ostudy) -> bool:
+        return self._enqueue(ostudy, stopping=True)
+
+    def _enqueue(self, ostudy, stopping: bool) -> bool:
+        """Queue the next racing trial, if it is racing's turn (or the search is ``stopping``)."""
+        if waiting(ostudy):
+            return True  # queued already: it goes first
+        race = self.racer.next_remeasure(stopping)
+        if race is None:
+            return False
+        params, k = race
+        ostudy.enqueue_trial(params, user_attrs={REMEASURE_ATTR: k}, skip_if_exists=False)
+        return True
+
+    def started(self, trial, params) -> dict[str, Any]:
+        self.racer.trial_started(params)
+        measurement = trial.user_attrs.get(REMEASURE_ATTR)
+        return {REMEASURE_KEY: int(measurement)} if measurement else {}
+
+    def observe(self, params, outcome: Outcome) -> None:
+        if outcome.screened:
+            return  # never measured
+        r, metric = outcome.result, self.racer.metric
+        self.racer.observe(params, bool(r.get("feasible")), r.get(metric), r.get(f"{metric}_low"),
+                           r.get(f"{metric}_high"), r.get("draws_json"))
+
+    def observe_rows(self, trials, levels) -> None:
+        self.racer.observe_rows(trials)

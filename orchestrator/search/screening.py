@@ -4,7 +4,8 @@ A configuration the pre-flight model says cannot start (weights that do not fit,
 cache below one sequence, arguments vLLM refuses) costs nothing to know about: it is told
 to the sampler as infeasible, with its constraint values, recorded as a ``pruned`` row
 with the reason, shown in the progress, and the sampler is asked again. It takes no Tune
-trial, no GPU and no budget.
+trial, no GPU and no budget. :class:`PreflightScreen` is this screen as a part of the search
+(:mod:`orchestrator.search.parts`).
 """
 
 from __future__ import annotations
@@ -15,22 +16,23 @@ from typing import Optional
 from orchestrator.failures import Failure, FailureKind, TrialStatus
 from orchestrator.search import feasibility
 from orchestrator.search.optuna_search import SamplerReport, tell_report
+from orchestrator.search.parts import SearchPart
 from orchestrator.search.row import trial_row
 from orchestrator.search.trial_plan import judge_result
 from orchestrator.study.spec import Study
 from orchestrator.trial.result import TrialResult
 
 
-class PreflightScreen:
-    """``screen(trial, params)`` for :func:`~orchestrator.search.optuna_search.propose`: True when the
-    configuration cannot start (told, recorded and shown here). A class: Tune pickles its searcher."""
+class PreflightScreen(SearchPart):
+    """The pre-flight as a part of the search: :meth:`turned_away` is True when the configuration
+    cannot start (told, recorded and shown here). A class: Tune pickles its searcher."""
 
     def __init__(self, study: Study, engine, run_id: str, sink, printer, *, cluster_units: Optional[int] = None,
                  units_per_node: Optional[int] = None):
         self.study, self.engine, self.run_id, self.sink, self.printer = study, engine, run_id, sink, printer
         self.cluster_units, self.units_per_node = cluster_units, units_per_node
 
-    def __call__(self, trial, params: dict) -> bool:
+    def turned_away(self, trial, params) -> bool:
         # deferred: ray takes ~0.3 s to import; validate/show load this module
         import ray
 

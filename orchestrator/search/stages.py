@@ -1,7 +1,8 @@
 """Staged search (``search.stages``): which parameters the next trial holds, and at what.
 
 Pure over Optuna's trial list (no Ray): :class:`StagedSearch` decides, :func:`enqueue_stage`
-queues the decision for the next proposal.
+queues the decision for the next proposal. :class:`StagedSearch` is a part of the search
+(:mod:`orchestrator.search.parts`): its :meth:`~StagedSearch.queue` is :func:`enqueue_stage`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, Optional, Sequence
 
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.search.feasibility import resolve_args
+from orchestrator.search.parts import SearchPart
 from orchestrator.search.warm_start import _DROP, snap_value
 
 # A trial answered from an earlier one with the same parameters (not measured; see optuna_search).
@@ -75,7 +77,7 @@ def best_trial(study, trials: Sequence) -> Optional[Any]:
     return min(done, key=lambda t: (violation(t), sign * t.values[0], t.number))
 
 
-class StagedSearch:
+class StagedSearch(SearchPart):
     """Which parameters the next trial holds, and at what (``search.stages``).
 
     Trials are assigned to stages in order of their number; FAIL and WAITING trials
@@ -121,6 +123,9 @@ class StagedSearch:
                 held = best.params.get(name) if (best is not None and i < k) else None
                 fixed[name] = held if held is not None else self.baseline[name]
         return k, fixed
+
+    def queue(self, ostudy, pending) -> bool:
+        return enqueue_stage(ostudy, self)
 
 
 def enqueue_stage(ostudy, staged: StagedSearch) -> bool:

@@ -4,7 +4,8 @@ A trial actor executes the trial, asks the judge, writes its rows through the ru
 writer (:class:`ResultsSinkActor`) and reports a :class:`SamplerReport` to Tune, which
 hands it to the searcher. A result that cannot be written stops the study
 (:func:`write_failure_stopper`); a trial whose process is lost for good becomes an
-``error`` row (:func:`lost_trial_recorder`).
+``error`` row (:func:`lost_trial_recorder`). :func:`filter_tune_logs` keeps Tune's log to what
+says something to a user.
 """
 
 from __future__ import annotations
@@ -215,3 +216,32 @@ def _error_text(trial) -> str:
     except Exception:  # noqa: BLE001
         pass
     return "the trial's actor died"
+
+
+class _OneLine(logging.Filter):
+    """Tune's experiment-state writer logs a failed save with its traceback (a full disk); the
+    study stops with its own message, so the log keeps the error's last line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()} {record.exc_info[1]}".strip()
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+class _NoTuneResultFiles(logging.Filter):
+    """Tune's result grid warns after ``fit`` that no trial has its ``result.json`` or
+    ``progress.csv``: the study writes none (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``) and reads
+    its own rows instead, so the warning says nothing to a user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to fetch metrics for")
+
+
+def filter_tune_logs() -> None:
+    """Tune's log lines the study replaces with its own (each filter added once)."""
+    for name, kind in (("ray.tune.execution.experiment_state", _OneLine),
+                       ("ray.tune.analysis.experiment_analysis", _NoTuneResultFiles)):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
