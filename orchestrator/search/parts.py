@@ -1,8 +1,8 @@
 """The search's optional parts behind one interface, in the manner of Optuna's ``BaseSampler``.
 
 The sampler proposes configurations; around it a run has parts, each optional, each a
-:class:`SearchPart`, in one list the driver builds (:func:`orchestrator.search.driver`'s
-``_search_parts``):
+:class:`SearchPart`, in one list the driver builds (``_search_parts`` in
+:mod:`orchestrator.search.driver`):
 
 * :class:`FinishedGrid`: the grid sampler's end (every point measured);
 * :class:`~orchestrator.search.racing.RacingPart`: the last trials measure the tied leaders again;
