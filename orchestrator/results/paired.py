@@ -112,7 +112,7 @@ class Comparison:
     def describe(self) -> str:
         """``+12.3% [+8.1%, +16.0%]`` (relative difference of a to b, and its interval)."""
         def pct(x: float) -> str:
-            return "inf" if math.isinf(x) else f"{x * 100:+.1f}%"
+            return ("inf" if x > 0 else "-inf") if math.isinf(x) else f"{x * 100:+.1f}%"
         return f"{pct(self.ratio)} [{pct(self.low)}, {pct(self.high)}]"
 
 
@@ -170,12 +170,16 @@ MEASUREMENTS = "measurements_of"  # a pooled row's own measurements (row dicts),
 def _diff(a: Mapping[str, Any], b: Mapping[str, Any], metric: str) -> Optional[tuple[float, Optional[np.ndarray], bool]]:
     """``(log a - log b, its draws or None, paired)`` of one measurement of each; None without both values."""
     va, vb = _value(a, metric), _value(b, metric)
-    if va is None or vb is None or va <= 0 or vb <= 0:
+    if va is None or vb is None:
         return None
-    d = math.log(va) - math.log(vb)
     seed_a, draws_a = decode_draws(a.get("draws_json"))
     seed_b, draws_b = decode_draws(b.get("draws_json"))
     la, lb = _log_draws(a, metric, draws_a), _log_draws(b, metric, draws_b)
+    if va <= 0 or vb <= 0:  # a measurement that met nothing (a zero capacity): an unbounded difference
+        d = 0.0 if va <= 0 and vb <= 0 else (math.inf if va > 0 else -math.inf)
+        known = la if la is not None else lb
+        return d, None if known is None else np.full(len(known), d), seed_a is not None and seed_a == seed_b
+    d = math.log(va) - math.log(vb)
     if la is None or lb is None or len(la) != len(lb) or len(la) == 0:
         return d, None, False
     with np.errstate(invalid="ignore"):
@@ -229,8 +233,14 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], metric: str, direction: 
         diffs = [got] if got is not None else []
     with_draws = [x for x in diffs if x[1] is not None]
     if diffs and len(with_draws) == len(diffs):
-        d = float(np.mean([x[0] for x in diffs]))
-        draws = np.mean(np.vstack([x[1] for x in diffs]), axis=0)
+        # Several measurements pool by the mean of their differences; where one is unbounded (one side met
+        # nothing on one engine start) a mean would be that one measurement: the median of them instead.
+        bounded = all(math.isfinite(x[0]) for x in diffs)
+        d = float((np.mean if bounded else np.median)([x[0] for x in diffs]))
+        stack = np.vstack([x[1] for x in diffs])
+        with np.errstate(invalid="ignore"):
+            # (the median passes over a pair unknown in a resample: both sides unbounded there)
+            draws = np.mean(stack, axis=0) if bounded else np.nanmedian(stack, axis=0)
         unknown = np.isnan(draws)  # both unbounded in one resample
         if unknown.mean() > alpha:
             lo, hi = -math.inf, math.inf
@@ -238,7 +248,9 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], metric: str, direction: 
             draws = np.where(unknown, 0.0, draws)
             lo, hi = (float(x) for x in np.quantile(draws, [alpha, 1.0 - alpha], method="inverted_cdf"))
             centre = float(np.median(draws))
-            lo, hi = d + PAIRED_WIDEN * (lo - centre), d + PAIRED_WIDEN * (hi - centre)
+            if math.isfinite(centre) and math.isfinite(d):
+                lo = d + PAIRED_WIDEN * (lo - centre) if math.isfinite(lo) else lo
+                hi = d + PAIRED_WIDEN * (hi - centre) if math.isfinite(hi) else hi
         paired = all(x[2] for x in diffs)
     else:
         z = z_of(confidence)
