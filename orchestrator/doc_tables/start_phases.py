@@ -1,7 +1,7 @@
 """Where engine starts went, for docs/benchmarks.md: the start phases of recorded starts.
 
 * the H100's bare ``vllm serve`` logs (``results/examples/starts-h100/server-logs``): each
-  configuration's first start compiled, the later ones found vLLM's compile cache;
+  configuration's first start on a machine compiled, the later ones found vLLM's compile cache;
 * ``benchmarks/start_cache.py`` on vLLM-CPU (``results/examples/start-cache-cpu-vllm``): the same
   trials in one study (its compile cache shared) and each in a study of its own (empty caches).
 """
@@ -35,7 +35,8 @@ def _compile_cell(compile_s: Optional[float], cached: Optional[bool]) -> str:
 
 def server_log_phases_table(folder: Path) -> str:
     """One bare ``vllm serve`` start per row (its log in ``server-logs/``), then each configuration's
-    later starts' medians. The process's start is not in these logs: no import phase."""
+    medians over its starts that found the compile cache (a start on a fresh machine compiles again).
+    The process's start is not in these logs: no import phase."""
     starts: dict[str, list[tuple[int, StartPhases]]] = {}
     for path in sorted((folder / "server-logs").glob("server-*.log.gz")):
         m = _LOG.search(path.name)
@@ -48,11 +49,11 @@ def server_log_phases_table(folder: Path) -> str:
         for k, p in rows:
             lines.append(f"| {config} | {k} | {_s(p.load_s)} | {_compile_cell(p.compile_s, p.compile_cached)} | "
                          f"{_s(p.graphs_s, '.0f')} | {_s(p.profile_s)} | {_s(p.ready_s, '.0f')} |")
-        later = [p for k, p in rows[1:]]
+        later = [p for k, p in rows if p.compile_cached]
         if later:
             med = {f: statistics.median(getattr(p, f) for p in later) for f in ("load_s", "compile_s", "graphs_s",
                                                                                "profile_s", "ready_s")}
-            lines.append(f"| {config} | median of {len(later)} later | {_s(med['load_s'])} | {_s(med['compile_s'])} | "
+            lines.append(f"| {config} | median of {len(later)} from the cache | {_s(med['load_s'])} | {_s(med['compile_s'])} | "
                          f"{_s(med['graphs_s'], '.0f')} | {_s(med['profile_s'])} | {_s(med['ready_s'], '.0f')} |")
     return "\n".join(lines)
 
