@@ -80,9 +80,22 @@ def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate,
 def run(args) -> int:
     from orchestrator.results.definition import write_study_definition
     from orchestrator.search.driver import run_study
+    from orchestrator.search.stop_signals import StudyInterrupted, stop_on_signals
     from orchestrator.study.spec import parse_study
 
     params = json.loads(args.params) if args.params else {}
+    # A run cut short (a device call's time limit, Ctrl-C) stops as `orchestrator run` does: its trial
+    # recorded interrupted, its engines ended, one line, instead of Ray's abort with a stack trace.
+    with stop_on_signals():
+        try:
+            _run_all(args, params, run_study, parse_study, write_study_definition)
+        except StudyInterrupted as e:
+            print(e.line(args.label or Path(args.study).stem), file=sys.stderr)
+            return e.exit_code
+    return 0
+
+
+def _run_all(args, params, run_study, parse_study, write_study_definition) -> None:
     for seed in seeds_of(args.seeds):
         for start in range(1, args.starts + 1) if args.starts else [0]:
             doc = study_doc(args.study, seed, args.output, params, args.label, args.rate, args.duration,
@@ -92,7 +105,6 @@ def run(args) -> int:
             write_study_definition(study)  # study.json beside the data: show, pareto and report read it
             result = run_study(study, quiet=True, resume=False)
             print(f"{study.name}: run {result.run_id} in {time.monotonic() - t0:.0f} s", flush=True)
-    return 0
 
 
 def table(args) -> int:
