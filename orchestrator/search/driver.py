@@ -37,6 +37,7 @@ from orchestrator.search.fidelity.search import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter
+from orchestrator.search import best_capacity
 from orchestrator.search.parts import FinishedGrid, SearchPart
 from orchestrator.search.racing import Racer, RacingPart
 from orchestrator.search.stop_signals import StudyInterrupted, ending, rearm
@@ -340,6 +341,8 @@ def _search_parts(study: Study, store, space, remaining: int, printer, sink, ctx
     if study.search.fidelity == "sim":
         fidelity = FidelitySearch(study, note=printer.note, record=PredictionWriter(sink, ctx.run_id))
         parts.append(FidelityPart(fidelity))
+    if best_capacity.applies(study):  # capacity.stop_below_best
+        parts.append(best_capacity.BestCapacity(study))
     # Only the calibration fits a capacity trial's levels.
     levels = store.read_levels() if fidelity is not None and study.capacity is not None else None
     trials = store.read_trials()

@@ -9,6 +9,8 @@ The sampler proposes configurations; around it a run has parts, each optional, e
 * :class:`~orchestrator.search.stages.StagedSearch`: ``search.stages``, the parameters a trial holds;
 * :class:`~orchestrator.search.screening.PreflightScreen`: a proposal that cannot start takes no trial;
 * :class:`~orchestrator.search.fidelity.part.FidelityPart`: ``search.fidelity: sim`` picks every trial.
+* :class:`~orchestrator.search.best_capacity.BestCapacity`: the best capacity so far, below which a
+  trial's capacity search stops (``capacity.stop_below_best``).
 
 The proposal loop (:func:`orchestrator.search.optuna_search.propose`) and Tune's searcher call the
 same hooks of every part, in the list's order; each hook does nothing unless a part overrides it:

@@ -121,8 +121,9 @@ def _probe_plan(study: Study) -> Optional[ProbePlan]:
 
 def plan_trial(study: Study, params: Mapping[str, Any], engine: Engine, *, trial_id: str, trial_number: int,
                measurement: int = 0, cluster_units: Optional[int] = None,
-               units_per_node: Optional[int] = None) -> TrialPlan:
-    """Decide one trial: its arguments resolved by ``engine``, the pre-flight's verdict, how it is measured."""
+               units_per_node: Optional[int] = None, beat_rate: Optional[float] = None) -> TrialPlan:
+    """Decide one trial: its arguments resolved by ``engine``, the pre-flight's verdict, how it is measured
+    (``beat_rate``: the capacity its search stops below, :mod:`orchestrator.search.best_capacity`)."""
     args = engine.resolve(study.engine_args(params))
     refusal = None
     if feasibility.preflight_on(study):
@@ -132,18 +133,19 @@ def plan_trial(study: Study, params: Mapping[str, Any], engine: Engine, *, trial
     return TrialPlan(
         trial_id=trial_id, trial_number=trial_number, params=dict(params), args=args, model=study.model_shape,
         device=study.device_defaults, measurement=measurement, refusal=refusal,
-        load=dataclasses.replace(load_plan(study, measurement), noise_seed=zlib.crc32(trial_id.encode())),
+        load=dataclasses.replace(load_plan(study, measurement), noise_seed=zlib.crc32(trial_id.encode()),
+                                 beat_rate=beat_rate if measurement == 0 else None),
         probe=_probe_plan(study), price_per_gpu_hour=study.price.value)
 
 
 def run_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, trial_number: int, ctx: TrialContext,
-              engine: Optional[Engine] = None, measurement: int = 0) -> TrialResult:
+              engine: Optional[Engine] = None, measurement: int = 0, beat_rate: Optional[float] = None) -> TrialResult:
     """Plan and execute one configuration; never raises for configuration or engine problems."""
     try:
         engine = engine or engine_for(study, ctx.engine_context())
         plan = plan_trial(study, params, engine, trial_id=trial_id, trial_number=trial_number,
                           measurement=measurement, cluster_units=ctx.cluster_units,
-                          units_per_node=ctx.units_per_node)
+                          units_per_node=ctx.units_per_node, beat_rate=beat_rate)
     except Exception as e:  # noqa: BLE001 - an orchestrator bug must still leave a row
         log.exception("trial %s: internal error while planning it", trial_id)
         failure = Failure(FailureKind.INTERNAL, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}")

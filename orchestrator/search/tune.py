@@ -24,6 +24,7 @@ from orchestrator.results.levels import levels_to_table
 from orchestrator.results.probe_store import ProbeStore
 from orchestrator.results.schema import requests_to_table
 from orchestrator.results.store import ResultsStore
+from orchestrator.search.best_capacity import BEAT_KEY
 from orchestrator.search.fidelity.search import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.search.racing import REMEASURE_KEY
@@ -49,12 +50,12 @@ class MeasuredTrial:
 
 def measure_trial(study: Study, params: Mapping[str, Any], *, trial_id: str, trial_number: int, ctx: TrialContext,
                   measurement: int = 0, prediction: Optional[Mapping[str, Any]] = None,
-                  engine=None) -> MeasuredTrial:
+                  engine=None, beat_rate: Optional[float] = None) -> MeasuredTrial:
     """Execute, judge, build the row: every trial's steps before its row is written (the trial actor's
     :func:`tune_trainable`, and the tests that run a trial the way it does). ``prediction``: what
     ``search.fidelity: sim`` picked the configuration on, kept next to what was measured."""
     result = run_trial(study, dict(params), trial_id=trial_id, trial_number=trial_number, ctx=ctx,
-                       engine=engine, measurement=measurement)
+                       engine=engine, measurement=measurement, beat_rate=beat_rate)
     judgement = judge_result(study, result)
     return MeasuredTrial(result, judgement, trial_row(study, result, judgement, prediction=dict(prediction or {})))
 
@@ -65,11 +66,11 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
     from ray import tune
 
     number = int(config[TRIAL_NUMBER_KEY])
-    params = {k: v for k, v in config.items() if k not in (TRIAL_NUMBER_KEY, PREDICTION_KEY, REMEASURE_KEY)}
+    params = {k: v for k, v in config.items() if k not in (TRIAL_NUMBER_KEY, PREDICTION_KEY, REMEASURE_KEY, BEAT_KEY)}
     trial_id = f"{ctx.run_id}-{number:04d}"
     trial = measure_trial(study, params, trial_id=trial_id, trial_number=number, ctx=ctx,
                           measurement=int(config.get(REMEASURE_KEY) or 0),
-                          prediction=json.loads(config.get(PREDICTION_KEY) or "{}"))
+                          prediction=json.loads(config.get(PREDICTION_KEY) or "{}"), beat_rate=config.get(BEAT_KEY))
     result, judgement, row = trial.result, trial.judgement, trial.row
     report = SamplerReport.of(judgement, row["status"])
     if ctx.sink_name:
@@ -192,6 +193,7 @@ def lost_trial_recorder(study: Study, run_id: str, sink_name: str, namespace: st
                 return
             number = int(config.pop(TRIAL_NUMBER_KEY))
             config.pop(PREDICTION_KEY, None)
+            config.pop(BEAT_KEY, None)
             now = datetime.now(timezone.utc)
             lost = TrialResult(run_id=run_id, trial_id=f"{run_id}-{number:04d}", trial_number=number, params=config,
                                args=None, started_at=now, finished_at=now, status=TrialStatus.ERROR,

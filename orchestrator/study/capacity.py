@@ -47,6 +47,9 @@ class CapacitySpec(StrictModel):
     min_requests: int = Field(default=20, ge=1, le=MAX_LEVEL_REQUESTS,
                               description="fewest requests of a level (with level_duration_s)")
     max_error_rate: float = Field(default=0.0, ge=0, lt=1, description="share of failed requests a level may have")
+    stop_below_best: bool = Field(
+        default=True, description="stop a trial's search once its capacity is decided below the best trial's lower "
+                                  "bound so far (studies whose one objective is the capacity; not racing's measurements)")
     confidence: float = Field(default=DEFAULT_CONFIDENCE, ge=0.5, le=0.999,
                               description="a level's verdict is decided when each SLO metric's interval at this "
                                           "confidence lies on one side of its limit; the capacity interval holds it")

@@ -205,7 +205,20 @@ def draw_level(k: int) -> int:
     return 0 if k == 0 else 2 * k - 1 if k > 0 else -2 * k
 
 
-def next_rate(points: Sequence[LevelPoint], spec, start_rate: float, fit=None) -> tuple[Optional[float], str]:
+def _below(beat: Optional[float], missed: Optional[LevelPoint], fit) -> str:
+    """Why the search stops, decided below ``beat`` (the best trial's capacity, its lower bound): a level at
+    or below it decided missed, or the levels' fit (within this start) wholly below it; else ``""``."""
+    if beat is None:
+        return ""
+    if missed is not None and missed.rate <= beat:
+        return f"decided below the best trial's capacity ({beat:.3g}/s): {missed.rate:.3g}/s missed the SLOs"
+    if fit is not None and fit.high is not None and 0 < fit.high < beat:
+        return f"decided below the best trial's capacity ({beat:.3g}/s): the levels' fit ends at {fit.high:.3g}/s"
+    return ""
+
+
+def next_rate(points: Sequence[LevelPoint], spec, start_rate: float, fit=None,
+              beat: Optional[float] = None) -> tuple[Optional[float], str]:
     """The next rate to measure (a point of the study's :class:`RateGrid`), or ``(None, why the search
     stops)``. Pure: history in, rate out.
 
@@ -215,7 +228,8 @@ def next_rate(points: Sequence[LevelPoint], spec, start_rate: float, fit=None) -
     interval is within ``tolerance``; otherwise measure the grid point nearest its estimate that is not
     measured yet, inside its interval and the bracket, until there is none (the levels left are the
     measurement's noise band), or ``max_levels`` / ``max_windows`` are spent. Without ``fit``, the
-    widest gap inside the bracket is split.
+    widest gap inside the bracket is split. With ``beat`` (the best trial's capacity, its lower bound), it
+    stops as soon as this capacity is decided below it: the comparison it feeds is decided.
     """
     grid = RateGrid.of(spec, start_rate)
     if not points:
@@ -227,6 +241,9 @@ def next_rate(points: Sequence[LevelPoint], spec, start_rate: float, fit=None) -
     per_growth = grid.steps
     measured = {grid.index(p.rate) for p in points}
     lo, hi = _bracket(points)
+    below = _below(beat, hi, fit)
+    if below:
+        return None, below
     if hi is None:  # nothing decided missed so far: go up
         top = max(grid.index(p.rate) for p in points)
         if top >= grid.highest:
@@ -335,15 +352,16 @@ class CapacityResult:
 
 
 def search_capacity(measure: Callable[[int, float], LevelResult], spec, start_rate: float,
-                    fit: Optional[Callable[[Sequence[LevelResult], bool], Optional[CapacityFit]]] = None
-                    ) -> CapacityResult:
+                    fit: Optional[Callable[[Sequence[LevelResult], bool], Optional[CapacityFit]]] = None,
+                    beat: Optional[float] = None) -> CapacityResult:
     """Measure levels (``measure(level index, rate)``) as :func:`next_rate` asks, until it stops.
     ``fit(levels, with_start_noise)``: the levels' capacity fit; the search steers by the fit within
-    this start (what more levels can narrow), the answer carries the engine's start noise too."""
+    this start (what more levels can narrow), the answer carries the engine's start noise too. ``beat``:
+    the capacity below which the comparison this trial feeds is decided (:func:`next_rate`)."""
     levels: list[LevelResult] = []
     while True:
         current = fit(levels, False) if fit is not None and levels else None
-        rate, why = next_rate([lv.point for lv in levels], spec, start_rate, current)
+        rate, why = next_rate([lv.point for lv in levels], spec, start_rate, current, beat)
         if rate is None:
             final = fit(levels, True) if fit is not None and levels else None
             return CapacityResult(levels, why, spec.confidence, final)

@@ -223,7 +223,7 @@ def measure(plan: LoadPlan, requests, run_level, *, served: bool) -> LoadPhase:
                             samples=BOOTSTRAP_SAMPLES, start_shift=shift if with_start else None,
                             resolution=spec.tolerance)
 
-    result = search_capacity(measure_level, spec, grid.start, fit)
+    result = search_capacity(measure_level, spec, grid.start, fit, beat=plan.beat_rate)
     chosen = result.best or min(result.levels, key=lambda lv: lv.rate)
     return LoadPhase(records, chosen.telemetry, chosen.metrics.requested_rate, result, warmup=result.levels[0].warmup,
                      levels_base_rate=base_rate)

@@ -53,6 +53,7 @@ class LoadPlan:
     start_noise: WindowNoise = NO_START_NOISE  # the engine's between starts (a prior, or the study's replicates)
     start_noise_source: str = ""  # where start_noise comes from, as the row states it
     noise_seed: int = 0  # this trial's own: window and start noise drawn for it, never shared with another trial
+    beat_rate: Optional[float] = None  # capacity search: stop once decided below this (the best trial's low bound)
 
     def requests(self, workload: Optional[WorkloadSpec] = None, *, level: int = 0,
                  replicate: int = 0) -> RequestSet:
