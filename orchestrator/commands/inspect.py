@@ -10,6 +10,7 @@ from orchestrator.measure.harness import harness_bound_mask
 from orchestrator.measure.metrics import default_direction
 from orchestrator.results import load_trials
 from orchestrator.results.outcomes import failure_lines, status_counts
+from orchestrator.results.predictions import describe_check, describe_share, prediction_checks, prediction_share
 from orchestrator.results.ties import shown_with_intervals, tie_mask, tie_note
 from orchestrator.study.judge import feasible_mask
 
@@ -54,9 +55,29 @@ def cmd_show(args) -> int:
             print(f"  {r['trial_id']}: {r.get('harness_bound_reason') or '?'}")
         if len(flagged) > 5:
             print(f"  ... and {len(flagged) - 5} more")
+    if study.search.fidelity == "sim":
+        _print_predictions(df)
     _print_starts(start_table(df))
     print_front(study, args.path)
     return EXIT_OK
+
+
+def _print_predictions(df, limit: int = 12) -> None:
+    """A ``search.fidelity: sim`` study: how many real trials the simulator predicted within its stated
+    error, and each trial's prediction against its measurement (the last ``limit``)."""
+    share = prediction_share(df)
+    if share is None:
+        if any(c.startswith("predicted_") for c in df.columns):
+            print("simulator predictions: the rows hold no stated error (written before it was recorded)")
+        return
+    print("simulator predictions (search.fidelity: sim), made before each real trial ran:")
+    print(f"  {describe_share(share)}")
+    done = df[df["status"] == TrialStatus.COMPLETED].sort_values("started_at")
+    rows = [(r["trial_id"], checks) for r in done.to_dict("records") if (checks := prediction_checks(r))]
+    for trial_id, checks in rows[-limit:]:
+        print(f"  {trial_id}: " + "; ".join(describe_check(c) for c in checks))
+    if len(rows) > limit:
+        print(f"  ... {len(rows) - limit} earlier trial(s) not shown")
 
 
 def _print_starts(starts, limit: int = 12) -> None:

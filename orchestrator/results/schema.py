@@ -138,8 +138,10 @@ INTERVAL_COLUMNS: tuple[str, ...] = tuple(interval_columns()) + ("confidence",)
 
 
 def prediction_columns(metrics: Sequence[str]) -> list[str]:
-    """``search.fidelity: sim``: the simulator's prediction and its relative error, per metric."""
-    return [c for m in metrics for c in (f"predicted_{m}", f"prediction_error_{m}")]
+    """``search.fidelity: sim``: the simulator's prediction, its stated error (where the measurement
+    should fall) and its relative error, per metric."""
+    return [c for m in metrics
+            for c in (f"predicted_{m}", f"predicted_{m}_low", f"predicted_{m}_high", f"prediction_error_{m}")]
 
 
 def trials_schema(param_types: Mapping[str, str], predicted: Sequence[str] = ()) -> pa.Schema:

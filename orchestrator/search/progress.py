@@ -3,7 +3,10 @@
 Each line: trial count, the trial's status and parameters, its objectives, whether
 it met the SLOs (and "harness-bound" when the serving path, not the engine, limited
 the measurement: see orchestrator.measure.harness); then done / running / failed counts, the best feasible value of the
-first objective so far and an ETA from the mean trial time.
+first objective so far and an ETA from the mean trial time. With ``search.fidelity: sim``, a line
+before each trial runs with what the simulator predicts for it and the stated error of each
+prediction, and after it a line with the prediction against the measurement
+(:mod:`orchestrator.results.predictions`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ import pandas as pd
 from orchestrator.failures import TrialStatus, status_of, trial_lost
 from orchestrator.results.outcomes import outcome_summary
 from orchestrator.results.paired import EQUIVALENT, TIED, compare
+from orchestrator.results.predictions import describe_check, describe_range, prediction_checks
+from orchestrator.search.fidelity.margin import screening_rule
+from orchestrator.search.fidelity.search import PREDICTED_KEY, PREDICTION_KEY
+from orchestrator.search.optuna_search import TRIAL_NUMBER_KEY
 from orchestrator.study.judge import feasible_mask
 from orchestrator.study.spec import Study
 
@@ -63,6 +70,7 @@ class ProgressPrinter:
         # A status line after this long without output, so that long trials still show in job logs.
         self.heartbeat_s = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL_S", 60))
         self._last_print = self.t0
+        self.run_id = ""  # the header's: names a trial before its row does
 
     def recorded(self, trials) -> None:
         """Count a resumed run's recorded trials (its ``trials`` rows): their failures and best value."""
@@ -107,6 +115,7 @@ class ProgressPrinter:
 
     def header(self, run_id: str, *, resumed: bool, stale: int, state_dir: str, recovered: int = 0) -> None:
         s = self.study
+        self.run_id = run_id
         objs = ", ".join(f"{o.resolved_direction} {o.metric}" for o in s.objectives)
         slos = ", ".join(str(c) for c in s.constraints) or "none"
         sampler = s.search.sampler + (f", {len(s.search.stages)} stages" if s.search.stages else "")
@@ -127,8 +136,25 @@ class ProgressPrinter:
         self._print(f"  {cluster.total_units} {cluster.resource}(s) in the cluster; "
                     f"up to {concurrency} trial(s) at once")
 
-    def trial_started(self) -> None:
+    def trial_started(self, config: Optional[dict] = None) -> None:
+        """A trial starts; with ``search.fidelity: sim``, what the simulator predicts for it, before it runs."""
         self.running += 1
+        if config and config.get(PREDICTION_KEY):
+            tid = f"{self.run_id}-{int(config[TRIAL_NUMBER_KEY]):04d}" if TRIAL_NUMBER_KEY in config else "?"
+            self._print(f"  trial {tid}: {self.prediction_text(json.loads(config[PREDICTION_KEY]))}")
+
+    def prediction_text(self, predicted: dict) -> str:
+        """``the simulator predicts capacity_rps 47 (stated error 34.4–64.3), ...``: each of the study's
+        metrics the prediction holds, with where the measurement should fall."""
+        rule = screening_rule(self.study.hardware.gpu)
+        said = []
+        for metric, value in predicted.items():
+            band = rule.band(metric, value)
+            if band is not None:
+                label = "stated error " if not said else ""
+                said.append(f"{metric} {_fmt(float(value))} ({label}{describe_range(*band)})")
+        return ("the simulator predicts " + ", ".join(said) if said else
+                "the simulator predicts no number for it (it does not start this configuration there)")
 
     def note(self, text: str) -> None:
         self._print(f"  {text}")
@@ -182,6 +208,9 @@ class ProgressPrinter:
         self._print(f"{'':>{2 * width + 4}}{objs}{slo} | done {self.done}, running {self.running}, "
                     f"not completed {self.failed} | best {first.metric} {best} | "
                     f"elapsed {_duration(elapsed)}, ETA {_duration(eta)}")
+        checks = prediction_checks(json.loads(result[PREDICTED_KEY])) if result.get(PREDICTED_KEY) else []
+        if status == TrialStatus.COMPLETED and checks:
+            self._print(f"{'':>{2 * width + 4}}" + "; ".join(describe_check(c) for c in checks))
 
     def standing_of_best(self) -> tuple[int, int]:
         """``(not yet told apart, equivalent)``: other configurations compared with the best on the first
@@ -213,8 +242,8 @@ class ProgressPrinter:
         printer = self
 
         class _Progress(Callback):
-            def on_trial_start(self, iteration, trials, trial, **info):
-                printer.trial_started()
+            def on_trial_start(self, iteration, trials, trial, **info):  # before Tune runs the trial's function
+                printer.trial_started(trial.config or {})
 
             def on_step_end(self, iteration, trials, **info):
                 printer.heartbeat()

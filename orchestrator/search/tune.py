@@ -25,7 +25,9 @@ from orchestrator.results.probe_store import ProbeStore
 from orchestrator.results.schema import requests_to_table
 from orchestrator.results.store import ResultsStore
 from orchestrator.search.best_capacity import BEAT_KEY
-from orchestrator.search.fidelity.search import MEASURED_KEY, PREDICTION_KEY, fidelity_metrics, fit_levels, noise_columns
+from orchestrator.search.fidelity.scoring import study_metrics
+from orchestrator.search.fidelity.search import (MEASURED_KEY, PREDICTED_KEY, PREDICTION_KEY, fidelity_metrics,
+                                                  fit_levels, noise_columns)
 from orchestrator.search.optuna_search import REPORT_KEY, ROW_KEY, TRIAL_NUMBER_KEY, SamplerReport
 from orchestrator.search.racing import REMEASURE_KEY
 from orchestrator.search.row import trial_row
@@ -90,7 +92,8 @@ def tune_trainable(config: dict, *, study: Study, ctx: TrialContext) -> None:
 def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerReport,
                 levels: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """What a trial reports to Tune: the sampler's report, what the progress line shows, and
-    (``search.fidelity: sim``) what the calibration is fitted to: ``levels``, a capacity search's rows."""
+    (``search.fidelity: sim``) what the calibration is fitted to (``levels``, a capacity search's rows) and the
+    prediction next to the measurement."""
     out: dict[str, Any] = {o.metric: v for o, v in zip(study.objectives, judgement.optuna_values())}
     for o in study.objectives:  # where each objective's true value lies (the progress line's ties)
         for end in ("low", "high"):
@@ -112,6 +115,10 @@ def tune_result(study: Study, row: dict, judgement: Judgement, report: SamplerRe
         if study.capacity is not None:
             measured["levels"] = fit_levels(study, levels)
         out[MEASURED_KEY] = json.dumps(measured, default=str)
+        # What the progress line sets against each other: the row's prediction columns and measurements.
+        shown = [c for m in study_metrics(study)
+                 for c in (m, f"predicted_{m}", f"predicted_{m}_low", f"predicted_{m}_high")]
+        out[PREDICTED_KEY] = json.dumps({c: row.get(c) for c in shown}, default=str)
     return out
 
 

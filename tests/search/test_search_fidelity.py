@@ -102,6 +102,45 @@ def test_the_simulator_screens_and_real_trials_confirm(endpoint, unit_ray, tmp_p
     # The simulator's scores are kept apart from the measured trials.
     assert len(preds) == 8 and (preds["fidelity"] == "sim").all() and preds["measured"].sum() == len(rows)
     assert "predicted_tpot_p50_ms" in preds.columns
+    _predictions_were_printed_before_each_trial_and_show_counts_them(study, rows, out, tmp_path / "out" / "mf")
+
+
+def _predictions_were_printed_before_each_trial_and_show_counts_them(study, rows, out: str, study_dir) -> None:
+    """Each real trial's prediction and its stated error (the simulator's measured error on the GPU, one
+    log sd either way) were printed before the trial ran, and after it against the measurement;
+    ``show``'s share of trials within their stated error is the rows' own."""
+    import math
+
+    from orchestrator.results.definition import write_study_definition
+    from orchestrator.search.fidelity.margin import screening_rule
+    from support.cli import orchestrator
+
+    metrics = ("output_throughput", "tpot_p50_ms")
+    rule = screening_rule(study.hardware.gpu)
+    within = pd.Series(True, index=rows.index)
+    for m in metrics:
+        sd = rule.sd(m)
+        assert (rows[f"predicted_{m}_low"] - rows[f"predicted_{m}"] * math.exp(-sd)).abs().max() < 1e-6
+        assert (rows[f"predicted_{m}_high"] - rows[f"predicted_{m}"] * math.exp(sd)).abs().max() < 1e-6
+        within &= rows[m].between(rows[f"predicted_{m}_low"], rows[f"predicted_{m}_high"])
+    printed = {}
+    for _, row in rows.iterrows():
+        tid = row["trial_id"]
+        before = re.search(rf"trial {tid}: the simulator predicts output_throughput [\d,.]+ \(stated error "
+                           rf"[\d,.]+–[\d,.]+\), tpot_p50_ms [\d,.]+ \([\d,.]+–[\d,.]+\)", out)
+        result = re.search(rf"\] {tid} completed.*\n.*\n\s+(output_throughput .*)", out)
+        assert before and result and before.start() < result.start(), out
+        said = result.group(1).split("; ")
+        for m, text in zip(metrics, said):
+            inside = row[f"predicted_{m}_low"] <= row[m] <= row[f"predicted_{m}_high"]
+            assert text.startswith(f"{m} ") and ("within" in text) == inside, (text, row[m])
+        printed[tid] = result.group(1)
+    write_study_definition(study)  # as `orchestrator run` does before its study runs
+    shown = orchestrator("show", str(study_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert (f"predictions within their stated error: {int(within.sum())} of {len(rows)} trials"
+            in shown.stdout), shown.stdout
+    assert all(f"{tid}: {text}" in shown.stdout for tid, text in printed.items()), shown.stdout  # as printed
 
 
 def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, unit_ray, tmp_path):

@@ -21,16 +21,19 @@ The rule, in one place (:func:`screening_rule`):
   ``n = ceil(sd / NOISE_LOG_SD)`` for the first objective's sd, at least 1. The simulator cannot
   order configurations closer than its error, and a real measurement tells apart configurations
   one noise width apart: as many real trials as noise widths fit in the simulator's error (the
-  study's budget bounds them).
+  study's budget bounds them);
+* **the stated error** of each real trial's prediction (:meth:`ScreeningRule.band`): the
+  prediction times ``exp(-sd)`` to ``exp(+sd)``, printed before the trial runs and kept in its row.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
 from orchestrator.hardware.gpus import get_gpu
+from orchestrator.numbers import finite_float
 from orchestrator.search.fidelity.model import NOISE_LOG_SD, metric_family
 
 # GPU -> metric -> log sd, leave one dataset out (results/examples/sim-error).
@@ -68,6 +71,16 @@ class ScreeningRule:
 
     def confirmations(self, objective: str) -> int:
         return confirmations(self.sd(objective))
+
+    def band(self, metric: str, predicted: object) -> Optional[tuple[float, float]]:
+        """The stated error of a prediction of ``metric``: where the measurement should fall,
+        ``predicted`` times ``exp(-sd)`` to ``exp(+sd)`` (one log sd either way, as the error was
+        measured); None for a prediction that is not a positive number."""
+        p = finite_float(predicted)
+        if p is None or p <= 0:
+            return None
+        sd = self.sd(metric)
+        return p * math.exp(-sd), p * math.exp(sd)
 
     def describe(self, objective: str) -> str:
         where = "measured out of sample" if self.measured else "never measured: wider than on a measured GPU"

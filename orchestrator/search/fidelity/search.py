@@ -41,11 +41,12 @@ from orchestrator.search.fidelity.scoring import (Scorer, SimScorer, fidelity_me
                                                   score_in_simulator, study_metrics)
 from orchestrator.study.judge import judge
 
-__all__ = ["PREDICTION_KEY", "MEASURED_KEY", "PICK_ATTR", "FidelitySearch", "Pick", "prediction_columns",
+__all__ = ["PREDICTION_KEY", "MEASURED_KEY", "PREDICTED_KEY", "PICK_ATTR", "FidelitySearch", "Pick", "prediction_columns",
            "point_key", "fidelity_metrics", "fit_levels", "noise_columns", "score_in_simulator", "SimScorer"]
 
 PREDICTION_KEY = "__prediction"  # in a trial's config: the prediction it was picked on (JSON)
 MEASURED_KEY = "fidelity_measured"  # in a Tune result: the metrics the calibration is fitted to (JSON)
+PREDICTED_KEY = "fidelity_predicted"  # in a Tune result: the row's prediction columns and measurements (JSON)
 PICK_ATTR = "fidelity_pick"  # on the Optuna trial: why it was picked (best, information)
 # Candidates scored again after a refit, best expected gain first: the shortlist, and a longer one
 # when a multiplier moved by more than RESCORE_SHIFT (log) since the last long rescoring.
@@ -53,12 +54,16 @@ RESCORE_TOP = 32
 RESCORE_LONG = 160
 RESCORE_SHIFT = 0.1
 def prediction_columns(study, predicted: Optional[Mapping[str, Any]], row: Mapping[str, Any]) -> dict[str, Any]:
-    """A real trial's ``predicted_<m>`` and ``prediction_error_<m>`` ((measured - predicted) / predicted)."""
+    """A real trial's ``predicted_<m>``, its stated error ``predicted_<m>_low`` .. ``predicted_<m>_high``
+    (where the measurement should fall, :meth:`~orchestrator.search.fidelity.margin.ScreeningRule.band`)
+    and ``prediction_error_<m>`` ((measured - predicted) / predicted)."""
     out: dict[str, Any] = {}
+    rule = screening_rule(study.hardware.gpu)
     for m in study_metrics(study):
         p = (predicted or {}).get(m)
         y = row.get(m)
         out[f"predicted_{m}"] = p
+        out[f"predicted_{m}_low"], out[f"predicted_{m}_high"] = rule.band(m, p) or (None, None)
         ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (p, y)) and p not in (0, 0.0)
         out[f"prediction_error_{m}"] = (y - p) / abs(p) if ok else None
     return out
