@@ -15,6 +15,7 @@ from orchestrator.results.schema import requests_to_table
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAMPLE = DATA / "vllm_bench_rate64_S256.json"  # written by vllm bench serve 0.26 on an H200
@@ -24,13 +25,10 @@ SAMPLE = DATA / "vllm_bench_rate64_S256.json"  # written by vllm bench serve 0.2
 def stored(tmp_path_factory):
     """A completed virtual-sim trial written to a results dataset (with its study.json)."""
     out = tmp_path_factory.mktemp("res")
-    study = parse_study({
-        "name": "ix", "engine": {"kind": "sim", "mode": "virtual"}, "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "gamma", "rate": 12, "burstiness": 0.5}, "num_requests": 80,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 900}, "output_len": 48},
-        "space": {"max_num_seqs": [16, 64]}, "objectives": ["maximize output_throughput"],
-        "constraints": ["ttft_p99_ms <= 2000"], "output": str(out)})
+    study = parse_study(sim_doc(
+        name="ix", workload={"arrival": {"kind": "gamma", "rate": 12, "burstiness": 0.5}, "num_requests": 80,
+                             "input_len": {"kind": "uniform", "min": 100, "max": 900}, "output_len": 48},
+        space={"max_num_seqs": [16, 64]}, constraints=["ttft_p99_ms <= 2000"], output=str(out)))
     o = run_trial(study, {"max_num_seqs": 16}, trial_id="t1", trial_number=0, ctx=TrialContext("r1"))
     ResultsStore(out, "ix").write_trial(o.row, requests_to_table(o.records, study="ix", run_id="r1", trial_id="t1"),
                                         param_types=study.space.column_types())

@@ -16,21 +16,18 @@ from orchestrator.results.schema import trial_row_to_table, trials_schema
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 
 def _study(slowdown: float = 1.0, **over):
-    doc = {
-        "name": "nightly", "seed": 1,
-        "engine": {"kind": "sim", "mode": "virtual", "calibration": {"slowdown": slowdown}},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
-        "workload": {"arrival": {"kind": "poisson", "rate": 20}, "num_requests": 60,
-                     "input_len": {"kind": "uniform", "min": 200, "max": 800}, "output_len": 64},
-        "space": {"max_num_seqs": [16, 128], "max_num_batched_tokens": [2048, 8192]},
-        "objectives": ["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
-        "constraints": ["ttft_p99_ms <= 5000"],
-    }
-    doc.update(over)
-    return parse_study(doc)
+    """The nightly study; ``over``: sections replaced whole."""
+    return parse_study(sim_doc(
+        name="nightly", seed=1, engine={"calibration": {"slowdown": slowdown}}, hardware={"gpus_per_node": 2},
+        workload={"arrival": {"kind": "poisson", "rate": 20}, "num_requests": 60,
+                  "input_len": {"kind": "uniform", "min": 200, "max": 800}, "output_len": 64},
+        space={"max_num_seqs": [16, 128], "max_num_batched_tokens": [2048, 8192]},
+        objectives=["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
+        constraints=["ttft_p99_ms <= 5000"]) | over)
 
 
 def _night(study, run_id: str, points) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from conftest import REPO
 from orchestrator.apps.recommend import RecommendError, engine_args_of, recommend, select_trial
 from orchestrator.hardware.engine_args import SPECULATIVE_ARGS, EngineArgs
 from orchestrator.study.spec import parse_study
+from support.studies import sim_doc
 
 # vLLM's own `vllm serve` parser (the CPU build is enough): argv in, the parsed engine arguments out as JSON.
 # One process (importing vLLM takes seconds) for two commands: argv[1] and a speculative one, argv[5].
@@ -57,13 +58,12 @@ print(json.dumps({"cli": {f: getattr(engine, f) for f in fields + ["model"]},
 
 
 def _study(tmp_path):
-    return parse_study({
-        "name": "rec", "engine": {"kind": "sim", "mode": "virtual"}, "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
-        "space": {"max_num_seqs": [8, 64], "gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.9,
-                                                                        "step": 0.05}},
-        "objectives": ["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
-        "constraints": ["ttft_p99_ms <= 500"], "output": str(tmp_path)})
+    return parse_study(sim_doc(
+        name="rec", hardware={"gpus_per_node": 2},
+        space={"max_num_seqs": [8, 64], "gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.9,
+                                                                     "step": 0.05}},
+        objectives=["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
+        constraints=["ttft_p99_ms <= 500"], output=str(tmp_path)))
 
 
 def _row(trial_id, status="completed", tput=100.0, ttft=100.0, **engine):
