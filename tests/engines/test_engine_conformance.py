@@ -37,6 +37,7 @@ from orchestrator.failures import EngineStartError, FailureKind
 from orchestrator.hardware.engine_args import EngineArgs, engine_args_from_params
 from orchestrator.search.trial_plan import engine_for
 from orchestrator.study.spec import EngineSpec, parse_study
+from support.studies import sim_doc
 from support.vllm_processes import vllm_processes
 
 NUM_GPUS = 4  # logical, the engine unit's Ray's: the simulator holds them as vLLM would hold real ones
@@ -75,16 +76,12 @@ class Subject:
 
 def make_study(engine: dict, tmp_path: Path, *, model: str = "tiny-llama", gpu: str = "H100-80GB",
                dtype: str = "auto", space: Optional[dict] = None):
-    return parse_study({
-        "name": "conformance", "engine": engine, "model": {"name": model, "dtype": dtype},
-        "hardware": {"gpu": gpu, "gpus_per_node": NUM_GPUS},
-        "workload": {"arrival": {"kind": "poisson", "rate": 20}, "num_requests": NUM_REQUESTS,
-                     "warmup_requests": 1, "warmup": {"enabled": False}, "input_len": 32,
-                     "output_len": OUTPUT_LEN, "timeout_s": 120},
-        "space": space or {"max_num_seqs": 8},
-        "objectives": ["maximize output_throughput"],
-        "output": str(tmp_path / "out"),
-    })
+    """One study around every engine: ``engine`` is its whole engine section."""
+    return parse_study(sim_doc(
+        name="conformance", model={"name": model, "dtype": dtype}, hardware={"gpu": gpu, "gpus_per_node": NUM_GPUS},
+        workload={"arrival": {"kind": "poisson", "rate": 20}, "num_requests": NUM_REQUESTS, "warmup_requests": 1,
+                  "warmup": {"enabled": False}, "input_len": 32, "output_len": OUTPUT_LEN, "timeout_s": 120},
+        space=space or {"max_num_seqs": 8}, output=str(tmp_path / "out")) | {"engine": engine})
 
 
 @pytest.fixture

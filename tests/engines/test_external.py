@@ -15,18 +15,14 @@ from orchestrator.study.spec import StudyFileError, parse_study
 from orchestrator.trial.run import TrialContext
 from support.fake_openai import API_KEY, fake, server  # noqa: F401 - the fake OpenAI server fixtures
 from support.recorded_trial import run_trial
+from support.studies import external_doc
 
 
 def external_study(base_url: str, tmp_path, **engine):
-    return parse_study({
-        "name": "ext", "engine": {"kind": "external", "base_url": base_url, **engine},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 40}, "num_requests": 20, "warmup_requests": 1,
-                     "input_len": 16, "output_len": 4, "timeout_s": 10},
-        "space": {"max_num_seqs": 256},  # what the endpoint is known to run: recorded, not applied
-        "objectives": ["maximize output_throughput"],
-        "output": str(tmp_path / "out"),
-    })
+    return parse_study(external_doc(
+        base_url, engine=engine, workload={"timeout_s": 10},
+        space={"max_num_seqs": 256},  # what the endpoint is known to run: recorded, not applied
+        output=str(tmp_path / "out")))
 
 
 def run(study):

@@ -109,14 +109,9 @@ def test_an_external_study_measures_serve_sim(base_url, tmp_path):
     from orchestrator.study.spec import parse_study
     from orchestrator.trial.run import TrialContext
     from support.recorded_trial import run_trial
+    from support.studies import external_doc
 
-    study = parse_study({
-        "name": "ext", "engine": {"kind": "external", "base_url": base_url.removesuffix("/v1")},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 40}, "num_requests": 20, "warmup_requests": 1,
-                     "input_len": 16, "output_len": 4, "timeout_s": 30},
-        "space": {"max_num_seqs": 8}, "objectives": ["maximize output_throughput"], "output": str(tmp_path / "out"),
-    })
+    study = parse_study(external_doc(base_url.removesuffix("/v1"), output=str(tmp_path / "out")))
     row = run_trial(study, {"max_num_seqs": 8}, trial_id="t1", trial_number=0, ctx=TrialContext("r1")).row
     assert row["status"] == "completed", row.get("failure_message")
     assert row["completed"] == 20 and row["engine"] == "external"
@@ -129,15 +124,12 @@ def test_only_the_trial_that_claims_the_baseline_answers_the_probe_a_second_time
     from orchestrator.study.spec import parse_study
     from orchestrator.trial.run import TrialContext
     from support.recorded_trial import run_trial
+    from support.studies import external_doc
 
-    study = parse_study({
-        "name": "floor", "engine": {"kind": "external", "base_url": base_url.removesuffix("/v1")},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 40}, "num_requests": 4, "warmup_requests": 0,
-                     "input_len": 16, "output_len": 4, "timeout_s": 30},
-        "probe": {"max_input_tokens": 32, "output_tokens": 4, "concurrency": 8, "perplexity_sequences": 0},
-        "space": {"max_num_seqs": 8}, "objectives": ["maximize output_throughput"], "output": str(tmp_path / "out"),
-    })
+    study = parse_study(external_doc(
+        base_url.removesuffix("/v1"), name="floor", workload={"num_requests": 4, "warmup_requests": 0},
+        probe={"max_input_tokens": 32, "output_tokens": 4, "concurrency": 8, "perplexity_sequences": 0},
+        output=str(tmp_path / "out")))
     rows = [run_trial(study, {"max_num_seqs": 8}, trial_id=f"t{i}", trial_number=i, ctx=TrialContext("r1")).row
             for i in (1, 2)]
     assert [r["status"] for r in rows] == ["completed", "completed"], [r.get("failure_message") for r in rows]

@@ -35,13 +35,12 @@ def doors(tmp_path_factory):
     from orchestrator.engines.sim.served import ServedSimEngine
     from orchestrator.hardware.engine_args import engine_args_from_params
     from orchestrator.study.spec import parse_study
+    from support.studies import sim_doc
 
     context = EngineContext(serve_port=shared_serve())  # the served unit's Ray and Serve
-    study = parse_study({
-        "name": "api", "engine": {"kind": "sim"}, "model": {"name": "tiny-llama", "served_name": MODEL},
-        "hardware": {"gpu": "H100-80GB"}, "space": {"max_num_seqs": 8},
-        "objectives": ["maximize output_throughput"], "output": str(tmp_path_factory.mktemp("out")),
-    })
+    study = parse_study(sim_doc(name="api", engine={"mode": "served"},
+                                model={"name": "tiny-llama", "served_name": MODEL},
+                                output=str(tmp_path_factory.mktemp("out"))))
     engine = ServedSimEngine(study, context)
     with engine.deploy("sim-api", engine.resolve(engine_args_from_params({"max_num_seqs": 8}))) as dep:
         direct = dep.endpoint.facts["direct_url"]

@@ -99,15 +99,13 @@ def test_a_gpu_never_measured_gets_a_wider_margin_and_more_confirmations():
 
 def _study(gpu: str):
     from orchestrator.study.spec import parse_study
+    from support.studies import external_doc
 
-    return parse_study({
-        "name": "margins", "seed": 1, "engine": {"kind": "external", "base_url": "http://127.0.0.1:9"},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": gpu, "gpus_per_node": 1},
-        "workload": {"arrival": {"kind": "concurrency", "concurrency": 4}, "num_requests": 8,
-                     "warmup_requests": 0, "input_len": 256, "output_len": 48},
-        "space": {"max_num_seqs": [8, 16, 32, 64], "max_num_batched_tokens": [2048, 8192]},
-        "objectives": ["maximize output_throughput"], "constraints": ["tpot_p50_ms <= 200"],
-        "search": {"fidelity": "sim"}, "budget": {"trials": 8}})
+    doc = external_doc("http://127.0.0.1:9", name="margins", seed=1, hardware={"gpu": gpu},
+                       space={"max_num_seqs": [8, 16, 32, 64], "max_num_batched_tokens": [2048, 8192]},
+                       constraints=["tpot_p50_ms <= 200"], search={"fidelity": "sim"}, budget={"trials": 8})
+    return parse_study(doc | {"workload": {"arrival": {"kind": "concurrency", "concurrency": 4}, "num_requests": 8,
+                                           "warmup_requests": 0, "input_len": 256, "output_len": 48}})
 
 
 @pytest.mark.parametrize("gpu", ["H200", "A100-80GB"])
