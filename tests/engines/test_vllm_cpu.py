@@ -28,11 +28,11 @@ import pytest
 from orchestrator.measure.harness import TTFT_FLOOR_MS, TTFT_RELATIVE, harness_verdict
 from support.capacity_levels import contradictions, level_bracket
 from support.cli import orchestrator
-from support.vllm_processes import PLANTED_TOKEN, PLANTED_TOKEN_VAR, one_process, vllm_processes
+from support.studies import CPU_KV_BYTES, cpu_vllm_doc
+from support.vllm_processes import PLANTED_TOKEN, PLANTED_TOKEN_VAR, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-KV_BYTES = 8 * 2**20  # 4,096 tokens of tiny-llama in float32 (2 KiB per token)
 PLANTED_LITERAL = "sk-planted-literal-7c41e9"  # a secret written into the study (engine.env)
 PLANTED_REFERENCED = PLANTED_TOKEN  # one the study names by variable (hf_token_env): in the unit's Ray
 
@@ -101,31 +101,26 @@ def test_cpu_vllm_study(tmp_path, engine_cluster):
                 "max_model_len": 8192}
     killed = {"max_num_seqs": 4, "max_num_batched_tokens": 256, "enable_prefix_caching": False,
               "max_model_len": 1024}
-    study = parse_study({
-        "name": "cpu-vllm",
+    study = parse_study(cpu_vllm_doc(
+        model_dir,
         # Secrets, literal and by reference: used by the engine, never written anywhere (checked below).
-        "engine": one_process({
-            "kind": "vllm", "platform": "cpu", "model_source": str(model_dir), "start_timeout_s": 600,
-            "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES, "hf_token_env": PLANTED_TOKEN_VAR},
-            "env": {"ORCH_TEST_AUTH_TOKEN": PLANTED_LITERAL}}),
-        "model": {"name": "tiny-llama", "dtype": "float32"},
-        "hardware": {"gpu": "CPU"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 3}, "num_requests": 24, "warmup_requests": 2,
-                     # CPU KV blocks hold 128 tokens and only full blocks are cached: prefixes of 2 blocks.
-                     # Prompts of 3-4 blocks: replaying one would hit blocks beyond the shared prefix.
-                     "input_len": {"kind": "uniform", "min": 400, "max": 560}, "output_len": 16,
-                     "shared_prefix": {"groups": 2, "length": 256}, "timeout_s": 60},
-        "space": {"max_num_seqs": [2, 4, 8], "max_num_batched_tokens": [256, 1024],
-                  "enable_prefix_caching": [True, False], "max_model_len": [1024, 8192], "enforce_eager": True},
-        "objectives": ["maximize capacity_rps", "minimize ttft_p99_ms"],
-        "constraints": ["ttft_p99_ms <= 1000"],
+        engine={"engine_kwargs": {"kv_cache_memory_bytes": CPU_KV_BYTES, "hf_token_env": PLANTED_TOKEN_VAR},
+                "env": {"ORCH_TEST_AUTH_TOKEN": PLANTED_LITERAL}},
+        workload={"arrival": {"kind": "poisson", "rate": 3}, "num_requests": 24, "warmup_requests": 2,
+                  # CPU KV blocks hold 128 tokens and only full blocks are cached: prefixes of 2 blocks.
+                  # Prompts of 3-4 blocks: replaying one would hit blocks beyond the shared prefix.
+                  "input_len": {"kind": "uniform", "min": 400, "max": 560},
+                  "shared_prefix": {"groups": 2, "length": 256}},
+        space={"max_num_seqs": [2, 4, 8], "max_num_batched_tokens": [256, 1024],
+               "enable_prefix_caching": [True, False], "max_model_len": [1024, 8192]},
+        objectives=["maximize capacity_rps", "minimize ttft_p99_ms"],
+        constraints=["ttft_p99_ms <= 1000"],
         # Levels of 3 s at 2, 4, 8 req/s (bisecting once one fails the SLO).
-        "capacity": {"start_rate": 2, "growth": 2, "tolerance": 0.25, "max_levels": 3, "level_duration_s": 3,
-                     "min_requests": 8, "max_rate": 64, "saturation": {"window_s": 1.0, "check_interval_s": 0.25}},
-        "search": {"sampler": "random", "initial_points": [ok_a, ok_b, too_long, killed], "preflight": False},
-        "budget": {"trials": 4, "max_concurrent_trials": 1},
-        "output": str(tmp_path / "out"),
-    })
+        capacity={"start_rate": 2, "growth": 2, "tolerance": 0.25, "max_levels": 3, "level_duration_s": 3,
+                  "min_requests": 8, "max_rate": 64, "saturation": {"window_s": 1.0, "check_interval_s": 0.25}},
+        search={"sampler": "random", "initial_points": [ok_a, ok_b, too_long, killed]},
+        budget={"trials": 4, "max_concurrent_trials": 1},
+        output=str(tmp_path / "out")))
     cache_root = engine_cluster.cache_root
     # The warm-up (2 + about 11 requests until steady) and 7 measured requests finished: the kill
     # lands in the measured window of the first level.

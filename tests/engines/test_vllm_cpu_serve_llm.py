@@ -30,26 +30,20 @@ def test_serve_llm_ingress_with_searched_serving_settings(tmp_path, engine_clust
     from orchestrator.results import load_trials
     from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
+    from support.studies import cpu_vllm_doc
 
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random")
-    study = parse_study({
-        "name": "cpu-serve-llm",
-        "engine": {"kind": "vllm", "platform": "cpu", "ingress": "serve_llm", "model_source": str(model_dir),
-                   "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": 8 * 2**20}},
-        "model": {"name": "tiny-llama", "dtype": "float32"},
-        "hardware": {"gpu": "CPU"},
+    study = parse_study(cpu_vllm_doc(
+        model_dir, one_process=False, name="cpu-serve-llm", engine={"ingress": "serve_llm"},
         # No steady warm-up: what is checked here is where the settings went, not latencies.
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 16, "warmup_requests": 2,
-                     "warmup": {"enabled": False},
-                     "input_len": {"kind": "uniform", "min": 64, "max": 200}, "output_len": 16, "timeout_s": 60},
-        "space": {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True,
-                  "stream_batching_interval_ms": [400.0], "num_ingress_replicas": [1]},
-        "objectives": ["maximize output_throughput", "minimize ttft_p99_ms"],
-        "constraints": ["ttft_p99_ms <= 5000"],
-        "search": {"sampler": "random", "preflight": False},
-        "budget": {"trials": 1, "max_concurrent_trials": 1},
-        "output": str(tmp_path / "out"),
-    })
+        workload={"num_requests": 16, "warmup_requests": 2, "warmup": {"enabled": False},
+                  "input_len": {"kind": "uniform", "min": 64, "max": 200}},
+        space={"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True,
+               "stream_batching_interval_ms": [400.0], "num_ingress_replicas": [1]},
+        objectives=["maximize output_throughput", "minimize ttft_p99_ms"],
+        constraints=["ttft_p99_ms <= 5000"],
+        search={"sampler": "random"}, budget={"trials": 1, "max_concurrent_trials": 1},
+        output=str(tmp_path / "out")))
     run = run_study(study, quiet=True, serve_port=engine_cluster.serve_port)
     leftover = [a for a in serve.status().applications if a.startswith("tune-")]
     assert leftover == []

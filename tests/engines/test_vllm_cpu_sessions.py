@@ -17,7 +17,7 @@ import pytest
 from orchestrator.results.schema import requests_to_table
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
-from support.vllm_processes import one_process
+from support.studies import cpu_vllm_doc
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -32,20 +32,13 @@ def test_sessions_on_cpu_vllm(tmp_path, engine_cluster):
     from orchestrator.study.spec import parse_study
 
     model_dir = make_model_dir("tiny-llama", tmp_path / "tiny-llama", weights="random", max_position_embeddings=4096)
-    study = parse_study({
-        "name": "cpu-sessions", "seed": 1,
-        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(model_dir),
-                               "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
-        "model": {"name": "tiny-llama", "dtype": "float32"},
-        "hardware": {"gpu": "CPU"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 2}, "num_requests": 4,
-                     "warmup_requests": 0, "warmup": {"enabled": False},
-                     "input_len": {"kind": "uniform", "min": 150, "max": 300}, "output_len": 16,
-                     "sessions": {"turns": 3, "think_time_ms": 100}, "timeout_s": 60},
-        "space": POINT,
-        "objectives": ["maximize session_goodput"], "constraints": ["ttft_p99_ms <= 5000"],
-        "search": {"preflight": False},
-        "output": str(tmp_path / "out")})
+    study = parse_study(cpu_vllm_doc(
+        model_dir, name="cpu-sessions", seed=1, engine={"engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}},
+        workload={"arrival": {"kind": "poisson", "rate": 2}, "num_requests": 4, "warmup_requests": 0,
+                  "warmup": {"enabled": False}, "input_len": {"kind": "uniform", "min": 150, "max": 300},
+                  "sessions": {"turns": 3, "think_time_ms": 100}},
+        space=POINT, objectives=["maximize session_goodput"], constraints=["ttft_p99_ms <= 5000"],
+        output=str(tmp_path / "out")))
     # The space's point, as the search hands it to the trial actor (eager: no torch.compile of the model).
     out = run_trial(study, POINT, trial_id="t1", trial_number=0,
                     ctx=TrialContext("r1", serve_port=engine_cluster.serve_port))

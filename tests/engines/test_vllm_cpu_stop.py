@@ -31,11 +31,11 @@ import yaml
 
 from conftest import REPO
 from orchestrator.results import load_trials
-from support.vllm_processes import one_process, vllm_processes
+from support.studies import cpu_vllm_doc
+from support.vllm_processes import vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-KV_BYTES = 8 << 20
 BIN = Path(sys.executable).parent
 SIGNAL_BOUND_S = 30  # the bound: no process of the run 30 s after the signal
 # The Ray actors of a run, by the process title Ray gives them: its Serve replicas, Tune's trial actors,
@@ -51,21 +51,12 @@ def _study_file(tmp_path, name: str) -> str:
     model_dir = tmp_path / "tiny-llama"
     if not model_dir.exists():
         make_model_dir("tiny-llama", model_dir, weights="random", max_position_embeddings=2048)
-    doc = {
-        "name": name, "seed": 2,
-        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(model_dir),
-                               "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
-        "model": {"name": "tiny-llama", "dtype": "float32"},
-        "hardware": {"gpu": "CPU"},
+    doc = cpu_vllm_doc(
+        model_dir, name=name, seed=2,
         # A load of about 15 s: the SIGTERM lands while the engine serves it.
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 60, "warmup_requests": 1,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 200}, "output_len": 8, "timeout_s": 60},
-        "space": {"max_num_seqs": 4, "max_model_len": 1024, "enforce_eager": True},
-        "objectives": ["maximize output_throughput"],
-        "search": {"sampler": "grid", "preflight": False},
-        "budget": {"trials": 1, "max_concurrent_trials": 1},
-        "output": str(tmp_path / "out"),
-    }
+        workload={"num_requests": 60, "input_len": {"kind": "uniform", "min": 100, "max": 200}, "output_len": 8},
+        space={"max_num_seqs": 4}, search={"sampler": "grid"}, budget={"trials": 1, "max_concurrent_trials": 1},
+        output=str(tmp_path / "out"))
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return str(path)

@@ -25,11 +25,9 @@ import math
 
 import pytest
 
-from support.vllm_processes import one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-KV_BYTES = 8 * 2**20
 # What bfloat16 does to this model's greedy answers on CPU vLLM 0.29, measured by this test (64 prompts,
 # 16 tokens, n-gram speculation on): token agreement 0.891 in the run docs/trained-models.md quotes and
 # 0.868 in two later ones, mean chosen-token logprob drift 0.0091 to 0.0092 nats. The bands hold those runs
@@ -47,32 +45,24 @@ def test_trained_model_drift_on_cpu_vllm(tmp_path, engine_cluster, tiny_trained_
     from orchestrator.search.driver import run_study
     from orchestrator.search.state import local_state_dir, optuna_storage, optuna_study_name
     from orchestrator.study.spec import parse_study
+    from support.studies import cpu_vllm_doc
 
     training = json.loads((tiny_trained_model / "training.json").read_text())
-    study = parse_study({
-        "name": "cpu-trained",
-        "engine": one_process({"kind": "vllm", "platform": "cpu", "model_source": str(tiny_trained_model),
-                               "start_timeout_s": 600, "engine_kwargs": {"kv_cache_memory_bytes": KV_BYTES}}),
-        "model": {"name": str(tiny_trained_model), "dtype": "float32"},
-        "hardware": {"gpu": "CPU"},
+    study = parse_study(cpu_vllm_doc(
+        tiny_trained_model, name="cpu-trained", model={"name": str(tiny_trained_model)},
         # No steady warm-up: nothing here reads the load window's latencies.
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "warmup_requests": 1,
-                     "warmup": {"enabled": False},
-                     "input_len": 32, "output_len": 96, "timeout_s": 120},
-        "space": {"dtype": ["float32", "bfloat16"], "num_speculative_tokens": [0, 3], "prompt_lookup_max": 3,
-                  "prompt_lookup_min": 2, "speculative_model": [None, str(tiny_trained_model)],
-                  "max_model_len": 1024, "enforce_eager": True},
-        "objectives": ["maximize output_throughput"],
-        "constraints": ["logprob_diff_mean <= 0"],
+        workload={"warmup": {"enabled": False}, "output_len": 96, "timeout_s": 120},
+        space={"dtype": ["float32", "bfloat16"], "num_speculative_tokens": [0, 3], "prompt_lookup_max": 3,
+               "prompt_lookup_min": 2, "speculative_model": [None, str(tiny_trained_model)]},
+        constraints=["logprob_diff_mean <= 0"],
         # 8 probe requests in flight: float32 on CPU gives each sequence the same numbers in any batch.
-        "probe": {"prompts": 64, "max_input_tokens": 128, "output_tokens": 16, "concurrency": 8,
-                  "baseline": {"dtype": "float32", "num_speculative_tokens": 0}},
-        "search": {"sampler": "random", "preflight": False, "initial_points": [
+        probe={"prompts": 64, "max_input_tokens": 128, "output_tokens": 16, "concurrency": 8,
+               "baseline": {"dtype": "float32", "num_speculative_tokens": 0}},
+        search={"sampler": "random", "initial_points": [
             {"dtype": "bfloat16", "num_speculative_tokens": 3, "speculative_model": None},
             {"dtype": "float32", "num_speculative_tokens": 3, "speculative_model": str(tiny_trained_model)}]},
-        "budget": {"trials": 3, "max_concurrent_trials": 1},
-        "output": str(tmp_path / "out"),
-    })
+        budget={"trials": 3, "max_concurrent_trials": 1},
+        output=str(tmp_path / "out")))
     run = run_study(study, quiet=True, serve_port=engine_cluster.serve_port)
 
     trials = load_trials(run.study_dir).sort_values("trial_number").set_index("trial_number", drop=False)
