@@ -20,23 +20,20 @@ from orchestrator.results import load_trials
 from orchestrator.results.decisions import decide_front
 from orchestrator.results.paired import BETTER, EQUIVALENT, compare
 from orchestrator.study.spec import parse_study
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
 
 def study(tmp_path, name: str, slowdown: float = 1.0, seqs=(64, 65)):
-    return parse_study({
-        "name": name, "seed": 11,
-        "engine": {"kind": "sim", "calibration": {"slowdown": slowdown}},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
-        "workload": {"arrival": {"kind": "poisson", "rate": 6}, "num_requests": 60, "warmup_requests": 2,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 48, "timeout_s": 60},
-        "space": {"max_num_seqs": list(seqs), "gpu_memory_utilization": 0.5, "max_model_len": 8192},
-        "objectives": ["minimize tpot_p50_ms"],
-        "search": {"sampler": "grid"},
-        "budget": {"trials": len(seqs), "max_concurrent_trials": 1},
-        "output": str(tmp_path / "out"),
-    })
+    return parse_study(sim_doc(
+        name=name, seed=11, engine={"mode": "served", "calibration": {"slowdown": slowdown}},
+        hardware={"gpus_per_node": 2},
+        workload={"arrival": {"kind": "poisson", "rate": 6}, "num_requests": 60, "warmup_requests": 2,
+                  "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 48, "timeout_s": 60},
+        space={"max_num_seqs": list(seqs), "gpu_memory_utilization": 0.5, "max_model_len": 8192},
+        objectives=["minimize tpot_p50_ms"], search={"sampler": "grid"},
+        budget={"trials": len(seqs), "max_concurrent_trials": 1}, output=str(tmp_path / "out")))
 
 
 def test_equal_configurations_are_equivalent_and_a_ten_percent_slower_engine_is_ranked(tmp_path):

@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.results import load_requests, load_trials
 from orchestrator.study.load import load_study
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
@@ -31,21 +32,14 @@ SERVE_PORT = 8304
 
 
 def write_study(tmp_path, repo) -> str:
-    doc = {
-        "name": "killed",
-        "seed": 5,
-        "engine": {"kind": "sim"},
-        "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
+    doc = sim_doc(
+        name="killed", seed=5, engine={"mode": "served"}, hardware={"gpus_per_node": 2},
         # ~5 s of load per trial: long enough to be killed in the middle of one.
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 20, "warmup_requests": 0,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 24, "timeout_s": 30},
-        "space": {"max_num_seqs": [16, 32], "max_num_batched_tokens": [2048, 8192]},
-        "objectives": ["maximize output_throughput_per_gpu"],
-        "search": {"sampler": "grid"},
-        "budget": {"trials": 4, "max_concurrent_trials": 2},
-        "output": str(tmp_path / "out"),
-    }
+        workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 20, "warmup_requests": 0,
+                  "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 24, "timeout_s": 30},
+        space={"max_num_seqs": [16, 32], "max_num_batched_tokens": [2048, 8192]},
+        objectives=["maximize output_throughput_per_gpu"], search={"sampler": "grid"},
+        budget={"trials": 4, "max_concurrent_trials": 2}, output=str(tmp_path / "out"))
     path = tmp_path / "killed.yaml"
     path.write_text(yaml.safe_dump(doc))
     return str(path)

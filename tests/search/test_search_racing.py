@@ -3,7 +3,6 @@ answer pools them (a real local Ray, Tune and Optuna, the simulator in virtual t
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pandas as pd
@@ -13,32 +12,27 @@ from orchestrator.results.paired import decode_draws
 from orchestrator.results.ties import combine_repeats
 from orchestrator.search.racing import Racer
 from orchestrator.study.spec import parse_study
-from support.studies import run_printed
+from support.studies import run_printed, sim_doc
 
 
-def _study(study_doc, tmp_path, remeasure: int):
-    doc = copy.deepcopy(study_doc)
-    doc.update(name="race", seed=4)
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["hardware"] = {"gpu": "H100-80GB"}
-    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 16}, "num_requests": 160,
-                       "input_len": {"kind": "uniform", "min": 100, "max": 900}, "output_len": 64}
-    # Three configurations the engine cannot tell apart at this load (fewer than 60 requests run at once),
-    # on an engine that moves TTFT's tail by 40% (log sd) from one start to the next: no single start
-    # tells them apart, and their paired differences straddle the 5% margin.
-    doc["space"] = {"max_num_seqs": [240, 250, 256]}
-    doc["objectives"] = ["maximize capacity_rps"]
-    doc["constraints"] = ["ttft_p99_ms <= 400"]
-    doc["capacity"] = {"start_rate": 16, "growth": 1.5, "tolerance": 0.1, "max_levels": 5,
-                       "level_duration_s": 8, "min_requests": 80, "start_noise": {"ttft_p99_ms": 0.4}}
-    doc["search"] = {"sampler": "grid", "remeasure": remeasure}
-    doc["budget"] = {"trials": 6, "max_concurrent_trials": 1}
-    doc["output"] = str(tmp_path / "out")
-    return parse_study(doc)
+def _study(tmp_path, remeasure: int):
+    return parse_study(sim_doc(
+        name="race", seed=4,
+        workload={"arrival": {"kind": "poisson", "rate": 16}, "num_requests": 160,
+                  "input_len": {"kind": "uniform", "min": 100, "max": 900}, "output_len": 64},
+        # Three configurations the engine cannot tell apart at this load (fewer than 60 requests run at once),
+        # on an engine that moves TTFT's tail by 40% (log sd) from one start to the next: no single start
+        # tells them apart, and their paired differences straddle the 5% margin.
+        space={"max_num_seqs": [240, 250, 256]},
+        objectives=["maximize capacity_rps"], constraints=["ttft_p99_ms <= 400"],
+        capacity={"start_rate": 16, "growth": 1.5, "tolerance": 0.1, "max_levels": 5,
+                  "level_duration_s": 8, "min_requests": 80, "start_noise": {"ttft_p99_ms": 0.4}},
+        search={"sampler": "grid", "remeasure": remeasure},
+        budget={"trials": 6, "max_concurrent_trials": 1}, output=str(tmp_path / "out")))
 
 
-def test_the_last_trials_measure_the_tied_leaders_again_and_the_answer_pools_them(study_doc, tmp_path, unit_ray):
-    study = _study(study_doc, tmp_path, remeasure=3)
+def test_the_last_trials_measure_the_tied_leaders_again_and_the_answer_pools_them(tmp_path, unit_ray):
+    study = _study(tmp_path, remeasure=3)
     trials, printed = run_printed(study, serve_port=8137)
     trials = trials.sort_values("trial_number").reset_index(drop=True)
     assert len(trials) == 6 and (trials["status"] == "completed").all()

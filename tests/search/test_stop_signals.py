@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from conftest import REPO, SHARED_SERVE_PORT, shared_serve
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
@@ -74,20 +75,13 @@ def test_a_second_signal_ends_the_engines_and_exits_without_the_bookkeeping(tmp_
 
 
 def _study(tmp_path) -> str:
-    doc = {
-        "name": "twice", "seed": 4,
-        "engine": {"kind": "sim"},
-        "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
+    doc = sim_doc(
+        name="twice", seed=4, engine={"mode": "served"}, hardware={"gpus_per_node": 2},
         # ~15 s of load: the signals land while the engine serves it.
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 60, "warmup_requests": 0,
-                     "output_len": 16, "timeout_s": 30},
-        "space": {"max_num_seqs": 16},
-        "objectives": ["maximize output_throughput_per_gpu"],
-        "search": {"sampler": "grid"},
-        "budget": {"trials": 1, "max_concurrent_trials": 1},
-        "output": str(tmp_path / "out"),
-    }
+        workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 60, "warmup_requests": 0,
+                  "output_len": 16, "timeout_s": 30},
+        space={"max_num_seqs": 16}, objectives=["maximize output_throughput_per_gpu"], search={"sampler": "grid"},
+        budget={"trials": 1, "max_concurrent_trials": 1}, output=str(tmp_path / "out"))
     path = tmp_path / "twice.yaml"
     path.write_text(yaml.safe_dump(doc))
     return str(path)

@@ -11,31 +11,26 @@ import pytest
 from conftest import shared_serve
 from orchestrator.results import load_requests, load_trials
 from orchestrator.study.spec import parse_study
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
 
-def small_study(tmp_path, **overrides):
-    doc = {
-        "name": "e2e",
-        "seed": 3,
-        "engine": {"kind": "sim", "transport": "serve"},  # every request through Serve's HTTP proxy
-        "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 12, "warmup_requests": 1,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 12,
-                     "timeout_s": 60},
+def small_study(tmp_path):
+    return parse_study(sim_doc(
+        name="e2e", seed=3,
+        engine={"mode": "served", "transport": "serve"},  # every request through Serve's HTTP proxy
+        hardware={"gpus_per_node": 2},
+        workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 12, "warmup_requests": 1,
+                  "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 12, "timeout_s": 60},
         # 0.25 x 80 GB leaves ~3.5 GiB for KV: enough for 8k tokens, not for one 128k sequence.
-        "space": {"max_num_seqs": [2, 64], "max_model_len": [8192, 131072], "gpu_memory_utilization": 0.25},
-        "objectives": ["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
-        "constraints": ["ttft_p99_ms <= 5000"],
+        space={"max_num_seqs": [2, 64], "max_model_len": [8192, 131072], "gpu_memory_utilization": 0.25},
+        objectives=["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
+        constraints=["ttft_p99_ms <= 5000"],
         # The engine's own start refusal through Serve is what is tested: no pre-flight.
-        "search": {"sampler": "grid", "preflight": False},
-        "budget": {"trials": 4, "max_concurrent_trials": 2},
-        "output": str(tmp_path / "out"),
-    }
-    doc.update(overrides)
-    return parse_study(doc)
+        search={"sampler": "grid", "preflight": False},
+        budget={"trials": 4, "max_concurrent_trials": 2},
+        output=str(tmp_path / "out")))
 
 
 def test_small_study_through_serve_http(tmp_path):

@@ -24,6 +24,7 @@ from orchestrator.results.ties import combine_repeats, front_with_ties, noise_fr
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 PARAMS = {"max_num_seqs": 64}
 # At 8 req/s about ten requests run at once: these bounds are never reached, so these
@@ -38,16 +39,11 @@ def ray_serve():
 
 
 def served_study(tmp_path, slowdown: float = 1.0):
-    return parse_study({
-        "name": "ties", "seed": 5,
-        "engine": {"kind": "sim", "calibration": {"slowdown": slowdown}},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 96, "warmup_requests": 2,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 600}, "output_len": 48, "timeout_s": 30},
-        "space": {"max_num_seqs": [32, 48, 64]},
-        "objectives": ["minimize tpot_p50_ms"],
-        "output": str(tmp_path / "out"),
-    })
+    return parse_study(sim_doc(
+        name="ties", seed=5, engine={"mode": "served", "calibration": {"slowdown": slowdown}},
+        workload={"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 96, "warmup_requests": 2,
+                  "input_len": {"kind": "uniform", "min": 100, "max": 600}, "output_len": 48, "timeout_s": 30},
+        space={"max_num_seqs": [32, 48, 64]}, objectives=["minimize tpot_p50_ms"], output=str(tmp_path / "out")))
 
 
 def _frame(study, outcomes) -> pd.DataFrame:
@@ -119,18 +115,15 @@ def test_equal_configurations_are_tied_and_a_slower_one_is_ranked(ray_serve, tmp
 
 
 def capacity_study(slowdown: float = 1.0):
-    return parse_study({
-        "name": "ties-cap", "seed": 1, "engine": {"kind": "sim", "mode": "virtual", "calibration": {"slowdown": slowdown}},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "A100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 12}, "warmup_requests": 4,
-                     "input_len": {"kind": "lognormal", "mean": 512, "sigma": 0.5, "min": 32, "max": 2048},
-                     "output_len": {"kind": "uniform", "min": 64, "max": 192}},
-        "space": {"max_num_seqs": 256},
-        "objectives": ["maximize capacity_rps"],
-        "constraints": ["ttft_p99_ms <= 500", "tpot_p50_ms <= 50"],
-        "capacity": {"start_rate": 12, "growth": 1.5, "tolerance": 0.08, "max_levels": 8, "level_duration_s": 12,
-                     "min_requests": 500, "max_rate": 200},
-    })
+    return parse_study(sim_doc(
+        name="ties-cap", seed=1, engine={"calibration": {"slowdown": slowdown}}, hardware={"gpu": "A100-80GB"},
+        workload={"arrival": {"kind": "poisson", "rate": 12}, "warmup_requests": 4,
+                  "input_len": {"kind": "lognormal", "mean": 512, "sigma": 0.5, "min": 32, "max": 2048},
+                  "output_len": {"kind": "uniform", "min": 64, "max": 192}},
+        space={"max_num_seqs": 256}, objectives=["maximize capacity_rps"],
+        constraints=["ttft_p99_ms <= 500", "tpot_p50_ms <= 50"],
+        capacity={"start_rate": 12, "growth": 1.5, "tolerance": 0.08, "max_levels": 8, "level_duration_s": 12,
+                  "min_requests": 500, "max_rate": 200}))
 
 
 def test_capacity_intervals_tie_equal_configurations_and_rank_a_slower_engine():
