@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline
 from orchestrator.study.spec import parse_study
+from support.studies import merged
 
 
 def _first_trials(study, n):
@@ -27,11 +28,9 @@ def _first_trials(study, n):
 
 @pytest.fixture
 def probe_study(study_doc):
-    doc = {**study_doc, "engine": {"kind": "vllm", "load_format": "dummy"}, "probe": {}}
-    doc["space"] = {"quantization": [None, "fp8"], "kv_cache_dtype": ["auto", "fp8"], "max_num_seqs": [128, 32]}
-    doc["objectives"] = ["maximize output_throughput"]
-    doc["constraints"] = []
-    return doc
+    doc = merged(study_doc, engine={"kind": "vllm", "load_format": "dummy"}, probe={},
+                 objectives=["maximize output_throughput"], constraints=[])
+    return doc | {"space": {"quantization": [None, "fp8"], "kv_cache_dtype": ["auto", "fp8"], "max_num_seqs": [128, 32]}}
 
 
 def test_an_initial_point_that_is_the_baseline_runs_first_as_written(probe_study):

@@ -19,20 +19,20 @@ from orchestrator.search.samplers import make_sampler, sampler_seed
 from orchestrator.search.trial_plan import judge_result, run_trial
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
+from support.studies import merged
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SAMPLERS = ["tpe", "nsga2", "gp", "random", "grid"]  # gp: torch's import + first fit take ~15 s (slow)
 
 
 def study_for(study_doc, sampler: str, **search):
-    doc = copy.deepcopy(study_doc)
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["space"] = {"max_num_seqs": [8, 16, 32, 64], "max_num_batched_tokens": [1024, 2048, 4096],
-                    "gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1}}
-    doc["objectives"] = ["maximize goodput"]
-    doc["search"] = {"sampler": sampler, "n_startup_trials": 2, **search}  # the model proposes from trial 3
-    doc["budget"] = {"trials": 12}
-    return parse_study(doc)
+    return parse_study(merged(
+        study_doc, engine={"mode": "virtual"},
+        space={"max_num_seqs": [8, 16, 32, 64], "max_num_batched_tokens": [1024, 2048, 4096],
+               "gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1}},
+        objectives=["maximize goodput"],
+        search={"sampler": sampler, "n_startup_trials": 2, **search},  # the model proposes from trial 3
+        budget={"trials": 12}))
 
 
 def proposals(study, n: int) -> list[dict]:
@@ -79,12 +79,9 @@ def test_grid_visits_every_point_once(study_doc):
 
 def test_pruned_configuration_reaches_the_sampler_as_a_violated_constraint(study_doc):
     """Pre-flight rejects a 128k context at 0.5 memory; the sampler sees engine_started > 0."""
-    doc = copy.deepcopy(study_doc)
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 8, "output_len": 8}
-    doc["space"] = {"max_model_len": [4096, 131072], "gpu_memory_utilization": 0.25}
-    doc["search"] = {"sampler": "grid", "preflight": True}
-    study = parse_study(doc)
+    doc = merged(study_doc, engine={"mode": "virtual"}, workload={"num_requests": 8, "output_len": 8},
+                 search={"sampler": "grid", "preflight": True})
+    study = parse_study(doc | {"space": {"max_model_len": [4096, 131072], "gpu_memory_utilization": 0.25}})
     ostudy = optuna.create_study(directions=study.directions, sampler=make_sampler(study))
     rows = {}
     for _ in range(2):
@@ -113,10 +110,8 @@ def test_grid_goes_on_after_a_trial_a_stopped_driver_left_behind(tmp_path, study
     from orchestrator.search.reconcile import reconcile
     from orchestrator.search.state import optuna_storage
 
-    doc = copy.deepcopy(study_doc)
-    doc["space"] = {"max_num_seqs": [8, 16], "max_num_batched_tokens": [1024, 2048]}
-    doc["search"] = {"sampler": "grid"}
-    study = parse_study(doc)
+    study = parse_study(merged(study_doc, space={"max_num_seqs": [8, 16], "max_num_batched_tokens": [1024, 2048]},
+                               search={"sampler": "grid"}))
     storage = optuna_storage(tmp_path)
     ostudy = optuna.create_study(storage=storage, study_name="s", directions=study.directions,
                                  sampler=make_sampler(study, concurrent=False))

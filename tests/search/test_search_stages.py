@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import optuna
 import pytest
 
@@ -11,20 +9,17 @@ from orchestrator.search.optuna_search import ask_distinct, tell
 from orchestrator.search.samplers import make_sampler
 from orchestrator.search.stages import StagedSearch, baseline_values, plan_stages
 from orchestrator.study.spec import StudyFileError, parse_study
+from support.studies import merged
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def staged_doc(study_doc, stages, trials=12):
-    doc = copy.deepcopy(study_doc)
-    doc["space"] = {"tensor_parallel_size": [1, 2], "max_num_seqs": [16, 64, 256],
-                    "max_num_batched_tokens": [2048, 8192],
-                    "gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1},
-                    "enforce_eager": False}
-    doc["objectives"] = ["maximize goodput"]
-    doc["search"] = {"stages": stages}
-    doc["budget"] = {"trials": trials}
-    return doc
+    return merged(study_doc, space={"tensor_parallel_size": [1, 2], "max_num_seqs": [16, 64, 256],
+                                    "max_num_batched_tokens": [2048, 8192],
+                                    "gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1},
+                                    "enforce_eager": False},
+                  objectives=["maximize goodput"], search={"stages": stages}, budget={"trials": trials})
 
 
 THREE = [{"name": "parallelism", "params": ["tensor_parallel_size"], "trials": 2},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import optuna
@@ -16,6 +15,7 @@ from orchestrator.study.space import SearchSpace
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import merged
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -49,15 +49,11 @@ def test_map_point_drops_clamps_snaps_and_respects_conditions():
 @pytest.fixture
 def earlier_results(tmp_path, study_doc):
     """A similar earlier study (TP in its space, another range) measured with the virtual simulator."""
-    doc = copy.deepcopy(study_doc)
-    doc.update(name="earlier", output=str(tmp_path / "results"))
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["workload"] = {"arrival": {"kind": "poisson", "rate": 30}, "num_requests": 60, "output_len": 32,
-                       "input_len": {"kind": "uniform", "min": 200, "max": 1500}}
-    doc["space"] = {"max_num_seqs": [4, 32, 300], "max_num_batched_tokens": [1024, 8192],
-                    "tensor_parallel_size": [1, 2]}
-    doc["constraints"] = ["ttft_p99_ms <= 2000"]
-    old = parse_study(doc)
+    old = parse_study(merged(
+        study_doc, name="earlier", output=str(tmp_path / "results"), engine={"mode": "virtual"},
+        workload={"arrival": {"kind": "poisson", "rate": 30}, "num_requests": 60,
+                  "input_len": {"kind": "uniform", "min": 200, "max": 1500}},
+        space={"max_num_seqs": [4, 32, 300], "max_num_batched_tokens": [1024, 8192], "tensor_parallel_size": [1, 2]}))
     store = ResultsStore(old.output, old.name)
     for i, params in enumerate(old.space.grid()):
         row = run_trial(old, params, trial_id=f"r-{i:04d}", trial_number=i, ctx=TrialContext(run_id="r")).row
@@ -68,12 +64,9 @@ def earlier_results(tmp_path, study_doc):
 def test_warm_start_enqueues_the_earlier_front_without_repeats(study_doc, earlier_results):
     old, path = earlier_results
     frame = load_trials(path)
-    doc = copy.deepcopy(study_doc)
-    doc["engine"] = {"kind": "sim", "mode": "virtual"}
-    doc["space"] = NEW_SPACE
-    doc["objectives"] = ["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"]
-    doc["search"] = {"warm_start": [path]}
-    new = parse_study(doc)
+    new = parse_study(merged(study_doc, engine={"mode": "virtual"}, space=NEW_SPACE,
+                             objectives=["maximize output_throughput_per_gpu", "minimize ttft_p99_ms"],
+                             search={"warm_start": [path]}))
 
     front = front_params(new, frame)
     assert front and all(set(p) == {"max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"} for p in front)

@@ -9,13 +9,14 @@ from conftest import sim_study
 from orchestrator.measure.engine_noise import CPU_WINDOW_NOISE, GPU_WINDOW_NOISE, NO_WINDOW_NOISE, WindowNoise
 from orchestrator.search.trial_plan import load_plan, window_noise
 from orchestrator.study.spec import parse_study
+from support.studies import sim_doc
 
 
 def study(engine: dict, hardware: dict, **capacity):
-    doc = {"name": "n", "engine": engine, "model": {"name": "llama-3.1-8b"}, "hardware": hardware,
-           "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 20, "output_len": 32},
-           "space": {"max_num_seqs": [8, 64]}, "objectives": ["maximize capacity_rps"],
-           "constraints": ["ttft_p99_ms <= 2000"]}
+    """One study on ``engine`` and ``hardware`` (whole sections); ``capacity``: its capacity section."""
+    doc = sim_doc(name="n", workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 20, "output_len": 32},
+                  space={"max_num_seqs": [8, 64]}, objectives=["maximize capacity_rps"],
+                  constraints=["ttft_p99_ms <= 2000"]) | {"engine": engine, "hardware": hardware}
     if capacity:
         doc["capacity"] = capacity
     return parse_study(doc)
