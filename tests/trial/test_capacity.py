@@ -18,6 +18,7 @@ from orchestrator.trial.capacity import (LevelPoint, RateGrid, capacity_index, d
 from orchestrator.trial.capacity_fit import LevelMargins, fit_capacity, isotonic
 from orchestrator.trial.load_phase import NEAR_LIMIT
 from support.capacity_levels import contradicting, contradictions, level_bracket
+from support.studies import sim_doc
 
 
 # ---------------------------------------------------------------- saturation
@@ -227,17 +228,13 @@ def test_proposer_splits_the_bracket_on_the_grid_without_a_fit():
 
 # ---------------------------------------------------------------- the search vs a dense sweep
 def capacity_study(**capacity):
-    return parse_study({
-        "name": "cap", "seed": 0, "engine": {"kind": "sim", "mode": "virtual"},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 120, "warmup_requests": 1,
-                     "input_len": {"kind": "uniform", "min": 200, "max": 1500},
-                     "output_len": {"kind": "uniform", "min": 16, "max": 96}},
-        "space": {"max_num_seqs": [8, 64]},
-        "objectives": ["maximize capacity_rps"],
-        "constraints": ["ttft_p99_ms <= 300", "tpot_p50_ms <= 30"],
-        "capacity": {"tolerance": 0.03, **capacity},
-    })
+    return parse_study(sim_doc(
+        name="cap", seed=0,
+        workload={"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 120, "warmup_requests": 1,
+                  "input_len": {"kind": "uniform", "min": 200, "max": 1500},
+                  "output_len": {"kind": "uniform", "min": 16, "max": 96}},
+        space={"max_num_seqs": [8, 64]}, objectives=["maximize capacity_rps"],
+        constraints=["ttft_p99_ms <= 300", "tpot_p50_ms <= 30"], capacity={"tolerance": 0.03, **capacity}))
 
 
 def test_capacity_search_finds_the_dense_sweeps_boundary():

@@ -22,6 +22,7 @@ from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.capacity_levels import contradictions, level_bracket
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
@@ -32,22 +33,17 @@ def ray_serve():
 
 
 def study_doc(tmp_path, mode: str) -> dict:
-    return {
-        "name": f"cap-{mode}", "seed": 2, "engine": {"kind": "sim", "mode": mode},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 24}, "warmup_requests": 1,
-                     "input_len": {"kind": "uniform", "min": 200, "max": 1200}, "output_len": 32,
-                     "timeout_s": 30},
-        "space": {"max_num_seqs": 4},
-        "objectives": ["maximize capacity_rps"],
-        "constraints": ["ttft_p99_ms <= 400"],
-        "capacity": {"start_rate": 40, "tolerance": 0.2, "max_levels": 6, "level_duration_s": 3, "min_requests": 12,
-                     "saturation": {"window_s": 0.5, "check_interval_s": 0.1, "min_growth": 4,
-                                                    # one window of growth: a 3 s level on a busy machine
-                                                    # has room for one window of twice the service time
-                                                    "confirm": 1}},
-        "output": str(tmp_path / "out"),
-    }
+    return sim_doc(
+        name=f"cap-{mode}", seed=2, engine={"mode": mode},
+        workload={"arrival": {"kind": "poisson", "rate": 24}, "warmup_requests": 1,
+                  "input_len": {"kind": "uniform", "min": 200, "max": 1200}, "output_len": 32, "timeout_s": 30},
+        space={"max_num_seqs": 4}, objectives=["maximize capacity_rps"], constraints=["ttft_p99_ms <= 400"],
+        capacity={"start_rate": 40, "tolerance": 0.2, "max_levels": 6, "level_duration_s": 3, "min_requests": 12,
+                  "saturation": {"window_s": 0.5, "check_interval_s": 0.1, "min_growth": 4,
+                                 # one window of growth: a 3 s level on a busy machine
+                                 # has room for one window of twice the service time
+                                 "confirm": 1}},
+        output=str(tmp_path / "out"))
 
 
 def test_served_sim_capacity_search(tmp_path, ray_serve):

@@ -27,6 +27,7 @@ from orchestrator.measure.metrics import ENGINE_WINDOW_METRIC_NAMES
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import merged, sim_doc
 
 pytestmark = pytest.mark.slow
 
@@ -39,19 +40,14 @@ def ray_serve():
 
 
 def study_doc(tmp_path, faults=(), capacity=None) -> dict:
-    doc = {
-        "name": "harness", "seed": 3, "engine": {"kind": "sim", "faults": list(faults)},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 24, "warmup_requests": 2,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 24, "timeout_s": 30},
-        "space": {"max_num_seqs": 16},
-        "objectives": ["maximize output_throughput", "ttft_p50_ms"],
-        "output": str(tmp_path / "out"),
-    }
+    doc = sim_doc(
+        name="harness", seed=3, engine={"mode": "served", "faults": list(faults)},
+        workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 24, "warmup_requests": 2,
+                  "input_len": {"kind": "uniform", "min": 100, "max": 400}, "output_len": 24, "timeout_s": 30},
+        space={"max_num_seqs": 16}, objectives=["maximize output_throughput", "ttft_p50_ms"],
+        output=str(tmp_path / "out"))
     if capacity:
-        doc["capacity"] = capacity
-        doc["objectives"] = ["maximize capacity_rps"]
-        doc["constraints"] = ["ttft_p99_ms <= 2000"]
+        doc = merged(doc, capacity=capacity, objectives=["maximize capacity_rps"], constraints=["ttft_p99_ms <= 2000"])
     return doc
 
 

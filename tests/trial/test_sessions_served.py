@@ -19,6 +19,7 @@ from orchestrator.results.schema import requests_to_table
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
@@ -29,17 +30,16 @@ def ray_serve():
 
 
 def test_served_sim_sessions(tmp_path, ray_serve):
-    study = parse_study({
-        "name": "turns-served", "seed": 4, "engine": {"kind": "sim"}, "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB"},
-        "workload": {"api": "chat", "arrival": {"kind": "poisson", "rate": 4}, "num_requests": 10,
-                     "warmup_requests": 0, "warmup": {"enabled": False},
-                     "input_len": {"kind": "uniform", "min": 100, "max": 300}, "output_len": 16,
-                     "sessions": {"turns": {"kind": "uniform", "min": 2, "max": 4}, "think_time_ms": 200},
-                     "timeout_s": 30},
-        "space": {"max_model_len": 8192, "enable_prefix_caching": True},
-        "objectives": ["maximize session_goodput"], "constraints": ["ttft_p99_ms <= 2000"],
-        "output": str(tmp_path / "out")})
+    doc = sim_doc(
+        name="turns-served", seed=4, engine={"mode": "served"},
+        workload={"api": "chat", "arrival": {"kind": "poisson", "rate": 4}, "num_requests": 10,
+                  "warmup_requests": 0, "warmup": {"enabled": False},
+                  "input_len": {"kind": "uniform", "min": 100, "max": 300}, "output_len": 16,
+                  "sessions": {"turns": {"kind": "uniform", "min": 2, "max": 4}, "think_time_ms": 200},
+                  "timeout_s": 30},
+        objectives=["maximize session_goodput"], constraints=["ttft_p99_ms <= 2000"], output=str(tmp_path / "out"))
+    # The whole space: max_num_seqs stays vLLM's default.
+    study = parse_study(doc | {"space": {"max_model_len": 8192, "enable_prefix_caching": True}})
     out = run_trial(study, {}, trial_id="t1", trial_number=0, ctx=TrialContext("r1", serve_port=ray_serve))
     row = out.row
     assert row["status"] == "completed", row.get("failure_message")

@@ -21,6 +21,7 @@ from orchestrator.results.schema import requests_to_table
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +34,8 @@ def ray_serve():
 
 
 def run(port, tmp_path, name, workload, max_num_seqs=32, **extra):
-    study = parse_study({
-        "name": name, "seed": 5, "engine": {"kind": "sim"}, "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB"}, "workload": {"timeout_s": 30, **workload},
-        "space": {"max_num_seqs": max_num_seqs}, "objectives": ["maximize output_throughput"],
-        "output": str(tmp_path / "out"), **extra})
+    study = parse_study(sim_doc(name=name, seed=5, engine={"mode": "served"}, workload={"timeout_s": 30, **workload},
+                                space={"max_num_seqs": max_num_seqs}, output=str(tmp_path / "out"), **extra))
     out = run_trial(study, {"max_num_seqs": max_num_seqs}, trial_id=name, trial_number=0,
                         ctx=TrialContext("r1", serve_port=port))
     assert out.row["status"] == "completed", out.row.get("failure_message")

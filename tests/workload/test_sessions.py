@@ -29,6 +29,7 @@ from orchestrator.workload.spec import WorkloadSpec
 from orchestrator.workload.trace import TraceError
 from support.fake_openai import endpoint, fake, server  # noqa: F401 - fixtures
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 VOCAB = 32000
 
@@ -252,16 +253,14 @@ def test_session_trace_schema_and_its_errors(tmp_path):
 
 # ---------------------------------------------------------------- a study
 def test_virtual_study_rows_carry_session_columns_and_a_capacity_in_sessions_per_second(tmp_path):
-    study = parse_study({
-        "name": "turns", "seed": 1, "engine": {"kind": "sim", "mode": "virtual"}, "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 1}, "num_requests": 20, "warmup_requests": 0,
-                     "warmup": {"enabled": False}, "input_len": 200, "output_len": 64,
-                     "sessions": {"turns": {"kind": "uniform", "min": 2, "max": 5}, "think_time_ms": 1000}},
-        "space": {"max_model_len": 8192, "max_num_seqs": 64},
-        "objectives": ["maximize capacity_rps"], "constraints": ["ttft_p99_ms <= 300"],
-        "capacity": {"start_rate": 1, "max_levels": 4, "requests_per_level": 20},
-        "output": str(tmp_path / "out")})
+    study = parse_study(sim_doc(
+        name="turns", seed=1,
+        workload={"arrival": {"kind": "poisson", "rate": 1}, "num_requests": 20, "warmup_requests": 0,
+                  "warmup": {"enabled": False}, "input_len": 200, "output_len": 64,
+                  "sessions": {"turns": {"kind": "uniform", "min": 2, "max": 5}, "think_time_ms": 1000}},
+        space={"max_model_len": 8192, "max_num_seqs": 64},
+        objectives=["maximize capacity_rps"], constraints=["ttft_p99_ms <= 300"],
+        capacity={"start_rate": 1, "max_levels": 4, "requests_per_level": 20}, output=str(tmp_path / "out")))
     trial = run_trial(study, {}, trial_id="t0", trial_number=0, ctx=TrialContext(run_id="r"))
     row = trial.row
     assert row["status"] == "completed" and row["capacity_rps"] > 1
