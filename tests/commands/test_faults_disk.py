@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from orchestrator.results import load_requests, load_trials
+from support.studies import sim_doc
 
 pytestmark = pytest.mark.slow
 
@@ -61,19 +62,13 @@ def fill(path) -> None:
 def test_full_disk_stops_the_study_cleanly_and_it_resumes(tmp_path, small_disk, repo, unit_ray):
     import ray
 
-    doc = {
-        "name": "fulldisk", "seed": 2,
-        "engine": {"kind": "sim", "mode": "virtual"},
-        "model": {"name": "llama-3.1-8b"},
-        "hardware": {"gpu": "H100-80GB", "gpus_per_node": 1},
-        "workload": {"arrival": {"kind": "poisson", "rate": 20}, "num_requests": 150, "output_len": 64,
-                     "input_len": {"kind": "uniform", "min": 100, "max": 1000}},
-        "space": {"max_num_seqs": [8, 16, 32, 64, 128, 256], "max_num_batched_tokens": [2048, 8192]},
-        "objectives": ["maximize goodput"], "constraints": ["ttft_p99_ms <= 1000"],
-        "search": {"sampler": "grid"},
-        "budget": {"trials": 10, "max_concurrent_trials": 1},
-        "output": str(small_disk / "results"),
-    }
+    doc = sim_doc(
+        name="fulldisk", seed=2,
+        workload={"arrival": {"kind": "poisson", "rate": 20}, "num_requests": 150, "output_len": 64,
+                  "input_len": {"kind": "uniform", "min": 100, "max": 1000}},
+        space={"max_num_seqs": [8, 16, 32, 64, 128, 256], "max_num_batched_tokens": [2048, 8192]},
+        objectives=["maximize goodput"], constraints=["ttft_p99_ms <= 1000"], search={"sampler": "grid"},
+        budget={"trials": 10, "max_concurrent_trials": 1}, output=str(small_disk / "results"))
     path = tmp_path / "fulldisk.yaml"
     path.write_text(yaml.safe_dump(doc))
     trials_dir = small_disk / "results" / "fulldisk" / "trials"

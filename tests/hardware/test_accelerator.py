@@ -14,11 +14,12 @@ from orchestrator.search import feasibility
 from orchestrator.search.trial_plan import engine_for
 from orchestrator.sim.core import SimEngineCore
 from orchestrator.study.spec import parse_study
+from support.studies import sim_doc
 
 
 def study(engine: dict, gpu: str):
-    return parse_study({"name": "acc", "engine": engine, "model": {"name": "tiny-llama"}, "hardware": {"gpu": gpu},
-                        "space": {"max_num_seqs": 8}, "objectives": ["maximize output_throughput"]})
+    """One study on ``engine`` (its whole engine section) and ``gpu``."""
+    return parse_study(sim_doc(name="acc", model={"name": "tiny-llama"}, hardware={"gpu": gpu}) | {"engine": engine})
 
 
 @pytest.mark.parametrize("engine, gpu, cpu", [

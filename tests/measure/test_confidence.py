@@ -11,19 +11,19 @@ from orchestrator.measure.confidence import INTERVAL_METRICS, metric_intervals, 
 from orchestrator.measure.metrics import summarise
 from orchestrator.search.trial_plan import engine_for, load_plan
 from orchestrator.study.spec import parse_study
+from support.studies import sim_doc
 
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2el_p99_ms", "itl_p50_ms", "output_throughput",
            "request_throughput", "goodput")
 
 
 def window(seconds: float, seed: int = 0, rate: float = 10.0, replicate_as: int = 0):
-    study = parse_study({
-        "name": "ci", "seed": seed, "engine": {"kind": "sim", "mode": "virtual"},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "A100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": rate}, "num_requests": int(rate * seconds),
-                     "input_len": {"kind": "lognormal", "mean": 512, "sigma": 0.5, "max": 2048},
-                     "output_len": {"kind": "uniform", "min": 64, "max": 192}},
-        "space": {"max_num_seqs": 256}, "objectives": ["minimize ttft_p99_ms"]})
+    study = parse_study(sim_doc(
+        name="ci", seed=seed, hardware={"gpu": "A100-80GB"},
+        workload={"arrival": {"kind": "poisson", "rate": rate}, "num_requests": int(rate * seconds),
+                  "input_len": {"kind": "lognormal", "mean": 512, "sigma": 0.5, "max": 2048},
+                  "output_len": {"kind": "uniform", "min": 64, "max": 192}},
+        space={"max_num_seqs": 256}, objectives=["minimize ttft_p99_ms"]))
     engine = engine_for(study)
     records = engine.measure(engine.resolve(engine_args_from_params({"max_num_seqs": 256})), load_plan(study).requests()).records
     for r in records:

@@ -24,22 +24,20 @@ from orchestrator.hardware.pricing import DEFAULT_PRICE_PER_GPU_HOUR, gpu_hour_p
 from orchestrator.measure.limits import violation
 from orchestrator.results.pareto import pareto_front
 from orchestrator.study.spec import Constraint, parse_study
+from support.studies import merged, sim_doc
 
 PRICE = 3.6  # $/GPU-hour: one GPU for one second costs a thousandth of a dollar
 
 
 def _doc(base: Path, name: str, **top) -> dict:
-    doc = {
-        "name": name, "seed": 0, "engine": {"kind": "sim", "mode": "virtual"},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB", "gpus_per_node": 2},
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 40, "output_len": 32},
-        "space": {"tensor_parallel_size": [1, 2], "max_num_seqs": [8, 32]},
-        "objectives": ["maximize goodput_per_gpu", "minimize cost_per_mtok"],
-        "search": {"sampler": "grid"}, "budget": {"trials": 4, "max_concurrent_trials": 2},
-        "output": str(base / "results"),
-    }
-    doc.update(top)
-    return doc
+    """``top``: sections merged in, section by section."""
+    doc = sim_doc(
+        name=name, seed=0, hardware={"gpus_per_node": 2},
+        workload={"arrival": {"kind": "poisson", "rate": 4}, "num_requests": 40, "output_len": 32},
+        space={"tensor_parallel_size": [1, 2], "max_num_seqs": [8, 32]},
+        objectives=["maximize goodput_per_gpu", "minimize cost_per_mtok"],
+        search={"sampler": "grid"}, budget={"trials": 4, "max_concurrent_trials": 2}, output=str(base / "results"))
+    return merged(doc, **top)
 
 
 def _run(base: Path, doc: dict, capsys) -> tuple[Path, pd.DataFrame, str]:

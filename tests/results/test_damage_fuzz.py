@@ -41,6 +41,7 @@ from orchestrator.search.state import optuna_storage
 from orchestrator.study.spec import parse_study
 from orchestrator.trial.run import TrialContext
 from support.recorded_trial import run_trial
+from support.studies import sim_doc
 
 RUN = "r20261204-000000-abcd"
 FILES = {  # one file of each type, relative to the study folder (the date partition is the day the trial ran)
@@ -63,18 +64,14 @@ READERS = {"trials": {"show", "pareto", "report", "recommend"}, "requests": {"re
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("damage-src")
-    study = parse_study({
-        "name": "cap", "seed": 0, "engine": {"kind": "sim", "mode": "virtual"},
-        "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-80GB"},
-        "workload": {"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 40, "warmup_requests": 1,
-                     "input_len": {"kind": "uniform", "min": 200, "max": 800},
-                     "output_len": {"kind": "uniform", "min": 16, "max": 64}},
-        "space": {"max_num_seqs": [8, 64]},
-        "objectives": ["maximize capacity_rps"],
-        "constraints": ["ttft_p99_ms <= 300", "tpot_p50_ms <= 30"],
-        "capacity": {"tolerance": 0.2, "max_levels": 3, "level_duration_s": 4, "min_requests": 20},
-        "output": str(out),
-    })
+    study = parse_study(sim_doc(
+        name="cap", seed=0,
+        workload={"arrival": {"kind": "poisson", "rate": 8}, "num_requests": 40, "warmup_requests": 1,
+                  "input_len": {"kind": "uniform", "min": 200, "max": 800},
+                  "output_len": {"kind": "uniform", "min": 16, "max": 64}},
+        space={"max_num_seqs": [8, 64]}, objectives=["maximize capacity_rps"],
+        constraints=["ttft_p99_ms <= 300", "tpot_p50_ms <= 30"],
+        capacity={"tolerance": 0.2, "max_levels": 3, "level_duration_s": 4, "min_requests": 20}, output=str(out)))
     write_study_definition(study)
     store = ResultsStore(study.output, study.name)
     for i, seqs in enumerate([8, 64]):
