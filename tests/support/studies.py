@@ -34,7 +34,8 @@ SIM_DOC: StudyDoc = {
 }
 
 # vLLM's CPU build on a tiny model: 8 MiB of KV cache (4,096 tokens of tiny-llama in float32), eager
-# (no torch.compile of the model), short prompts; no pre-flight (nothing to plan on a CPU).
+# (no torch.compile of the model), short prompts; no pre-flight: whether a configuration starts is the
+# engine's to say.
 CPU_KV_BYTES = 8 << 20
 CPU_VLLM_DOC: StudyDoc = {
     "name": "cpu-vllm",
@@ -64,9 +65,10 @@ EXTERNAL_DOC: StudyDoc = {
 
 def merged(doc: Mapping[str, Any], **sections: Any) -> StudyDoc:
     """A copy of ``doc`` with ``sections`` merged in, section by section: a mapping is merged key by key
-    into the section of that name (its keys first, in its order, then the keys of ``doc``'s section it
-    does not name; a key's value replaces the old one whole); anything else (a list, a number, a string)
-    replaces the section. Replace a mapping section whole with ``merged(...) | {"space": {...}}``."""
+    into the section of that name (the given keys first, in their order, then those of ``doc``'s section
+    they do not name: a space given whole keeps its order, the order its parameters are suggested in; a
+    key's value replaces the old one whole); anything else (a list, a number, a string) replaces the
+    section. Replace a mapping section whole with ``merged(...) | {"space": {...}}``."""
     out = copy.deepcopy(dict(doc))
     for name, value in copy.deepcopy(sections).items():
         old = out.get(name)
