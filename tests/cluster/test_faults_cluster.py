@@ -17,7 +17,6 @@ reads back whole.
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 import time
@@ -27,28 +26,23 @@ import pytest
 
 from orchestrator.results import load_requests, load_trials
 from orchestrator.study.spec import parse_study
+from support.studies import merged, sim_doc
 
 pytestmark = pytest.mark.slow
 
 SERVE_PORT = 8302
 GPUS_PER_NODE = 4
 
-BASE = {
-    "seed": 1,
-    "engine": {"kind": "sim"},
-    "model": {"name": "llama-3.1-8b"},
-    "hardware": {"gpu": "H100-80GB", "gpus_per_node": GPUS_PER_NODE, "nodes": 2},
-    "workload": {"arrival": {"kind": "poisson", "rate": 6}, "num_requests": 18, "warmup_requests": 0,
-                 "input_len": {"kind": "uniform", "min": 100, "max": 300}, "output_len": 48, "timeout_s": 30},
-    "objectives": ["maximize output_throughput_per_gpu"],
-    "search": {"sampler": "grid"},
-}
+BASE = sim_doc(
+    seed=1, engine={"mode": "served"}, hardware={"gpus_per_node": GPUS_PER_NODE, "nodes": 2},
+    workload={"arrival": {"kind": "poisson", "rate": 6}, "num_requests": 18, "warmup_requests": 0,
+              "input_len": {"kind": "uniform", "min": 100, "max": 300}, "output_len": 48, "timeout_s": 30},
+    objectives=["maximize output_throughput_per_gpu"], search={"sampler": "grid"})
 
 
 def study_of(tmp_path, name: str, **parts):
-    doc = copy.deepcopy(BASE)
-    doc.update(name=name, output=str(tmp_path / "out"), **parts)
-    return parse_study(doc)
+    """:data:`BASE` with ``parts`` merged in, section by section."""
+    return parse_study(merged(BASE, name=name, output=str(tmp_path / "out"), **parts))
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +154,7 @@ def test_study_finishes_when_a_node_dies(cluster, tmp_path):
 
     c, workers = cluster
     study = study_of(tmp_path, "nodeloss", space={"max_num_seqs": [16, 32, 64, 128]},
-                     workload={**BASE["workload"], "arrival": {"kind": "poisson", "rate": 2}, "num_requests": 16},
+                     workload={"arrival": {"kind": "poisson", "rate": 2}, "num_requests": 16},
                      budget={"trials": 4, "max_concurrent_trials": 8, "trial_retries": 1})
     box: dict = {}
     driver = threading.Thread(target=lambda: box.update(run=run_study(study, quiet=True, serve_port=SERVE_PORT)))
