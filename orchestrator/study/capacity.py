@@ -111,4 +111,4 @@ class CapacitySpec(StrictModel):
 # Keys added after studies were recorded: a fingerprint hashes them only when set away from these,
 # so that a study recorded before them still resumes.
 CAPACITY_DEFAULTS_ADDED_LATER = {"confidence": DEFAULT_CONFIDENCE, "repeats": 1, "max_windows": None,
-                                 "window_noise": None, "start_noise": None}
+                                 "window_noise": None, "start_noise": None, "stop_below_best": True}
