@@ -78,24 +78,25 @@ def study_doc(path: str, seed: int, output: str, params: dict, label: str, rate,
 
 
 def run(args) -> int:
-    from orchestrator.results.definition import write_study_definition
-    from orchestrator.search.driver import run_study
     from orchestrator.search.stop_signals import StudyInterrupted, stop_on_signals
-    from orchestrator.study.spec import parse_study
 
     params = json.loads(args.params) if args.params else {}
     # A run cut short (a device call's time limit, Ctrl-C) stops as `orchestrator run` does: its trial
     # recorded interrupted, its engines ended, one line, instead of Ray's abort with a stack trace.
     with stop_on_signals():
         try:
-            _run_all(args, params, run_study, parse_study, write_study_definition)
+            _run_all(args, params)
         except StudyInterrupted as e:
             print(e.line(args.label or Path(args.study).stem), file=sys.stderr)
             return e.exit_code
     return 0
 
 
-def _run_all(args, params, run_study, parse_study, write_study_definition) -> None:
+def _run_all(args, params: dict) -> None:
+    from orchestrator.results.definition import write_study_definition
+    from orchestrator.search.driver import run_study
+    from orchestrator.study.spec import parse_study
+
     for seed in seeds_of(args.seeds):
         for start in range(1, args.starts + 1) if args.starts else [0]:
             doc = study_doc(args.study, seed, args.output, params, args.label, args.rate, args.duration,

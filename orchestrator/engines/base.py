@@ -75,9 +75,9 @@ class EngineTarget:
     def on_cpu(self) -> bool:
         return self.device_defaults.on_cpu
 
-    def with_device_defaults(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
+    def with_device_defaults(self, args: EngineArgs) -> EngineArgs:
         """``args`` resolved for the model on the device (:meth:`DeviceDefaults.resolve`)."""
-        return self.device_defaults.resolve(args, cpu=cpu)
+        return self.device_defaults.resolve(args)
 
 
 @dataclass(frozen=True)

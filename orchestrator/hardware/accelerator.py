@@ -43,10 +43,9 @@ class DeviceDefaults:
     model_max_len: Optional[int]  # the model's own maximum context
     model_dtype: str = "auto"  # ``model.dtype`` of the study
 
-    def resolve(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
-        """``args`` with the device's defaults filled in; ``cpu`` overrides :attr:`on_cpu` for an
-        engine that knows better (the simulator models GPUs only)."""
-        cpu = self.on_cpu if cpu is None else cpu
+    def resolve(self, args: EngineArgs) -> EngineArgs:
+        """``args`` with the device's defaults filled in."""
+        cpu = self.on_cpu
         if args.dtype == "auto" and self.model_dtype != "auto":
             args = dataclasses.replace(args, dtype=self.model_dtype)
         elif args.dtype == "auto" and cpu:

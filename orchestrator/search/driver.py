@@ -31,13 +31,12 @@ from orchestrator.cluster.connect import NAMESPACE, cluster_info, engine_resourc
 from orchestrator.cluster.gpu_ledger import GpuLedgerActor
 from orchestrator.failures import TrialStatus, root_message, storage_problem
 from orchestrator.results.store import ResultsStore
-from orchestrator.search import feasibility
+from orchestrator.search import best_capacity, feasibility
 from orchestrator.search.fidelity.part import FidelityPart, PredictionWriter
 from orchestrator.search.fidelity.search import FidelitySearch, study_metrics
 from orchestrator.search.first_points import enqueue_initial_points, enqueue_probe_baseline, enqueue_warm_start
 from orchestrator.search.optuna_search import searcher_class
 from orchestrator.search.progress import ProgressPrinter
-from orchestrator.search import best_capacity
 from orchestrator.search.parts import FinishedGrid, SearchPart
 from orchestrator.search.racing import Racer, RacingPart
 from orchestrator.search.stop_signals import StudyInterrupted, ending, rearm

@@ -278,9 +278,9 @@ class Study(StrictModel):
         ``engine_kwargs`` (not yet resolved for the device)."""
         return engine_args_from_params(dict(params), fixed=dict(getattr(self.engine, "engine_kwargs", None) or {}))
 
-    def with_device_defaults(self, args: EngineArgs, *, cpu: Optional[bool] = None) -> EngineArgs:
+    def with_device_defaults(self, args: EngineArgs) -> EngineArgs:
         """``args`` resolved for the study's model and device (:meth:`DeviceDefaults.resolve`)."""
-        return self.device_defaults.resolve(args, cpu=cpu)
+        return self.device_defaults.resolve(args)
 
 
 def _model_at(data: Any, loc: tuple[str, ...]) -> Optional[type[BaseModel]]:

@@ -234,7 +234,7 @@ def test_resolve_fills_the_device_defaults_and_keeps_the_trials_values(subject):
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "enable_chunked_prefill",
                  "enable_prefix_caching"):
         assert getattr(resolved, name) is not None, name
-    assert subject.study.with_device_defaults(resolved, cpu=subject.name == "vllm-cpu") == resolved
+    assert subject.study.with_device_defaults(resolved) == resolved
 
 
 @pytest.mark.parametrize("subject", ALL, indirect=True)

@@ -31,7 +31,7 @@ from orchestrator.models.shapes import ModelShape, find_model_config
 
 
 def sim_resolve(target: EngineTarget, args: EngineArgs) -> EngineArgs:
-    return target.with_device_defaults(args, cpu=False)  # the simulator models GPUs only
+    return target.with_device_defaults(args)  # a GPU's: validate refuses the simulator on CPU
 
 
 class _SimDeployment(AppDeployment):
