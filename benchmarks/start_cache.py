@@ -22,6 +22,7 @@ and shared against cold: the table of docs/benchmarks.md
 
     python benchmarks/start_cache.py [--trials 3] [--key-change] [--output DIR]     # vLLM-CPU, tiny model
     python benchmarks/start_cache.py --gpu H100-80GB --model llama-3.1-8b --model-source DIR [--trials 6]
+    ... --arms shared | --arms cold --cold-trials 2,3 --output SAME_DIR    # the arms in two runs (a device call's time)
 
 On a GPU, ``DIR`` holds the model's config.json and tokenizer (``load_format: dummy``: random
 weights). ``VLLM_CACHE_ROOT`` and ``TORCHINDUCTOR_CACHE_DIR`` are unset for the run.
@@ -103,6 +104,14 @@ def run_arm(docs: list[dict[str, Any]]):
     return pd.concat(frames, ignore_index=True).sort_values("started_at", ignore_index=True)
 
 
+def load_arm(folder: Path) -> pd.DataFrame:
+    """The trials rows of every study in an arm's folder, in the order they ran."""
+    from orchestrator.results import load_trials
+
+    frames = [load_trials(d) for d in sorted(folder.iterdir()) if (d / "trials").is_dir()]
+    return pd.concat(frames, ignore_index=True).sort_values("started_at", ignore_index=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
@@ -112,6 +121,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="llama-3.1-8b", help="with --gpu: the model's shape in the catalog")
     ap.add_argument("--model-source", type=Path, help="with --gpu: its config.json and tokenizer")
     ap.add_argument("--output", type=Path, default=None)
+    ap.add_argument("--arms", default="shared,cold", help="which arms to run: shared, cold or both (the table "
+                    "reads whatever --output holds, so the arms may run one after the other into one folder)")
+    ap.add_argument("--cold-trials", default=None,
+                    help="the cold arm's configurations, 1-based (e.g. 2,3: those the shared arm started from "
+                         "its cache); default: all")
     a = ap.parse_args(argv)
     if a.gpu and a.model_source is None:
         ap.error("--gpu needs --model-source (a folder with config.json and a tokenizer)")
@@ -128,23 +142,32 @@ def main(argv=None) -> int:
     model_dir = a.model_source or make_model_dir("tiny-llama", out / "tiny-llama", weights="random")
     points = configurations(a.trials, bool(a.gpu), a.key_change)
     shared_docs = [study_doc("start-cache-shared", out / "shared", points, a, model_dir)]
-    cold_docs = [study_doc(f"start-cache-cold-{k + 1}", out / "cold", [p], a, model_dir) for k, p in enumerate(points)]
+    cold_ks = [int(k) - 1 for k in a.cold_trials.split(",")] if a.cold_trials else range(len(points))
+    cold_docs = [study_doc(f"start-cache-cold-{k + 1}", out / "cold", [points[k]], a, model_dir) for k in cold_ks]
+    arms = {x.strip() for x in a.arms.split(",")}
+    if not arms <= {"shared", "cold"}:
+        ap.error(f"--arms: {a.arms!r}; allowed: shared, cold (comma-separated)")
     ray.init(address="local", num_cpus=4, num_gpus=1 if a.gpu else 0, include_dashboard=False,
              namespace="orchestrator", log_to_driver=False)
     try:
         start_serve(SERVE_PORT)
-        print(f"shared caches, one study of {len(points)} trials:", flush=True)
-        shared = run_arm(shared_docs)
-        print(f"cold caches, {len(points)} studies of one trial:", flush=True)
-        cold = run_arm(cold_docs)
+        if "shared" in arms:
+            print(f"shared caches, one study of {len(points)} trials:", flush=True)
+            run_arm(shared_docs)
+        if "cold" in arms:
+            print(f"cold caches, {len(cold_docs)} studies of one trial:", flush=True)
+            run_arm(cold_docs)
     finally:
         ray.shutdown()
 
     unit = "GPUs" if a.gpu else "CPU unit (vLLM-CPU)"
     print(f"\ndevice: {a.gpu or 'CPU'}; device-s: the trial's {unit} held from deploy to release\n")
     print(start_cache_table(out))
-    print("\nshared / cold, trial by trial (startup_s): " + ", ".join(
-        f"{k + 1}: {s / c:.2f}x" for k, (s, c) in enumerate(zip(shared["startup_s"], cold["startup_s"]))))
+    if (out / "shared").is_dir() and (out / "cold").is_dir():
+        shared, cold = load_arm(out / "shared"), load_arm(out / "cold")
+        pairs = [(k, shared["startup_s"].iloc[k], c) for k, c in cold.items() if k < len(shared)]
+        print("\nshared / cold, configuration by configuration (startup_s): "
+              + ", ".join(f"{k + 1}: {s / c:.2f}x" for k, s, c in pairs))
     print(f"datasets: {out}/shared, {out}/cold")
     return 0
 

@@ -69,28 +69,69 @@ def _arm(folder: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).sort_values("started_at", ignore_index=True)
 
 
+def _config_cell(params: dict) -> str:
+    return ", ".join(f"{n} {params[n]}" for n in ("max_num_batched_tokens", "enable_prefix_caching", "stream_interval",
+                                                 "gpu_memory_utilization") if n in params)
+
+
 def start_cache_table(folder: Path) -> str:
     """Each trial of the shared-cache study and of the cold studies (``shared/``, ``cold/``: what
-    ``benchmarks/start_cache.py`` writes), its start phases, ``startup_s`` and device-seconds; each
-    arm's total, and shared against cold."""
+    ``benchmarks/start_cache.py`` writes), its start phases, ``startup_s`` and device-seconds; the
+    shared study's later trials against its first; each arm's total over the configurations both
+    ran, and shared against cold. A cold trial is numbered by its configuration's trial in the shared
+    study (the cold arm may run a subset of them)."""
+    shared, cold = _arm(folder / "shared"), _arm(folder / "cold")
+    order = {pj: k + 1 for k, pj in enumerate(shared["params_json"])}
+    both = set(order) & set(cold["params_json"])
     lines = ["| caches | trial | configuration | import s | weights s | torch.compile s | CUDA graphs s | profile, "
              "KV cache, warm-up s | server up s | startup_s | device-s |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     totals = {}
-    for arm in ("shared", "cold"):
-        trials = _arm(folder / arm)
-        held = []
-        for k, (_, r) in enumerate(trials.iterrows()):
-            params = json.loads(r["params_json"])
-            config = ", ".join(f"{n} {params[n]}" for n in ("max_num_batched_tokens", "enable_prefix_caching",
-                                                           "stream_interval", "gpu_memory_utilization") if n in params)
-            held.append(_held_s(r))
-            lines.append(f"| {arm} | {k + 1} | {config} | {_s(r['start_import_s'])} | {_s(r['start_load_s'])} | "
+    for arm, trials in (("shared", shared), ("cold", cold)):
+        matched = [0.0, 0.0]
+        for _, r in trials.iterrows():
+            held = _held_s(r)
+            if r["params_json"] in both:
+                matched[0] += float(r["startup_s"])
+                matched[1] += held
+            lines.append(f"| {arm} | {order.get(r['params_json'], '-')} | {_config_cell(json.loads(r['params_json']))} | "
+                         f"{_s(r['start_import_s'])} | {_s(r['start_load_s'])} | "
                          f"{_compile_cell(r['start_compile_s'], r['start_compile_cached'])} | "
-                         f"{_s(r['start_graphs_s'], '.0f')} | {_s(r['start_profile_s'])} | {_s(r['start_ready_s'])} | {_s(r['startup_s'])} | "
-                         f"{_s(held[-1])} |")
-        totals[arm] = (float(trials["startup_s"].sum()), sum(held))
-        lines.append(f"| {arm} | all {len(trials)} | | | | | | | | {_s(totals[arm][0])} | {_s(totals[arm][1])} |")
+                         f"{_s(r['start_graphs_s'], '.0f')} | {_s(r['start_profile_s'])} | {_s(r['start_ready_s'])} | "
+                         f"{_s(r['startup_s'])} | {_s(held)} |")
+        if arm == "shared" and len(trials) > 1:
+            later = trials.iloc[1:]
+            first = float(trials["startup_s"].iloc[0])
+            med = statistics.median(later["startup_s"])
+            lines.append(f"| shared | median of 2-{len(trials)} | | | | | | | | {_s(med)} ({med / first:.0%} of trial 1) | "
+                         f"{_s(statistics.median(_held_s(r) for _, r in later.iterrows()))} |")
+        totals[arm] = matched
+        lines.append(f"| {arm} | the {len(both)} both ran | | | | | | | | {_s(matched[0])} | {_s(matched[1])} |")
     (s_start, s_held), (c_start, c_held) = totals["shared"], totals["cold"]
-    lines.append(f"| shared / cold | | | | | | | | | {s_start / c_start:.2f}x | {s_held / c_held:.2f}x |")
+    if c_start > 0:
+        lines.append(f"| shared / cold | | | | | | | | | {s_start / c_start:.2f}x | {s_held / c_held:.2f}x |")
+    return "\n".join(lines)
+
+
+# what the engine sets (a fixed-rate replay: throughput is the workload's, not the engine's)
+_MEASURED = ("ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms")
+
+
+def start_cache_measured_table(folder: Path) -> str:
+    """What each configuration measured with the study's caches and with empty ones, each with its
+    interval: a cache that changed the engine would move a number beyond the other arm's interval."""
+    shared, cold = _arm(folder / "shared"), _arm(folder / "cold")
+    order = {pj: k + 1 for k, pj in enumerate(shared["params_json"])}
+    lines = ["| trial | metric | shared caches | cold caches | each estimate inside the other's interval |",
+             "| ---: | --- | --- | --- | --- |"]
+    for _, c in cold.iterrows():
+        if c["params_json"] not in order:
+            continue
+        r = shared[shared["params_json"] == c["params_json"]].iloc[0]
+        for m in _MEASURED:
+            a, b = (float(r[m]), float(r[f"{m}_low"]), float(r[f"{m}_high"])), (
+                float(c[m]), float(c[f"{m}_low"]), float(c[f"{m}_high"]))
+            held = a[1] <= b[0] <= a[2] and b[1] <= a[0] <= b[2]
+            lines.append(f"| {order[c['params_json']]} | {m} | {a[0]:.1f} [{a[1]:.1f}, {a[2]:.1f}] | "
+                         f"{b[0]:.1f} [{b[1]:.1f}, {b[2]:.1f}] | {'yes' if held else 'no'} |")
     return "\n".join(lines)
