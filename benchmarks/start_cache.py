@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     import ray
 
     from orchestrator.cluster.connect import start_serve
-    from orchestrator.doc_tables.start_phases import start_cache_table
+    from orchestrator.doc_tables.start_phases import start_cache_measured_table, start_cache_table
     from orchestrator.models.modelgen import make_model_dir
 
     model_dir = a.model_source or make_model_dir("tiny-llama", out / "tiny-llama", weights="random")
@@ -163,6 +163,7 @@ def main(argv=None) -> int:
     unit = "GPUs" if a.gpu else "CPU unit (vLLM-CPU)"
     print(f"\ndevice: {a.gpu or 'CPU'}; device-s: the trial's {unit} held from deploy to release\n")
     print(start_cache_table(out))
+    print("\n" + start_cache_measured_table(out))
     if (out / "shared").is_dir() and (out / "cold").is_dir():
         shared, cold = load_arm(out / "shared"), load_arm(out / "cold")
         pairs = [(k, shared["startup_s"].iloc[k], c) for k, c in cold.items() if k < len(shared)]

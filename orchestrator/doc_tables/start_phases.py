@@ -65,7 +65,10 @@ def _held_s(r) -> float:
 
 
 def _arm(folder: Path) -> pd.DataFrame:
-    frames = [load_trials(d) for d in sorted(folder.iterdir()) if (d / "trials").is_dir()]
+    """An arm's trials rows in the order they ran (none when the arm has not run yet)."""
+    frames = [load_trials(d) for d in sorted(folder.iterdir()) if (d / "trials").is_dir()] if folder.is_dir() else []
+    if not frames:
+        return pd.DataFrame(columns=["params_json", "startup_s", "started_at"])
     return pd.concat(frames, ignore_index=True).sort_values("started_at", ignore_index=True)
 
 

@@ -168,6 +168,14 @@ def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, unit_ra
     cal = json.loads(preds[preds["measured"]]["calibration_json"].iloc[-1])
     seen = levels.reindex(columns=["trial_id", "rate", "ttft_p50_ms", "tpot_p50_ms", "harness_bound",
                                    "stopped_early", "slo_met"]).to_dict("records")
+    import os as _os  # TEMP-FLAKY
+    if _os.environ.get("FLAKY_LOG"):  # TEMP-FLAKY
+        _cap = [c for c in rows.columns if "capacity" in c or "stop" in c]  # TEMP-FLAKY
+        with open(_os.environ["FLAKY_LOG"], "a") as _f:  # TEMP-FLAKY
+            _f.write(json.dumps({"cal": cal, "ratio": cal["step_overhead"] / cal["bandwidth_efficiency"],  # TEMP-FLAKY
+                                 "rows": rows[_cap + ["trial_id", "params_json"]].to_dict("records"),  # TEMP-FLAKY
+                                 "levels": seen, "lines": [ln for ln in out.splitlines() if "capacity" in ln or "fidelity" in ln or "decided" in ln]},  # TEMP-FLAKY
+                                default=str) + "\n")  # TEMP-FLAKY
     assert cal["step_overhead"] / cal["bandwidth_efficiency"] > 1.15, (cal, seen, out)  # decode slowed, as hidden
 
     first = rows.sort_values("trial_number").iloc[0]
