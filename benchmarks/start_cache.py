@@ -166,9 +166,11 @@ def main(argv=None) -> int:
     print("\n" + start_cache_measured_table(out))
     if (out / "shared").is_dir() and (out / "cold").is_dir():
         shared, cold = load_arm(out / "shared"), load_arm(out / "cold")
-        pairs = [(k, shared["startup_s"].iloc[k], c) for k, c in cold.items() if k < len(shared)]
+        cold_s = dict(zip(cold["params_json"], cold["startup_s"]))
+        pairs = [(k + 1, s, cold_s[pj]) for k, (pj, s) in enumerate(zip(shared["params_json"], shared["startup_s"]))
+                 if pj in cold_s]
         print("\nshared / cold, configuration by configuration (startup_s): "
-              + ", ".join(f"{k + 1}: {s / c:.2f}x" for k, s, c in pairs))
+              + ", ".join(f"{k}: {s / c:.2f}x" for k, s, c in pairs))
     print(f"datasets: {out}/shared, {out}/cold")
     return 0
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from orchestrator.doc_tables import decisions as decision_tables
+from orchestrator.doc_tables import fidelity_predictions
 from orchestrator.doc_tables import h200
 from orchestrator.doc_tables import kv as kv_tables
 from orchestrator.doc_tables import sim_error
@@ -92,6 +93,8 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
     # docs/benchmarks.md: where engine starts went
     DocTable("start-phases-h100", (_EX + "starts-h100",), start_phases.server_log_phases_table),
     DocTable("start-cache-cpu", (_EX + "start-cache-cpu-vllm",), start_phases.start_cache_table),
+    DocTable("start-cache-h100", (_EX + "start-cache-h100",), start_phases.start_cache_table),
+    DocTable("start-cache-h100-measured", (_EX + "start-cache-h100",), start_phases.start_cache_measured_table),
     # docs/benchmarks.md: learned weights
     DocTable("trained-quantization-h100", (_EX + "trained-base-quant-h100",), trained_tables.quantization_table),
     DocTable("trained-speculation-h100", (_EX + "trained-base-spec-h100",), trained_tables.speculation_table),
@@ -101,6 +104,7 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
              h200.sim_capacity_table),
     DocTable("kv-predicted-vs-logged", kv_tables.KV_DATASETS, kv_tables.kv_prediction_table),
     # docs/simulator.md: the simulator's out-of-sample error (benchmarks/sim_error.py's dataset)
+    DocTable("fidelity-h100-predictions", (_EX + "fidelity-h100",), fidelity_predictions.predictions_table),
     DocTable("sim-error-by-gpu", (_EX + "sim-error",), sim_error.by_gpu_table),
     DocTable("sim-error-by-dataset", (_EX + "sim-error",), sim_error.by_dataset_table),
     DocTable("sim-error-fits", (_EX + "sim-error",), sim_error.fits_table),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from orchestrator.doc_tables.blocks import DocBlock, text
 from orchestrator.doc_tables.kv import KV_DATASETS
-from orchestrator.doc_tables.texts import decisions, h200_runs, h200_studies, planning, repeatability, simulator, trained
+from orchestrator.doc_tables.texts import (decisions, h200_runs, h200_studies, planning, repeatability, simulator,
+                                           start_cache, trained)
 
 _EX = "results/examples/"
 INGRESS, REF, STUDY = _EX + "h200-ingress", _EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"
@@ -19,6 +20,7 @@ SIM, CPU, H200, H100 = (_EX + d for d in ("repeatability-sim", "repeatability-cp
                                           "repeatability-h100"))
 QUANT, SPEC = _EX + "trained-base-quant-h100", _EX + "trained-base-spec-h100"
 DECISIONS, STARTS_H100, STARTS_CPU = _EX + "decisions-sim", _EX + "starts-h100", _EX + "starts-cpu-vllm"
+START_CACHE_H100, FIDELITY_H100 = _EX + "start-cache-h100", _EX + "fidelity-h100"
 
 TEXTS: tuple[DocBlock, ...] = (
     # README.md
@@ -28,6 +30,7 @@ TEXTS: tuple[DocBlock, ...] = (
     text("decisions-sim-findings", (DECISIONS,), decisions.decisions_findings),
     text("decisions-sim-coverage", (DECISIONS,), decisions.decisions_coverage),
     text("starts-findings", (STARTS_H100, STARTS_CPU), decisions.starts_findings),
+    text("start-cache-h100-findings", (START_CACHE_H100, FIDELITY_H100), start_cache.start_cache_findings),
     text("h200-ingress-targets", (INGRESS,), h200_runs.ingress_targets),
     text("h200-ingress-findings", (INGRESS,), h200_runs.ingress_findings),
     text("repeatability-findings", (SIM, CPU, H100), repeatability.repeatability_findings),
@@ -62,6 +65,7 @@ TEXTS: tuple[DocBlock, ...] = (
     text("trained-models-gpu-speculation", (SPEC,), trained.models_gpu_speculation),
     # docs/simulator.md
     text("kv-error-band", KV_DATASETS, simulator.kv_error_band),
+    text("fidelity-h100-findings", (FIDELITY_H100,), start_cache.fidelity_h100_findings),
     text("sim-vs-h200-scored", (INGRESS, REF, STUDY), simulator.scored_points),
     # docs/planning.md
     text("planning-interval-sizing", (INTERACTIVE,), planning.interval_sizing),
