@@ -46,6 +46,7 @@ from orchestrator.doc_tables import fidelity_predictions
 from orchestrator.doc_tables import h200
 from orchestrator.doc_tables import kv as kv_tables
 from orchestrator.doc_tables import sim_error
+from orchestrator.doc_tables import sim_history
 from orchestrator.doc_tables import start_phases
 from orchestrator.doc_tables import trained as trained_tables
 from orchestrator.doc_tables import window_noise
@@ -98,7 +99,10 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
     # docs/benchmarks.md: learned weights
     DocTable("trained-quantization-h100", (_EX + "trained-base-quant-h100",), trained_tables.quantization_table),
     DocTable("trained-speculation-h100", (_EX + "trained-base-spec-h100",), trained_tables.speculation_table),
-    # docs/simulator.md: the datasets replayed by the simulator with its current constants
+    # docs/simulator.md: the datasets replayed by the simulator with its current constants (and the
+    # ingress runs against the earlier fits' simulators)
+    DocTable("sim-vs-h200-ingress-cold-fit", (_EX + "h200-ingress",), sim_history.cold_fit_table),
+    DocTable("sim-vs-h200-ingress-warm-refit", (_EX + "h200-ingress",), sim_history.warm_refit_table),
     DocTable("sim-vs-h200-ingress", (_EX + "h200-ingress",), h200.sim_ingress_table),
     DocTable("sim-vs-h200-capacity", (_EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"),
              h200.sim_capacity_table),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from orchestrator.doc_tables.blocks import DocBlock, text
 from orchestrator.doc_tables.kv import KV_DATASETS
 from orchestrator.doc_tables.texts import (decisions, h200_runs, h200_studies, planning, repeatability, simulator,
-                                           start_cache, trained)
+                                           sim_history, start_cache, trained)
 
 _EX = "results/examples/"
 INGRESS, REF, STUDY = _EX + "h200-ingress", _EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"
@@ -64,6 +64,8 @@ TEXTS: tuple[DocBlock, ...] = (
     text("trained-models-gpu-guardrail", (QUANT,), trained.models_gpu_guardrail),
     text("trained-models-gpu-speculation", (SPEC,), trained.models_gpu_speculation),
     # docs/simulator.md
+    text("sim-refit-steps", (INGRESS,), sim_history.refit_steps),
+    text("sim-refit-tradeoff", (INGRESS,), sim_history.refit_tradeoff),
     text("kv-error-band", KV_DATASETS, simulator.kv_error_band),
     text("fidelity-h100-findings", (FIDELITY_H100,), start_cache.fidelity_h100_findings),
     text("sim-vs-h200-scored", (INGRESS, REF, STUDY), simulator.scored_points),
