@@ -80,9 +80,21 @@ def _apps(prefix: str = "tune-") -> list[str]:
     return [a for a in serve.status().applications if a.startswith(prefix)]
 
 
-def _wait_for_engine(cache_root, alive, *, serving: bool, timeout: float = 300.0) -> None:
+def _cluster_state() -> str:
+    """What the cluster holds when an engine does not come: the Serve applications and the actors not dead
+    (a trial actor pending on its unit, a replica that never started)."""
+    from ray import serve
+    from ray.util.state import list_actors
+
+    apps = {name: str(app.status) for name, app in serve.status().applications.items()}
+    actors = [(a.class_name, a.state) for a in list_actors(filters=[("state", "!=", "DEAD")], limit=200)]
+    return f"serve applications: {apps}; actors not dead: {actors}"
+
+
+def _wait_for_engine(cache_root, alive, *, serving: bool, timeout: float = 300.0, diagnose=lambda: "") -> None:
     """Until the trial's ``vllm serve`` runs: started (its process is up), or ``serving`` (its application
-    is RUNNING, and a few seconds into the load). ``alive()`` fails when the driver ended first."""
+    is RUNNING, and a few seconds into the load). ``alive()`` fails when the driver ended first; on a
+    timeout the error carries the cluster's state and ``diagnose()`` (the run's own output where it has one)."""
     from ray import serve
 
     deadline = time.monotonic() + timeout
@@ -96,7 +108,8 @@ def _wait_for_engine(cache_root, alive, *, serving: bool, timeout: float = 300.0
                 time.sleep(3.0)  # into the load
                 return
         time.sleep(0.5)
-    raise AssertionError("no vLLM engine started" if not serving else "the engine never served")
+    raise AssertionError(("no vLLM engine started" if not serving else "the engine never served")
+                         + f" within {timeout:.0f} s; {_cluster_state()}\n{diagnose()}")
 
 
 def _run_actors(cache_root) -> list[str]:
@@ -173,6 +186,12 @@ def _job_status(engine_cluster, job_id: str) -> str:
     return str(JobSubmissionClient(engine_cluster.dashboard_url).get_job_status(job_id))
 
 
+def _job_logs(engine_cluster, job_id: str) -> str:
+    from ray.job_submission import JobSubmissionClient
+
+    return "job logs (tail): " + JobSubmissionClient(engine_cluster.dashboard_url).get_job_logs(job_id)[-4000:]
+
+
 def test_every_stop_signal_leaves_no_process_of_the_run_and_the_study_resumes(tmp_path, engine_cluster):
     cache_root = engine_cluster.cache_root
     study = _study_file(tmp_path, "stop")
@@ -208,7 +227,8 @@ def test_every_stop_signal_leaves_no_process_of_the_run_and_the_study_resumes(tm
     # signal asked Serve's controller to delete the run's applications before anything else.
     _submit_job(engine_cluster, study, "stop-job")
     _wait_for_engine(cache_root, lambda: _job_status(engine_cluster, "stop-job") in ("PENDING", "RUNNING")
-                     or pytest.fail(_job_status(engine_cluster, "stop-job")), serving=False)
+                     or pytest.fail(_job_status(engine_cluster, "stop-job")), serving=False,
+                     diagnose=lambda: _job_logs(engine_cluster, "stop-job"))
     t0 = time.monotonic()
     stop = subprocess.run([str(BIN / "ray"), "job", "stop", "--address", engine_cluster.dashboard_url, "stop-job"],
                           capture_output=True, text=True, timeout=120)
