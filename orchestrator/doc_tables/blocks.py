@@ -78,6 +78,21 @@ def series(values: Sequence[str], last: str = "and") -> str:
     return f"{', '.join(values[:-1])} {last} {values[-1]}"
 
 
+def ranges(numbers: Iterable[int]) -> str:
+    """``0–2``, ``5``, ``1–4, 7–9``: consecutive numbers as ranges."""
+    nums = sorted(set(int(n) for n in numbers))
+    out: list[str] = []
+    start = prev = None
+    for n in nums + [None]:
+        if start is not None and (n is None or n != prev + 1):
+            out.append(str(start) if start == prev else f"{start}–{prev}")
+            start = None
+        if n is not None and start is None:
+            start = n
+        prev = n
+    return ", ".join(out)
+
+
 def span(values: Iterable[float], spec: str = ".0f", sep: str = "–") -> str:
     """``min–max`` of ``values`` (one value when they are all equal after formatting)."""
     vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]

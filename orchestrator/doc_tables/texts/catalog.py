@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from orchestrator.doc_tables.blocks import DocBlock, text
 from orchestrator.doc_tables.kv import KV_DATASETS
-from orchestrator.doc_tables.texts import (decisions, h200_runs, h200_studies, planning, repeatability, simulator,
-                                           sim_history, start_cache, trained)
+from orchestrator.doc_tables.texts import (decisions, h200_runs, h200_studies, planning, repeatability, setups,
+                                           sim_history, simulator, start_cache, trained)
 
 _EX = "results/examples/"
 INGRESS, REF, STUDY = _EX + "h200-ingress", _EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"
@@ -27,6 +27,7 @@ TEXTS: tuple[DocBlock, ...] = (
     text("readme-engines", (INGRESS, REF), h200_runs.readme_engines),
     text("readme-scoring-rate", (FIDELITY, LEVELS), h200_studies.readme_scoring_rate),
     # docs/benchmarks.md
+    text("decisions-sim-setup", (DECISIONS,), setups.decisions_setup),
     text("decisions-sim-findings", (DECISIONS,), decisions.decisions_findings),
     text("decisions-sim-coverage", (DECISIONS,), decisions.decisions_coverage),
     text("starts-findings", (STARTS_H100, STARTS_CPU), decisions.starts_findings),

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from orchestrator.doc_tables.blocks import bullets, count_word, paragraph, series, span
+from orchestrator.doc_tables.blocks import bullets, count_word, paragraph, ranges, series, span
 from orchestrator.doc_tables.h200 import trials_of
 from orchestrator.doc_tables.window_noise import estimate_window_noise, fixed_rate_windows
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, z_of
@@ -27,6 +28,8 @@ from orchestrator.results.repeatability import capacity_spread, series_of
 # the rows do not record which form decided them.
 H200_FIRST_FORM_SEEDS = (0, 1)
 _SERVE_UP = re.compile(r"vllm serve \(.*?\) up after (\d+) s")
+_RECORDED_RUN = re.compile(r"^\S+-s(\d+): run (\S+) in", re.MULTILINE)
+_ORDINALS = ("one", "a second", "a third", "a fourth", "a fifth")
 
 
 def runs(folder: str | Path) -> pd.DataFrame:
@@ -40,6 +43,28 @@ def runs(folder: str | Path) -> pd.DataFrame:
             t["seed"], t["dir"] = seed, d
             rows.append(t)
     return pd.DataFrame(rows).sort_values("seed").reset_index(drop=True)
+
+
+def servers(folder: str | Path) -> list[list[int]]:
+    """The seeds of each server of a GPU's capacity runs, in the order they ran: one ``run*.log`` per
+    device call and server, holding the seeds whose recorded run it ran (a run it began and did not
+    finish is recorded by a later server)."""
+    r = runs(folder)
+    recorded = dict(zip(r["run_id"], r["seed"]))
+    start = dict(zip(r["seed"], r["started_at"]))
+    groups = []
+    for log in Path(folder).glob("run*.log"):
+        seeds = sorted(recorded[m.group(2)] for m in _RECORDED_RUN.finditer(log.read_text())
+                       if m.group(2) in recorded and int(m.group(1)) == recorded[m.group(2)])
+        if seeds:
+            groups.append(seeds)
+    return sorted(groups, key=lambda g: min(start[s] for s in g))
+
+
+def server_phrase(groups: Sequence[Sequence[int]]) -> str:
+    """``seeds 0–1 on one server, 2–3 on a second, 4 on a third``."""
+    parts = [f"{ranges(g)} on {_ORDINALS[i]}{' server' if i == 0 else ''}" for i, g in enumerate(groups)]
+    return "seeds " + ", ".join(parts)
 
 
 def levels_of(run: pd.Series) -> pd.DataFrame:
@@ -119,6 +144,7 @@ def repeatability_findings(sim: Path, cpu: Path, h100: Path) -> str:
 def h200_repeatability(h200: Path, study: Path) -> str:
     """The H200 bullet: five seeds, the one interval that misses the median, the windows that disagree."""
     r = runs(h200)
+    groups = servers(h200)
     s = capacity_spread(r)
     med = s["median"]
     holds = (r["capacity_rps_low"] <= med) & (med <= r["capacity_rps_high"])
@@ -157,8 +183,9 @@ def h200_repeatability(h200: Path, study: Path) -> str:
     ratio = (walls.median() + start) / ref_wall
     ratio_sd60 = _log_sd([lv["ttft_p99_ms"] for lv in at60]) / max(imp60)
     return bullets([
-        "**H200: the target is " + ("missed" if s["spread"] > 0.03 else "met") + ".** Five seeds on three servers "
-        "(seeds 0–1 on one, 2–3 on a second, 4 on a third; each server one engine start): capacities "
+        "**H200: the target is " + ("missed" if s["spread"] > 0.03 else "met") + f".** {count_word(len(r)).capitalize()} "
+        f"seeds on {count_word(len(groups))} servers ({server_phrase(groups).replace(' server,', ',')}; each server one "
+        "engine start): capacities "
         f"{series([f'{c:.1f}' for c in r['capacity_rps']])} req/s, median {med:.1f}, the farthest ±{s['spread']:.0%} "
         f"from it; {s['holding']} of the {s['runs']} intervals hold the median. " + " ".join(out)
         + f" The windows at the same rate disagree by more than one window's bootstrap allows: at 60 req/s the "
