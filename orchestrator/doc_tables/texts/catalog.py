@@ -30,6 +30,7 @@ TEXTS: tuple[DocBlock, ...] = (
     text("decisions-sim-setup", (DECISIONS,), setups.decisions_setup),
     text("decisions-sim-findings", (DECISIONS,), decisions.decisions_findings),
     text("decisions-sim-coverage", (DECISIONS,), decisions.decisions_coverage),
+    text("starts-setup", (STARTS_H100, STARTS_CPU), setups.starts_setup),
     text("starts-findings", (STARTS_H100, STARTS_CPU), decisions.starts_findings),
     text("start-cache-h100-findings", (START_CACHE_H100, FIDELITY_H100), start_cache.start_cache_findings),
     text("h200-ingress-targets", (INGRESS,), h200_runs.ingress_targets),
