@@ -35,6 +35,8 @@ TEXTS: tuple[DocBlock, ...] = (
     text("start-cache-h100-findings", (START_CACHE_H100, FIDELITY_H100), start_cache.start_cache_findings),
     text("h200-ingress-targets", (INGRESS,), h200_runs.ingress_targets),
     text("h200-ingress-findings", (INGRESS,), h200_runs.ingress_findings),
+    text("repeatability-setup", (SIM, H200, H100), setups.repeatability_setup),
+    text("repeatability-fixed-rate-intro", (SIM, CPU, H100), setups.fixed_rate_intro),
     text("repeatability-findings", (SIM, CPU, H100), repeatability.repeatability_findings),
     text("repeatability-h200-findings", (H200, STUDY), repeatability.h200_repeatability),
     text("repeatability-h100-findings", (H100, STUDY), repeatability.h100_repeatability),
