@@ -96,7 +96,8 @@ def capacity_dataset(study_dir: str | Path) -> str:
     trials = trials_of(study_dir)
     return paragraph(f"Dataset: `results/examples/{Path(study_dir).name}/` (trials, levels, the Optuna journal and "
                      "`study.json`; the per-request tables, 14 MB, are left out; "
-                     f"`orchestrator show results/examples/{Path(study_dir).name}`). Run `{run_id(trials)}`.")
+                     f"`orchestrator show results/examples/{Path(study_dir).name}`). Run `{run_id(trials)}`: one "
+                     f"{gpu_name(trials)}, {versions(trials, 'vllm', 'ray')}.")
 
 
 def capacity_verdict(study_dir: str | Path, reference_dir: str | Path, repeat_dir: str | Path) -> str:
