@@ -21,6 +21,7 @@ SIM, CPU, H200, H100 = (_EX + d for d in ("repeatability-sim", "repeatability-cp
 QUANT, SPEC = _EX + "trained-base-quant-h100", _EX + "trained-base-spec-h100"
 DECISIONS, STARTS_H100, STARTS_CPU = _EX + "decisions-sim", _EX + "starts-h100", _EX + "starts-cpu-vllm"
 START_CACHE_H100, FIDELITY_H100 = _EX + "start-cache-h100", _EX + "fidelity-h100"
+SIM_ERROR = _EX + "sim-error"
 
 TEXTS: tuple[DocBlock, ...] = (
     # README.md
@@ -71,6 +72,9 @@ TEXTS: tuple[DocBlock, ...] = (
     text("sim-refit-steps", (INGRESS,), sim_history.refit_steps),
     text("sim-refit-tradeoff", (INGRESS,), sim_history.refit_tradeoff),
     text("kv-error-band", KV_DATASETS, simulator.kv_error_band),
+    text("sim-error-datasets", (SIM_ERROR,), simulator.sim_error_datasets),
+    text("sim-error-left-out", (SIM_ERROR,), simulator.sim_error_left_out),
+    text("sim-error-interactive", (SIM_ERROR,), simulator.interactive_ranking),
     text("fidelity-h100-findings", (FIDELITY_H100,), start_cache.fidelity_h100_findings),
     text("sim-vs-h200-scored", (INGRESS, REF, STUDY), simulator.scored_points),
     # docs/planning.md

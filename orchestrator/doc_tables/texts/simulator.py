@@ -1,14 +1,23 @@
-"""docs/simulator.md's prose beside its generated tables: the KV-cache predictions' error band and the
-simulator's scores against every warm H200 measurement (replayed with its current constants)."""
+"""docs/simulator.md's prose beside its generated tables: the KV-cache predictions' error band, the
+simulator's scores against every warm H200 measurement (replayed with its current constants), and
+what the out-of-sample benchmark (``results/examples/sim-error``) predicted, left out and could not
+rank."""
 
 from __future__ import annotations
 
+import json
+from itertools import combinations
 from pathlib import Path
 
+import pandas as pd
+
 from orchestrator.apps.measured_replay import error_summary
-from orchestrator.doc_tables.blocks import paragraph, series
+from orchestrator.doc_tables import sim_error
+from orchestrator.doc_tables.blocks import count_word, paragraph, series
 from orchestrator.doc_tables.h200 import simulated_points
 from orchestrator.doc_tables.kv import predictions
+from orchestrator.search.fidelity import error
+from orchestrator.search.fidelity.replay import LEAVE_ONE_OUT
 
 
 def kv_error_band(*paths: Path) -> str:
@@ -42,3 +51,108 @@ def scored_points(ingress: Path, reference: Path, study: Path) -> str:
         within = sum(1 for p in points if p.scored(m) and abs(p.err(m)) <= 0.10)
         parts.append(f"{names[m]} within 10% on {within} of {n} (median |err| {med:.0%}, max {mx:.0%})")
     return paragraph(f"Scored points (the ingress runs and both tables' levels): {'; '.join(parts)}.")
+
+
+INTERACTIVE = "llama3-8b-h200-interactive"
+
+
+def _by_config(frame: pd.DataFrame, scheme: str, dataset: str) -> pd.DataFrame:
+    """A dataset's configurations under ``scheme``: their first objective measured and predicted (medians),
+    as :func:`orchestrator.search.fidelity.error.ranking` compares them."""
+    f = error.scored(frame)
+    f = f[(f["scheme"] == scheme) & (f["dataset"] == dataset) & (f["level"] == -1) & (f["metric"] == f["objective"])]
+    return f.groupby("config").agg(y=("measured", "median"), p=("predicted", "median"), margin=("margin", "max"),
+                                   params=("params_json", "first"))
+
+
+def interactive_ranking(folder: Path) -> str:
+    """The interactive study's configurations: which schemes rank them as measured, and the pair the
+    simulator cannot tell apart."""
+    frame = sim_error.load(folder)
+    rank = error.ranking(frame)
+    mine = rank[rank["dataset"] == INTERACTIVE]
+    wrong = [sim_error.SCHEME_NAMES[r.scheme] for r in mine.itertuples() if r.right < r.pairs]
+    configs = _by_config(frame, LEAVE_ONE_OUT, INTERACTIVE)
+    pairs = [(a, b) for (_, a), (_, b) in combinations(configs.iterrows(), 2)
+             if abs(a.y - b.y) / min(a.y, b.y) > max(a.margin, b.margin) and (a.p - b.p) * (a.y - b.y) <= 0]
+    if not pairs:
+        return paragraph(f"The interactive study's {count_word(len(configs))} configurations are ranked as measured "
+                         "from constants not fitted on it.")
+    a, b = pairs[0]
+    tokens = {json.loads(x.params)["max_num_batched_tokens"] for x in (a, b)}
+    label = f"{tokens.pop():,}-token ones" if len(tokens) == 1 else "two configurations"
+    others = [w for w in wrong if w != sim_error.SCHEME_NAMES[LEAVE_ONE_OUT]]
+    alike = abs(a.p - b.p) / min(a.p, b.p) <= max(a.margin, b.margin)
+    return paragraph(
+        f"The interactive study's {count_word(len(configs))} configurations (the {label} are the pair above) are not "
+        "all ranked as measured from constants not fitted on it"
+        + (", nor with any other scheme" if len(others) == len(sim_error.SCHEME_NAMES) - 1
+           else (f", nor {series(others, 'or')}" if others else ", though every other scheme ranks them so"))
+        + f": the simulator predicts the two {label.replace(' ones', ' configurations')} "
+        + ("alike" if alike else "in the wrong order")
+        + f", where the engine measured them {abs(a.y - b.y) / min(a.y, b.y):.0%} apart.")
+
+
+# What each dataset of the sim-error benchmark is, as the docs name it (a plural noun without "the" when
+# a kind has several datasets: "fidelity run" -> "the two fidelity runs").
+DATASET_NAMES = {
+    "llama3-8b-h200": "the capacity study", "llama3-8b-h200-reference": "its bare `vllm serve` reference",
+    "llama3-8b-h200-fidelity": "fidelity run", "llama3-8b-h200-fidelity-levels": "fidelity run",
+    "llama3-8b-h200-interactive": "the interactive study", "llama3-8b-h200-kv-fp8": "the FP8 KV study",
+    "multiturn-h200-fixed": "the multi-turn study", "repeatability-h200": "the repeated capacity runs",
+    "repeatability-h100": "the repeated runs (capacity, and a fixed rate)",
+    "starts-h100": "the engine starts of vLLM's defaults and of a tuned configuration",
+    "fidelity-h100": "the fidelity study of a new space (below)",
+    "trained-base-quant-h100": "the trained ~103 M-parameter model's quantization study (FP8 weights and KV cache)",
+    "trained-base-spec-h100": "its speculation study's {trials} without speculation",
+}
+
+
+def _named(datasets: list[str], trials: dict[str, int]) -> list[str]:
+    kinds: dict[str, int] = {}
+    for d in datasets:
+        n = trials[d]
+        name = DATASET_NAMES.get(d, f"`{d}`").format(trials=f"{count_word(n)} trial{'s' if n != 1 else ''}")
+        kinds[name] = kinds.get(name, 0) + 1
+    return [name if name.startswith(("the ", "its ", "`")) else f"the {count_word(n)} {name}s"
+            for name, n in kinds.items()]
+
+
+def sim_error_datasets(folder: Path) -> str:
+    """What the out-of-sample benchmark predicts, GPU by GPU, from its rows."""
+    frame = sim_error.load(folder)
+    shipped = frame[frame["scheme"] == frame["scheme"].iloc[0]]
+    trials = shipped.groupby("dataset")["trial_id"].nunique().to_dict()
+    by_gpu = {g: set(s["dataset"]) for g, s in shipped.groupby("gpu")}
+    order = sorted(by_gpu, key=lambda g: (g != "H200", g))  # the GPU the constants were fitted on first
+    # the docs' order of the datasets, then any new one
+    listed = {g: [d for d in DATASET_NAMES if d in by_gpu[g]] + sorted(by_gpu[g] - set(DATASET_NAMES)) for g in order}
+    told = "; ".join(f"on the {g.split('-')[0]}: {series(_named(listed[g], trials))}" for g in order)
+    return paragraph(
+        "How far off is the simulator on a workload, a configuration and a GPU it was not fitted on? Every completed "
+        "real trial of the real-engine datasets in `results/examples` is predicted by the virtual-time simulator with "
+        "the trial's configuration and its study's workload, as the fidelity search scores a configuration "
+        "(`orchestrator/search/fidelity/replay.py`): a capacity trial's capacity (its study's capacity search, run in "
+        "virtual time) and each of its load levels that ran to the end, at the level's rate; a fixed-rate trial's one "
+        f"window. {told[0].upper()}{told[1:]}. Before predicting, the calibration that `search.fidelity: sim` fits "
+        "(step overhead, prefill compute and decode bandwidth efficiency, frontend latency; on the three levels of "
+        "each capacity trial nearest its capacity; one Levenberg-Marquardt iteration from none, where a study's refit "
+        "does two from its last fit: one keeps the benchmark to minutes on two shared cores, `run.json` has its "
+        "seconds) is fitted on other datasets:")
+
+
+def sim_error_left_out(folder: Path) -> str:
+    """What is not scored and what the benchmark left out (its ``run.json``), with why."""
+    left = json.loads((Path(folder) / sim_error.RUN_FILE).read_text())["left_out"]
+    spec = sum(1 for why in left.values() if why.startswith("speculative decoding"))
+    kinds = ["the simulator's own datasets" if any(w.startswith("the simulator's own") for w in left.values()) else "",
+             "the CPU runs" if any("CPU" in w for w in left.values()) else "",
+             "the ingress runs (benchmark files, no study to replay)",
+             f"the {count_word(spec)} trial{'s' if spec != 1 else ''} with speculative decoding, which the simulator "
+             "does not model" if spec else ""]
+    return paragraph(
+        "An error is (predicted - measured) / measured. Not scored: the TTFT of an overloaded or harness-bound level "
+        "(a queue's or the client's, as in the table above), and a capacity that is below or above every level "
+        f"measured (0, or a lower bound). Left out: {series([k for k in kinds if k])}. A level's output throughput "
+        "below the capacity is close to what was sent, in the simulator as on the engine: the capacity is the "
+        "throughput that tests the model.")
