@@ -9,7 +9,8 @@ from __future__ import annotations
 from orchestrator.doc_tables.blocks import DocBlock, text
 from orchestrator.doc_tables.kv import KV_DATASETS
 from orchestrator.doc_tables.texts import (decisions, h200_runs, h200_studies, planning, repeatability, setups,
-                                           sim_history, simulator, start_cache, trained)
+                                           sim_capacity, sim_history, simulator, start_cache,
+                                           trained)
 
 _EX = "results/examples/"
 INGRESS, REF, STUDY = _EX + "h200-ingress", _EX + "llama3-8b-h200-reference", _EX + "llama3-8b-h200"
@@ -76,7 +77,10 @@ TEXTS: tuple[DocBlock, ...] = (
     text("sim-error-left-out", (SIM_ERROR,), simulator.sim_error_left_out),
     text("sim-error-interactive", (SIM_ERROR,), simulator.interactive_ranking),
     text("fidelity-h100-findings", (FIDELITY_H100,), start_cache.fidelity_h100_findings),
+    text("sim-vs-h200-capacity-setup", (REF, STUDY), sim_capacity.capacity_setup),
     text("sim-vs-h200-scored", (INGRESS, REF, STUDY), simulator.scored_points),
+    text("sim-vs-h200-capacity-misses", (REF, STUDY, INGRESS), sim_capacity.capacity_misses),
+    text("sim-vs-h200-capacity-help", (REF, STUDY), sim_capacity.capacity_help),
     # docs/planning.md
     text("planning-interval-sizing", (INTERACTIVE,), planning.interval_sizing),
     # docs/nightly.md
