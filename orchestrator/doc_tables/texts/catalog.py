@@ -72,6 +72,7 @@ TEXTS: tuple[DocBlock, ...] = (
     # docs/simulator.md
     text("sim-refit-steps", (INGRESS,), sim_history.refit_steps),
     text("sim-refit-tradeoff", (INGRESS,), sim_history.refit_tradeoff),
+    text("kv-rows", KV_DATASETS, simulator.kv_rows),
     text("kv-error-band", KV_DATASETS, simulator.kv_error_band),
     text("sim-error-datasets", (SIM_ERROR,), simulator.sim_error_datasets),
     text("sim-error-left-out", (SIM_ERROR,), simulator.sim_error_left_out),

@@ -14,8 +14,9 @@ import pandas as pd
 from orchestrator.apps.measured_replay import error_summary
 from orchestrator.doc_tables import sim_error
 from orchestrator.doc_tables.blocks import count_word, paragraph, series
-from orchestrator.doc_tables.h200 import simulated_points
-from orchestrator.doc_tables.kv import predictions
+from orchestrator.doc_tables.h200 import simulated_points, trials_of
+from orchestrator.doc_tables.kv import KV_TOLERANCE, predictions
+from orchestrator.results.query import study_dirs
 from orchestrator.search.fidelity import error
 from orchestrator.search.fidelity.replay import LEAVE_ONE_OUT
 
@@ -30,6 +31,7 @@ def kv_error_band(*paths: Path) -> str:
     low = min(gpu, key=lambda p: p["err"])
     batches = sorted({int(p["config"].split("batch ")[1].split(",")[0]) for p in high})
     exact = all(p["predicted"] == p["logged"] for p in cpu)
+    multi = sum(p["trials"] for p in rows if not p["config"].startswith("TP 1,"))
     return paragraph(
         f"All {' and '.join(devices)} predictions are within {bound:.1%} ({min(p['err'] for p in gpu):+.2%} to "
         f"{max(p['err'] for p in gpu):+.2%}); the three largest over-predictions are at "
@@ -37,8 +39,10 @@ def kv_error_band(*paths: Path) -> str:
         f"vLLM's at small budgets) and the largest under-prediction, {low['err']:+.2%}, is at {low['config']}.",
         ("The CPU sizes are exact" if exact else "The CPU sizes are not exact")
         + " (and so are those in `tests/data/cpu_kv_reference.json`, "
-        "`tests/search/test_feasibility_cpu_calibration.py`). No multi-GPU (TP > 1) start has been logged yet: their "
-        "NCCL buffers are a fixed estimate (256 MiB).")
+        "`tests/search/test_feasibility_cpu_calibration.py`). "
+        + ("No multi-GPU (TP > 1) start has been logged yet: their" if not multi else
+           f"{multi} multi-GPU (TP > 1) start{'s are' if multi != 1 else ' is'} logged; their")
+        + " NCCL buffers are a fixed estimate (256 MiB).")
 
 
 def scored_points(ingress: Path, reference: Path, study: Path) -> str:
@@ -156,3 +160,21 @@ def sim_error_left_out(folder: Path) -> str:
         f"measured (0, or a lower bound). Left out: {series([k for k in kinds if k])}. A level's output throughput "
         "below the capacity is close to what was sent, in the simulator as on the engine: the capacity is the "
         "throughput that tests the model.")
+
+
+def kv_rows(*paths: Path) -> str:
+    """What the KV table's rows are: the vLLM of the GPU rows, and what each column holds."""
+    gpu_rows = [trials_of(d) for p in paths for d in study_dirs(Path(p))]
+    gpu_rows = [t[t["gpu"] != "CPU"] for t in gpu_rows]
+    rows = pd.concat([t[t["kv_cache_tokens"].notna()] for t in gpu_rows if len(t)], ignore_index=True)
+    vllm = sorted({json.loads(v).get("vllm") for v in rows["versions_json"].dropna()} - {None})
+    gpus = sorted(set(rows["gpu"]))
+    return paragraph(
+        "vLLM logs `GPU KV cache size: N tokens` at start; the `vllm` engine keeps N in each row (`kv_cache_tokens`). "
+        "Every logged size in the example datasets, predicted again from the row's study and parameters through the "
+        "pre-flight (on GPUs the simulator's `start_plan`; on CPUs vLLM-CPU's fixed KV space), must be within "
+        f"{KV_TOLERANCE:.0%} (`tests/hardware/test_kv_prediction.py`; the pre-flight's margin, docs/search.md, is 3% "
+        f"of the requested memory on top). The {series(gpus)} rows are vLLM {series(vllm, 'or')} with `--load-format "
+        "dummy`, Llama-3.1-8B, block 16; `configuration` is TP, `max_num_seqs`, `max_num_batched_tokens`, "
+        "`gpu_memory_utilization`, `max_model_len`, KV dtype (`eager`: `enforce_eager`, no CUDA graphs). Regenerate "
+        "with `python -m orchestrator.doc_tables.registry --write kv-predicted-vs-logged`.")
