@@ -11,6 +11,7 @@ next prediction must be closer. A real study: local Ray, Tune, Optuna, Parquet.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -109,8 +110,6 @@ def _predictions_were_printed_before_each_trial_and_show_counts_them(study, rows
     """Each real trial's prediction and its stated error (the simulator's measured error on the GPU, one
     log sd either way) were printed before the trial ran, and after it against the measurement;
     ``show``'s share of trials within their stated error is the rows' own."""
-    import math
-
     from orchestrator.results.definition import write_study_definition
     from orchestrator.search.fidelity.margin import screening_rule
     from support.cli import orchestrator
@@ -168,15 +167,21 @@ def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, unit_ra
     cal = json.loads(preds[preds["measured"]]["calibration_json"].iloc[-1])
     seen = levels.reindex(columns=["trial_id", "rate", "ttft_p50_ms", "tpot_p50_ms", "harness_bound",
                                    "stopped_early", "slo_met"]).to_dict("records")
-    import os as _os  # TEMP-FLAKY
-    if _os.environ.get("FLAKY_LOG"):  # TEMP-FLAKY
-        _cap = [c for c in rows.columns if "capacity" in c or "stop" in c]  # TEMP-FLAKY
-        with open(_os.environ["FLAKY_LOG"], "a") as _f:  # TEMP-FLAKY
-            _f.write(json.dumps({"cal": cal, "ratio": cal["step_overhead"] / cal["bandwidth_efficiency"],  # TEMP-FLAKY
-                                 "rows": rows[_cap + ["trial_id", "params_json"]].to_dict("records"),  # TEMP-FLAKY
-                                 "levels": seen, "lines": [ln for ln in out.splitlines() if "capacity" in ln or "fidelity" in ln or "decided" in ln]},  # TEMP-FLAKY
-                                default=str) + "\n")  # TEMP-FLAKY
-    assert cal["step_overhead"] / cal["bandwidth_efficiency"] > 1.15, (cal, seen, out)  # decode slowed, as hidden
+    # Decode slowed, as hidden. The levels' decode steps stream the weights: ~2.5 ms x step_overhead + ~5.3 ms /
+    # bandwidth_efficiency. Their TPOT pins that sum (1.48x the shipped step under the hidden multipliers; the
+    # endpoint's TPOT is the hidden simulator's within 4%), not the split: the served endpoint has no modelled
+    # frontend latency (its TTFT is 0.4x the hidden virtual one) and the fit absorbs that partly through
+    # step_overhead, which scales it. step_overhead / bandwidth_efficiency came out anywhere in 1.1-2.6 on
+    # alike levels; the step itself 1.5-1.8x (the top on a loaded machine, whose TPOT is longer). Bound: half
+    # the hidden slowdown in log, so the shipped simulator (1.0x) or a fit the wrong way fails.
+    slowed, hidden = (_decode_slowdown(study, json.loads(rows["params_json"].iloc[0]), c) for c in (cal, HIDDEN))
+    assert slowed > hidden ** 0.5, (slowed, hidden, cal, seen, out)
+    # The fit's printed RMS log error is the calibrated simulator's against each level at that level's own rate
+    # (printed to 3 decimals). A fit of every level at one rate (the start rate, or the capacity the simulator
+    # predicts) prints an error of its own, 0.02-0.4 off this one: a level's throughput is off by its rate's
+    # distance from that one. (The calibration it gives still slows decode, which the throughput pins.)
+    printed = float(re.findall(r"fidelity sim: \d+ real trial\(s\); calibration .*RMS log error ([\d.]+)", out)[-1])
+    assert abs(printed - _own_rate_rms(study, rows, levels, cal)) < 6e-4, (printed, cal, seen)
 
     first = rows.sort_values("trial_number").iloc[0]
     fitted = fit_levels(study, levels[levels["trial_id"] == first["trial_id"]].to_dict("records"))
@@ -190,6 +195,35 @@ def test_a_capacity_study_fits_each_load_level_at_its_own_rate(endpoint, unit_ra
     # The endpoint runs in real time on this machine's CPUs: its TPOT near the knee carries some of
     # their load (one run under a second study: 6-12% off the calibrated simulator, 37% off the plain one).
     assert err(plain) > 0.2 and err(calibrated) < err(plain) / 2, (real, plain, calibrated)
+
+
+def _own_rate_rms(study, rows, levels, calibration) -> float:
+    """RMS log error of the simulator under ``calibration`` against every fitted level of ``rows``, each
+    simulated at its own rate (a metric the simulator leaves out counts as no error, as in the fit)."""
+    from orchestrator.search.fidelity.search import fidelity_metrics, fit_levels, score_in_simulator
+
+    errors = []
+    for _, row in rows.iterrows():
+        fitted = fit_levels(study, levels[levels["trial_id"] == row["trial_id"]].to_dict("records"))
+        scores = score_in_simulator(study, [json.loads(row["params_json"])] * len(fitted), calibration,
+                                    [lv["rate"] for lv in fitted])
+        errors += [math.log(lv[m] / p[m]) if p.get(m) else 0.0
+                   for lv, (_, p) in zip(fitted, scores) for m in fidelity_metrics(study) if m in lv]
+    return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+
+def _decode_slowdown(study, params, calibration) -> float:
+    """A decode step of the levels' batch under ``calibration``, over the shipped simulator's: 8 sequences
+    (the endpoint runs ~5-15 at the levels' rates; the ratio is flat there) at the workload's mid context."""
+    from orchestrator.hardware.gpus import get_gpu
+    from orchestrator.sim.cost import StepCostModel
+    from orchestrator.study.spec import SimCalibration
+
+    args = study.with_device_defaults(study.engine_args(params))
+    context = study.workload.input_len.value + study.workload.output_len.value // 2
+    step = [StepCostModel(study.model_shape, get_gpu(study.hardware.gpu), args, c).decode_step_time(8, context)
+            for c in (SimCalibration(**calibration), None)]
+    return step[0] / step[1]
 
 
 @pytest.mark.parametrize("change, message", [
