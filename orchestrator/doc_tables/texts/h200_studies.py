@@ -17,6 +17,7 @@ from orchestrator.doc_tables.blocks import bullets, count_word, paragraph, serie
 from orchestrator.doc_tables.h200 import (best_trial, calibration_events, initial_point, journal_trials, param, ran,
                                           short_id, trials_of)
 from orchestrator.doc_tables.texts.common import calls, gpu_name, run_id, versions
+from orchestrator.measure.engine_noise import GPU_WINDOW_NOISE
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.levels import load_levels
 from orchestrator.results.query import load_requests
@@ -288,7 +289,8 @@ def fidelity_findings(study_dir: str | Path, plain_dir: str | Path) -> str:
         f"{'bf16' if top['kv_cache_dtype'] == 'auto' else top['kv_cache_dtype']} KV"
         f"{' and chunked prefill' if top['enable_chunked_prefill'] else ''}), where the simulator predicted "
         f"{top['predicted_capacity_rps']:.1f}. {top['capacity_rps']:.1f} against {plain_best:.1f} is within this "
-        "study's measurement resolution (capacity levels 5% apart, TTFT p99 run-to-run noise 15–25% near the knee), "
+        "study's measurement resolution (capacity levels 5% apart, TTFT p99's noise between windows at one rate on "
+        f"a GPU a log sd of {GPU_WINDOW_NOISE.sd_of('ttft_p99_ms'):.2f}: \"Window noise\" above), "
         "so the two studies tie at the top; it is not evidence that eager mode is faster. At "
         f"{at_cap['rate']:g} req/s it held the SLOs with "
         + (f"all {at_cap['num_requests']:.0f} requests completed" if at_cap["completed"] == at_cap["num_requests"]
