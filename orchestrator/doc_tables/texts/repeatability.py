@@ -133,7 +133,9 @@ def repeatability_findings(sim: Path, cpu: Path, h100: Path) -> str:
         + ". A capacity decided from one window per level inherits that.",
         "**The capacity search now says how sure it is, and holds to it.** On the served simulator and on CPU vLLM "
         + ("every run's" if all(s["every_interval_holds"] for s in served.values()) else "not every run's")
-        + " 90% interval held the median of all five ("
+        + " 90% interval held the median of all "
+        + (count_word(counts.pop()) if len(counts := {s["runs"] for s in served.values()}) == 1 else "its runs")
+        + " ("
         + ", ".join(f"{s['holding']} of {s['runs']}" for s in served.values()) + "), the estimates within "
         + " and ".join(f"±{s['spread']:.1%}" for s in served.values()) + " of the median, intervals "
         + " and ".join(f"{s['width']:.0%}" for s in served.values()) + f" wide. {target}"
