@@ -295,7 +295,8 @@ def window_noise_findings(h200: Path, h100: Path, cpu: Path, sim: Path) -> str:
         f"standard deviation from {n200['ttft_p99_ms']['groups']} degrees of freedom is known to about "
         f"+-{1 / math.sqrt(2 * n200['ttft_p99_ms']['groups']):.0%}).",
         f"**On CPU vLLM {'only ' + series([named.get(m, m) for m in cpu_moved]) if cpu_moved else 'nothing'} moved** "
-        f"beyond its intervals ({series([f'{v:.2f}' for v in cpu_moved.values()])}, from one group of five runs, each "
+        f"beyond its intervals ({series([f'{v:.2f}' for v in cpu_moved.values()])}, from one group of "
+        f"{count_word(len(fixed_rate_windows(cpu, source='')))} runs, each "
         "its own engine start); **the served simulator shows "
         + ("none**" if not sim_moved else f"{series(list(sim_moved))}**")
         + " (its intervals are wider than its spread, as the coverage table above says).",
@@ -312,12 +313,14 @@ def window_noise_findings(h200: Path, h100: Path, cpu: Path, sim: Path) -> str:
 
 def nightly_spread(h200: Path, h100: Path) -> str:
     """docs/nightly.md's sentence on how far one configuration's capacity moves between runs on a GPU."""
-    said, widest = [], 0.0
+    said, widest, counts = [], 0.0, set()
     for name, folder in (("H200", h200), ("H100", h100)):
         s = capacity_spread(runs(folder))
+        counts.add(s["runs"])
         widest = max(widest, s["spread"])
         said.append(f"{s['min']:.1f}–{s['max']:.1f} req/s on an {name} (±{s['spread']:.0%} from its median)")
-    return paragraph(f"One configuration's capacity spread {series(said)} across five runs each "
+    each = f"{count_word(counts.pop())} runs each" if len(counts) == 1 else "its runs"
+    return paragraph(f"One configuration's capacity spread {series(said)} across {each} "
                      "([benchmarks.md](benchmarks.md#repeatability-one-configuration-measured-again-and-again)): a "
                      + ("fixed 10% threshold flags noise, and misses nothing the intervals would not catch."
                         if widest > 0.10 else "fixed 10% threshold sits just outside that noise."))

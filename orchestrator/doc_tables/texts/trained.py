@@ -132,7 +132,7 @@ def quantization_findings(quant: Path) -> str:
                    f"{which(t)} {_diverged(reference, answers[t['trial_id']])} (") +
                   f"{cols[t['trial_id']]['token_agreement']:.3f})" for i, (_, t) in enumerate(fp8.iterrows())])
         + ". The guardrail `token_agreement >= 0.9` "
-        + ("makes all three infeasible; the Pareto front is the baseline alone." if infeasible else
+        + (f"makes all {count_word(len(fp8))} infeasible; the Pareto front is the baseline alone." if infeasible else
            "leaves some of them feasible."),
         "**Every one of those flips is a near-tie.** At each answer's first divergence, the baseline's chosen token "
         f"had a logprob between {min(flips):.2f} and {max(flips):.2f} (probability {math.exp(min(flips)):.2f} to "
@@ -147,7 +147,7 @@ def quantization_findings(quant: Path) -> str:
         f"{len(reference)} answers, and leaves the model as good at its language to within "
         f"{max(abs(x) for x in rel.values()):.2%}. A guardrail on `token_agreement` asks \"the same answers\" "
         "(regression tests, caches of answers); one on `perplexity_delta` (say `<= 0.01 *` the baseline's perplexity) "
-        "asks \"the same quality\" and would accept all three here.",
+        f"asks \"the same quality\" and would accept all {count_word(len(fp8))} here.",
         f"**No speed-up to buy with it.** Every fp8 interval {'overlaps' if overlap else 'does not overlap'} the "
         f"baseline's ({'ties' if overlap else 'not ties'}). The baseline and each fp8 alone served {span(alone)} req/s "
         f"when offered {offered:g} (both fp8 together: {at_max[both['trial_id']]:.1f}), and fp8 KV "
@@ -174,7 +174,8 @@ def speculation_intro(spec: Path) -> str:
     off, ngram, draft_row = _spec_rows(spec)
     return paragraph(
         "A workload whose prompts copy earlier 16-token spans of themselves (`workload.repetition`: half of them), "
-        f"`max_num_seqs` {off['max_num_seqs']:.0f}, three trials: no speculation (the probe's baseline), "
+        f"`max_num_seqs` {off['max_num_seqs']:.0f}, {count_word(len(trials_of(spec)))} trials: no speculation (the "
+        "probe's baseline), "
         f"{ngram['num_speculative_tokens']:.0f} tokens proposed by prompt lookup (n-gram, "
         f"{ngram['prompt_lookup_min']:.0f}..{ngram['prompt_lookup_max']:.0f}), and "
         f"{draft_row['num_speculative_tokens']:.0f} proposed by a draft model (the `{draft['recipe']['name']}` trained "
