@@ -130,7 +130,10 @@ def test_an_unknown_table_or_an_unclosed_marker_fails():
 # ---------------------------------------------------------------- a planted prose figure fails
 # The issue's own examples: a capacity in the interactive study's verdict, and the GPU the README names.
 PROSE = [("docs/benchmarks.md", "h200-interactive-verdict", "16.7 [13.5, 19.2]", "26.7 [13.5, 49.2]"),
-         ("README.md", "readme-engines", "on an H200", "on an H100")]
+         ("README.md", "readme-engines", "on an H200", "on an H100"),
+         # a setup paragraph's count, and a measured figure of the calibration history
+         ("docs/benchmarks.md", "decisions-sim-setup", "20 seeds", "30 seeds"),
+         ("docs/simulator.md", "sim-refit-steps", "median ITL is 7.7–7.9 ms", "median ITL is 7.1–7.9 ms")]
 
 
 @pytest.fixture
