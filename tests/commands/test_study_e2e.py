@@ -52,12 +52,16 @@ def test_quickstart_cli(tmp_path, repo):
     expected = study.workload.num_requests + completed.set_index("trial_id")["warmup_requests_used"]
     assert requests.groupby("trial_id").size().reindex(expected.index).eq(expected).all()
 
-    # The printed front: the point values' front, and the rows only the noise keeps off it, marked.
+    # The printed front: the rows no other row beats by a decided comparison. Those on the point values'
+    # front are printed plainly; a row only an undecided comparison keeps on it is marked; a row of the
+    # point values' front that another beats on one objective and matches within the equivalence margin
+    # on the others is left off (a decision, not a tie).
     front = pareto_front(load_trials(out / "quickstart"), study.objectives, study.constraints)
     printed = dict(re.findall(r"^(r\d{8}-\d{6}-[a-z]{4}-\d{4}) (.*)$", r.stdout, flags=re.M))
     # The words the front prints for a row only the noise keeps on it (the progress line's, written once).
     within_noise = {t for t, line in printed.items() if front_note(False, 0, 0) in line}
-    assert sorted(set(printed) - within_noise) == sorted(front["trial_id"]), r.stdout[-2000:]
+    assert set(printed) - within_noise <= set(front["trial_id"]), r.stdout[-2000:]
     noisy = front_with_ties(load_trials(out / "quickstart"), study.objectives, study.constraints)
+    assert set(printed) == set(noisy["trial_id"]), r.stdout[-2000:]
     assert within_noise == set(noisy.loc[~noisy["strict_front"], "trial_id"]), r.stdout[-2000:]
     assert len(front) >= 1

@@ -44,8 +44,10 @@ def test_small_study_through_serve_http(tmp_path):
     run = run_study(study, quiet=True, serve_port=port)
     leftover = [a for a in serve.status().applications if a.startswith("tune-")]
     assert leftover == [], f"Serve apps left behind: {leftover}"
+    # This run's writer and ledger (named by its study and run: the unit's Ray may hold other tests' runs).
+    suffix = f"-{study.name}-{run.run_id.replace('-', '')[-10:]}"
     actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
-              if a["name"].startswith(("gpu-ledger", "results-sink"))]
+              if a["name"].startswith(("gpu-ledger", "results-sink")) and a["name"].endswith(suffix)]
     assert actors == []
 
     trials = load_trials(run.study_dir)
