@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -85,14 +84,12 @@ def study_doc(name: str, output: Path, points: list[dict[str, Any]], a: argparse
     }
 
 
-def run_arm(docs: list[dict[str, Any]]):
-    """Run each study document; the trials rows of all of them, in the order they ran."""
-    from orchestrator.results import load_trials
+def run_arm(docs: list[dict[str, Any]]) -> None:
+    """Run each study document, one after another."""
     from orchestrator.results.definition import write_study_definition
     from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
 
-    frames = []
     for doc in docs:
         study = parse_study(doc)
         write_study_definition(study)  # study.json beside the data: `orchestrator show` reads it
@@ -100,16 +97,6 @@ def run_arm(docs: list[dict[str, Any]]):
         run = run_study(study, quiet=True, resume=False, serve_port=SERVE_PORT)
         load = " / ".join(f"{x:.1f}" for x in os.getloadavg())  # the machine may be shared: how busy it was
         print(f"  {study.name}: {time.monotonic() - t0:.0f} s ({run.study_dir}); load average now {load}", flush=True)
-        frames.append(load_trials(run.study_dir))
-    return pd.concat(frames, ignore_index=True).sort_values("started_at", ignore_index=True)
-
-
-def load_arm(folder: Path) -> pd.DataFrame:
-    """The trials rows of every study in an arm's folder, in the order they ran."""
-    from orchestrator.results import load_trials
-
-    frames = [load_trials(d) for d in sorted(folder.iterdir()) if (d / "trials").is_dir()]
-    return pd.concat(frames, ignore_index=True).sort_values("started_at", ignore_index=True)
 
 
 def main(argv=None) -> int:
@@ -136,7 +123,7 @@ def main(argv=None) -> int:
     import ray
 
     from orchestrator.cluster.connect import start_serve
-    from orchestrator.doc_tables.start_phases import start_cache_measured_table, start_cache_table
+    from orchestrator.doc_tables.start_phases import arm_trials, start_cache_measured_table, start_cache_table
     from orchestrator.models.modelgen import make_model_dir
 
     model_dir = a.model_source or make_model_dir("tiny-llama", out / "tiny-llama", weights="random")
@@ -165,7 +152,7 @@ def main(argv=None) -> int:
     print(start_cache_table(out))
     print("\n" + start_cache_measured_table(out))
     if (out / "shared").is_dir() and (out / "cold").is_dir():
-        shared, cold = load_arm(out / "shared"), load_arm(out / "cold")
+        shared, cold = arm_trials(out / "shared"), arm_trials(out / "cold")
         cold_s = dict(zip(cold["params_json"], cold["startup_s"]))
         pairs = [(k + 1, s, cold_s[pj]) for k, (pj, s) in enumerate(zip(shared["params_json"], shared["startup_s"]))
                  if pj in cold_s]

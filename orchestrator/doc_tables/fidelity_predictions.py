@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from orchestrator.failures import TrialStatus
-from orchestrator.results.predictions import describe_range, prediction_checks, prediction_share
+from orchestrator.results.predictions import (describe_by_metric, describe_range, prediction_checks,
+                                              prediction_share)
 from orchestrator.results.query import load_trials
 
 _SHOWN = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "kv_cache_dtype", "enforce_eager")
@@ -28,6 +29,5 @@ def predictions_table(folder: Path) -> str:
                          f"{c.measured:.3g} | {c.error:+.0%} | {'yes' if c.within else 'no'} |")
     share = prediction_share(trials)
     if share is not None:
-        per_metric = ", ".join(f"{m} {w} of {n}" for m, (w, n) in share.by_metric.items())
-        lines.append(f"| all | | | | | | {share.within} of {share.trials} trials ({per_metric}) |")
+        lines.append(f"| all | | | | | | {share.within} of {share.trials} trials ({describe_by_metric(share)}) |")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import gzip
 import json
 import re
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -64,7 +65,7 @@ def _held_s(r) -> float:
     return (float(r["wall_time_s"]) - queue) * (1.0 if pd.isna(r["gpus"]) else float(r["gpus"]))
 
 
-def _arm(folder: Path) -> pd.DataFrame:
+def arm_trials(folder: Path) -> pd.DataFrame:
     """An arm's trials rows in the order they ran (none when the arm has not run yet)."""
     frames = [load_trials(d) for d in sorted(folder.iterdir()) if (d / "trials").is_dir()] if folder.is_dir() else []
     if not frames:
@@ -83,7 +84,7 @@ def start_cache_table(folder: Path) -> str:
     shared study's later trials against its first; each arm's total over the configurations both
     ran, and shared against cold. A cold trial is numbered by its configuration's trial in the shared
     study (the cold arm may run a subset of them)."""
-    shared, cold = _arm(folder / "shared"), _arm(folder / "cold")
+    shared, cold = arm_trials(folder / "shared"), arm_trials(folder / "cold")
     order = {pj: k + 1 for k, pj in enumerate(shared["params_json"])}
     both = set(order) & set(cold["params_json"])
     lines = ["| caches | trial | configuration | import s | weights s | torch.compile s | CUDA graphs s | profile, "
@@ -120,21 +121,44 @@ def start_cache_table(folder: Path) -> str:
 _MEASURED = ("ttft_p50_ms", "tpot_p50_ms", "e2el_p50_ms", "ttft_p99_ms")
 
 
-def start_cache_measured_table(folder: Path) -> str:
-    """What each configuration measured with the study's caches and with empty ones, each with its
-    interval: a cache that changed the engine would move a number beyond the other arm's interval."""
-    shared, cold = _arm(folder / "shared"), _arm(folder / "cold")
+@dataclass(frozen=True)
+class MeasuredPair:
+    """One metric of one configuration measured in both arms: (estimate, low, high) each."""
+
+    trial: int  # the configuration's trial in the shared study
+    metric: str
+    shared: tuple[float, float, float]
+    cold: tuple[float, float, float]
+
+    @property
+    def inside(self) -> bool:
+        """Each estimate inside the other arm's interval."""
+        (a, a_lo, a_hi), (b, b_lo, b_hi) = self.shared, self.cold
+        return a_lo <= b <= a_hi and b_lo <= a <= b_hi
+
+
+def measured_pairs(folder: Path) -> list[MeasuredPair]:
+    """Every configuration the cold arm ran, each metric with its interval in both arms."""
+    shared, cold = arm_trials(folder / "shared"), arm_trials(folder / "cold")
     order = {pj: k + 1 for k, pj in enumerate(shared["params_json"])}
-    lines = ["| trial | metric | shared caches | cold caches | each estimate inside the other's interval |",
-             "| ---: | --- | --- | --- | --- |"]
-    for _, c in cold.iterrows():
+    out = []
+    for c in cold.to_dict("records"):
         if c["params_json"] not in order:
             continue
         r = shared[shared["params_json"] == c["params_json"]].iloc[0]
         for m in _MEASURED:
-            a, b = (float(r[m]), float(r[f"{m}_low"]), float(r[f"{m}_high"])), (
-                float(c[m]), float(c[f"{m}_low"]), float(c[f"{m}_high"]))
-            held = a[1] <= b[0] <= a[2] and b[1] <= a[0] <= b[2]
-            lines.append(f"| {order[c['params_json']]} | {m} | {a[0]:.1f} [{a[1]:.1f}, {a[2]:.1f}] | "
-                         f"{b[0]:.1f} [{b[1]:.1f}, {b[2]:.1f}] | {'yes' if held else 'no'} |")
+            out.append(MeasuredPair(order[c["params_json"]], m, *(
+                (float(x[m]), float(x[f"{m}_low"]), float(x[f"{m}_high"])) for x in (r, c))))
+    return out
+
+
+def start_cache_measured_table(folder: Path) -> str:
+    """What each configuration measured with the study's caches and with empty ones, each with its
+    interval: a cache that changed the engine would move a number beyond the other arm's interval."""
+    lines = ["| trial | metric | shared caches | cold caches | each estimate inside the other's interval |",
+             "| ---: | --- | --- | --- | --- |"]
+    for p in measured_pairs(folder):
+        (a, a_lo, a_hi), (b, b_lo, b_hi) = p.shared, p.cold
+        lines.append(f"| {p.trial} | {p.metric} | {a:.1f} [{a_lo:.1f}, {a_hi:.1f}] | "
+                     f"{b:.1f} [{b_lo:.1f}, {b_hi:.1f}] | {'yes' if p.inside else 'no'} |")
     return "\n".join(lines)

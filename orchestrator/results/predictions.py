@@ -102,5 +102,9 @@ def describe_check(c: PredictionCheck) -> str:
 
 def describe_share(share: PredictionShare) -> str:
     """``predictions within their stated error: 7 of 9 trials (capacity_rps 8 of 9, ttft_p99_ms 7 of 9)``."""
-    metrics = ", ".join(f"{m} {w} of {n}" for m, (w, n) in share.by_metric.items())
-    return f"predictions within their stated error: {share.within} of {share.trials} trials ({metrics})"
+    return f"predictions within their stated error: {share.within} of {share.trials} trials ({describe_by_metric(share)})"
+
+
+def describe_by_metric(share: PredictionShare) -> str:
+    """``capacity_rps 8 of 9, ttft_p99_ms 7 of 9``."""
+    return ", ".join(f"{m} {w} of {n}" for m, (w, n) in share.by_metric.items())

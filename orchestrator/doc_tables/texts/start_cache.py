@@ -11,17 +11,13 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.doc_tables.blocks import bullets, span
-from orchestrator.doc_tables.start_phases import _MEASURED, _arm
+from orchestrator.doc_tables.start_phases import arm_trials, measured_pairs
 from orchestrator.results.predictions import prediction_share
 from orchestrator.results.query import load_trials
 
 
-def _inside(a: tuple[float, float, float], b: tuple[float, float, float]) -> bool:
-    return a[1] <= b[0] <= a[2] and b[1] <= a[0] <= b[2]
-
-
 def start_cache_findings(folder: Path, study: Path) -> str:
-    shared, cold = _arm(Path(folder) / "shared"), _arm(Path(folder) / "cold")
+    shared, cold = arm_trials(Path(folder) / "shared"), arm_trials(Path(folder) / "cold")
     starts = [r for arm in (shared, cold) for r in arm.to_dict("records")]
     cached = [r for r in starts if r["start_compile_cached"] is True]
     compiled = [r for r in starts if r["start_compile_cached"] is False]
@@ -30,17 +26,10 @@ def start_cache_findings(folder: Path, study: Path) -> str:
     med = float(statistics.median(later))
     ratio = med / first
     goal = "within" if ratio <= 0.45 else ("just over" if ratio <= 0.5 else "over")
-    pairs = checked = 0
-    for c in cold.to_dict("records"):
-        s = shared[shared["params_json"] == c["params_json"]]
-        if s.empty:
-            continue
-        r = s.iloc[0]
-        for m in _MEASURED:
-            checked += 1
-            pairs += _inside((r[m], r[f"{m}_low"], r[f"{m}_high"]), (c[m], c[f"{m}_low"], c[f"{m}_high"]))
+    pairs = measured_pairs(Path(folder))
+    outside = sum(not p.inside for p in pairs)
     moved = ("No measured number moved: every estimate lies inside the other arm's interval."
-             if pairs == checked else f"{checked - pairs} of {checked} estimates lie outside the other arm's interval.")
+             if not outside else f"{outside} of {len(pairs)} estimates lie outside the other arm's interval.")
     real = load_trials(Path(study))
     real_compiled = real[real["start_compile_cached"] == False]  # noqa: E712 - a column of booleans
     return bullets([
