@@ -188,7 +188,11 @@ def test_generated_prose_never_opens_a_line_with_a_block_marker():
 
 # ---------------------------------------------------------------- tables from the code and the shipped files
 # A cell each of the tables generated from a code catalog, the shipped traces and the cold H200 runs.
-CELLS = [("docs/simulator.md", "sim-constants", "| `GEMM_HALF_ROWS` | 12 | 56 |", "| `GEMM_HALF_ROWS` | 12 | 65 |"),
+CELLS = [("docs/metrics.md", "gpu-prices", "| 7.90 |", "| 6.90 |"),
+         ("docs/planning.md", "planning-fleet-example", "ceil(600 / 110) = 6 replicas, 12 GPUs",
+          "ceil(600 / 110) = 5 replicas, 10 GPUs"),
+         ("docs/workloads.md", "shipped-traces", "| `rag` | 120 |", "| `rag` | 121 |"),
+         ("docs/simulator.md", "sim-constants", "| `GEMM_HALF_ROWS` | 12 | 56 |", "| `GEMM_HALF_ROWS` | 12 | 65 |"),
          ("docs/simulator.md", "sim-cold-runs", "/ 6,482 |", "/ 6,842 |"),
          ("docs/simulator.md", "sim-cold-memory", "| 14.96 GiB |", "| 15.96 GiB |")]
 
