@@ -2,7 +2,7 @@
 
 The points are those of ``benchmarks/sim_vs_h200.py all`` (the ingress runs, the bare
 ``vllm serve`` capacity reference and the capacity study; aborted levels out, the TTFT of
-overloaded ones out) plus the six cold runs of ``tests/sim/sim_reference.py`` at a lower
+overloaded ones out) plus the six cold runs of ``results/examples/h200-cold-runs`` at a lower
 weight, so the earlier calibration points stay in view. The loss is the weighted sum of
 squared log errors of request throughput, TTFT p50 and TPOT p50 (cold runs: output tok/s,
 TPOT p50, TTFT p50 where a queue does not dominate it). Constants are searched in log space

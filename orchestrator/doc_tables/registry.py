@@ -119,6 +119,35 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
     *TEXTS,
 )}
 
+# --- the cold H200 runs, the simulator's constants, the shipped traces, prices and the fleet example
+# A block whose source is the code itself (a catalog of constants, the sizing rule) names the module
+# in its marker, relative to the repository root, where a dataset's block names the dataset.
+from orchestrator.apps import plan as _plan  # noqa: E402
+from orchestrator.doc_tables import catalogs  # noqa: E402
+from orchestrator.doc_tables import cold_runs as cold_run_tables  # noqa: E402
+from orchestrator.hardware import pricing as _pricing  # noqa: E402
+from orchestrator.sim import cost as _cost  # noqa: E402
+
+
+def _module(module) -> str:
+    return Path(module.__file__).resolve().relative_to(ROOT).as_posix()
+
+
+_COLD = _EX + "h200-cold-runs"
+TABLES.update({t.name: t for t in (
+    # docs/simulator.md: calibration against the cold runs, and the constants fit by fit
+    text_block("sim-cold-runs-setup", (_COLD,), cold_run_tables.calibration_setup),
+    DocTable("sim-cold-runs", (_COLD,), cold_run_tables.cold_runs_table),
+    DocTable("sim-cold-memory", (_COLD,), cold_run_tables.memory_table),
+    text_block("sim-cold-runs-findings", (_COLD, _EX + "h200-ingress"), cold_run_tables.cold_findings),
+    DocTable("sim-constants", (_module(_cost),), lambda _source: sim_history.constants_table(_cost)),
+    # docs/workloads.md, docs/metrics.md, docs/planning.md
+    DocTable("shipped-traces", ("search_spaces/traces",), catalogs.traces_table),
+    DocTable("gpu-prices", (_module(_pricing),), catalogs.price_table),
+    text_block("planning-fleet-example-setup", (_module(_plan),), catalogs.fleet_example_setup),
+    DocTable("planning-fleet-example", (_module(_plan),), catalogs.fleet_example_table),
+)})
+
 
 def render(name: str, root: Path = ROOT) -> str:
     """The markdown of block ``name``, built from its datasets under ``root``."""

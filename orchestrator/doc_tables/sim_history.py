@@ -6,11 +6,15 @@ cold fit), so what they gave on these runs is recorded in :data:`EARLIER`: ``ben
 ingress`` at the commit that held each fit, with the per-token fields of its records summarised as
 :func:`orchestrator.apps.measured_replay.summary` does. The simulator is deterministic, so these
 are the numbers it gave, not a draw. Everything measured, and every error, comes from the dataset.
+
+:func:`constants_table` sets each earlier fit's constants (:data:`EARLIER_CONSTANTS`, read from those
+commits) beside the ones ``sim/cost.py`` holds now.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from orchestrator.apps.measured_replay import TABLE_HEADER, Point, ingress_points, table_row
 
@@ -60,3 +64,88 @@ def cold_fit_table(folder: str | Path) -> str:
 
 def warm_refit_table(folder: str | Path) -> str:
     return earlier_table(folder, "warm re-fit")
+
+
+# ---------------------------------------------------------------- the constants, fit by fit
+# sim/cost.py's constants at each earlier fit (the commits above). None: not in that model (an fp8 KV
+# cache was read at HBM_EFFICIENCY; no per-token frontend time).
+EARLIER_CONSTANTS: dict[str, dict[str, Optional[float]]] = {
+    "cold fit": {"GEMM_EFFICIENCY": 0.62, "GEMM_HALF_ROWS": 12, "STEP_OVERHEAD_S": 1.45e-3,
+                 "FRONTEND_LATENCY_S": 0.031, "FRONTEND_TOKEN_S": None, "FP8_KV_READ_EFFICIENCY": None,
+                 "NOGRAPH_LAYER_S": 200e-6, "EAGER_LAYER_S": 220e-6, "PER_SEQ_OVERHEAD_S": 0.5e-6,
+                 "HBM_EFFICIENCY": 0.85, "ATTN_EFFICIENCY": 0.45, "PIECEWISE_LAYER_S": 15e-6, "SYNC_STEP_S": 1.5e-3,
+                 "SYNC_PER_SEQ_S": 8e-6, "PP_BUBBLE": 0.1},
+    "warm re-fit": {"GEMM_EFFICIENCY": 0.58, "GEMM_HALF_ROWS": 56, "STEP_OVERHEAD_S": 1.9e-3,
+                    "FRONTEND_LATENCY_S": 0.030, "FRONTEND_TOKEN_S": None, "FP8_KV_READ_EFFICIENCY": None,
+                    "NOGRAPH_LAYER_S": 200e-6, "EAGER_LAYER_S": 220e-6, "PER_SEQ_OVERHEAD_S": 0.5e-6,
+                    "HBM_EFFICIENCY": 0.85, "ATTN_EFFICIENCY": 0.45, "PIECEWISE_LAYER_S": 15e-6,
+                    "SYNC_STEP_S": 1.5e-3, "SYNC_PER_SEQ_S": 8e-6, "PP_BUBBLE": 0.1},
+}
+CURRENT = "joint fit (current)"
+# How a launch time entered a step in each model (the value alone does not say).
+LAUNCHES: dict[str, dict[str, str]] = {
+    "cold fit": {"NOGRAPH_LAYER_S": "added to every step", "EAGER_LAYER_S": "added"},
+    "warm re-fit": {"NOGRAPH_LAYER_S": "only beyond the GPU work", "EAGER_LAYER_S": "added"},
+    CURRENT: {"NOGRAPH_LAYER_S": "only beyond the GPU work", "EAGER_LAYER_S": "added to the GPU work"},
+}
+# Where a current value came from, as written when it was set: shown while the constant holds that value.
+CURRENT_NOTES: dict[str, tuple[float, str]] = {
+    "GEMM_EFFICIENCY": (0.60, "fit: 0.62; the 8,192-token steps allow ~0.60"),
+    "STEP_OVERHEAD_S": (2.5e-3, "the cold 16-sequence runs' bound"),
+    "FRONTEND_TOKEN_S": (50e-6, "measured, not fitted"),
+}
+# The rows the table names one by one (with what the constant is); the others share one row while no
+# fit has moved them.
+NAMED = {"GEMM_EFFICIENCY": "of peak, tall GEMMs", "GEMM_HALF_ROWS": "", "STEP_OVERHEAD_S": "",
+         "FRONTEND_LATENCY_S": "", "FRONTEND_TOKEN_S": "API server, per streamed token",
+         "FP8_KV_READ_EFFICIENCY": "of HBM peak", "NOGRAPH_LAYER_S": "above the capture sizes",
+         "EAGER_LAYER_S": "`enforce_eager`"}
+
+
+def _value(name: str, value: float) -> str:
+    if name.endswith("_LAYER_S"):
+        return f"{value * 1e6:g} µs / layer"
+    if name == "FRONTEND_TOKEN_S" or "PER_SEQ" in name:
+        return f"{value * 1e6:g} µs"
+    if name.endswith("_S"):
+        return f"{value * 1e3:g} ms"
+    if name.endswith("EFFICIENCY"):
+        return f"{value:.2f}"
+    return f"{value:g}"
+
+
+def _cell(name: str, values: dict[str, Optional[float]], fit: str) -> str:
+    value = values.get(name)
+    if value is None:
+        return f"as bf16 ({values['HBM_EFFICIENCY']:.2f})" if name == "FP8_KV_READ_EFFICIENCY" else "–"
+    how = LAUNCHES[fit].get(name)
+    return f"{_value(name, value)}, {how}" if how else _value(name, value)
+
+
+def current_constants(module) -> dict[str, Optional[float]]:
+    """The constants :data:`EARLIER_CONSTANTS` records, as ``module`` (sim/cost.py) holds them now."""
+    return {name: getattr(module, name, None) for name in EARLIER_CONSTANTS["warm re-fit"]}
+
+
+def constants_table(module) -> str:
+    """Each fit's constants: the earlier ones recorded, the current ones read from ``module``."""
+    fits = {**EARLIER_CONSTANTS, CURRENT: current_constants(module)}
+    last = list(EARLIER_CONSTANTS)[-1]
+    rows = []
+
+    def current_cell(name: str) -> str:
+        cell = _cell(name, fits[CURRENT], CURRENT)
+        if cell == _cell(name, fits[last], last):
+            return "unchanged"
+        value, note = CURRENT_NOTES.get(name, (None, ""))
+        return f"{cell} ({note})" if note and value == fits[CURRENT][name] else cell
+
+    unchanged = [n for n in fits[CURRENT] if n not in NAMED and len({f[n] for f in fits.values()}) == 1]
+    for name in [*NAMED, *(n for n in fits[CURRENT] if n not in NAMED and n not in unchanged)]:
+        what = f" ({NAMED[name]})" if NAMED.get(name) else ""
+        rows.append([f"`{name}`{what}", *(_cell(name, fits[f], f) for f in EARLIER_CONSTANTS), current_cell(name)])
+    if unchanged:
+        rows.append([", ".join(f"`{n}`" for n in unchanged), *["unchanged"] * len(fits)])
+    path = module.__name__.removeprefix("orchestrator.").replace(".", "/") + ".py"
+    return "\n".join([f"| constant (`{path}`) | {' | '.join(fits)} |", "| --- |" + " --- |" * len(fits),
+                      *(f"| {' | '.join(r)} |" for r in rows)])

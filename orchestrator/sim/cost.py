@@ -42,7 +42,7 @@ from orchestrator.sim.scheduler import BatchShape
 # ---- constants fitted on one H200 (Llama-3.1-8B shape, vLLM 0.26, torch.compile + CUDA graphs),
 # jointly on every warm engine-side measurement (benchmarks/fit_sim_h200.py: the 512-in / 128-out
 # ingress runs of results/examples/h200-ingress, the capacity reference and the capacity study's
-# levels, aborted levels left out; the six earlier cold runs of tests/sim/sim_reference.py at a
+# levels, aborted levels left out; the six earlier cold runs of results/examples/h200-cold-runs at a
 # lower weight), then rounded. "fitted" below means by that joint fit. docs/simulator.md
 # ("Against the H200 capacity study") has the tables; tests/sim/ checks them.
 # Of peak tensor FLOP/s for tall GEMMs (norms, rotary, SiLU folded in). The joint fit gave 0.62;

@@ -59,9 +59,11 @@ def test_every_registered_table_is_marked_exactly_once():
 
 
 def test_every_dataset_named_by_a_table_is_in_the_repository():
+    """A dataset is a folder; a block whose source is the code names the module (a file)."""
     for table in TABLES.values():
         for dataset in table.datasets:
-            assert (REPO / dataset).is_dir(), f"{table.name}: no dataset at {dataset}"
+            path = REPO / dataset
+            assert path.is_dir() or (path.is_file() and path.suffix == ".py"), f"{table.name}: no dataset at {dataset}"
 
 
 # ---------------------------------------------------------------- a planted change fails
@@ -182,3 +184,27 @@ def test_generated_prose_never_opens_a_line_with_a_block_marker():
         for out in (paragraph(sentence), bullets([sentence])):
             later = out.splitlines()[1:]
             assert later and not any(line.lstrip().startswith((">", "#", "- ", "12.")) for line in later), out
+
+
+# ---------------------------------------------------------------- tables from the code and the shipped files
+# A cell each of the tables generated from a code catalog, the shipped traces and the cold H200 runs.
+CELLS = [("docs/metrics.md", "gpu-prices", "| 7.90 |", "| 6.90 |"),
+         ("docs/planning.md", "planning-fleet-example", "ceil(600 / 110) = 6 replicas, 12 GPUs",
+          "ceil(600 / 110) = 5 replicas, 10 GPUs"),
+         ("docs/workloads.md", "shipped-traces", "| `rag` | 120 |", "| `rag` | 121 |"),
+         ("docs/simulator.md", "sim-constants", "| `GEMM_HALF_ROWS` | 12 | 56 |", "| `GEMM_HALF_ROWS` | 12 | 65 |"),
+         ("docs/simulator.md", "sim-cold-runs", "/ 6,482 |", "/ 6,842 |"),
+         ("docs/simulator.md", "sim-cold-memory", "| 14.96 GiB |", "| 15.96 GiB |")]
+
+
+@pytest.mark.parametrize("doc,name,original,planted", CELLS, ids=[c[1] for c in CELLS])
+def test_a_changed_cell_of_a_catalog_or_cold_run_table_fails(doc, name, original, planted):
+    text = (REPO / doc).read_text()
+    (block,) = [m for m in marked_tables(text) if m.name == name]
+    assert block.body.count(original) >= 1, f"{original!r} is no longer in {doc}'s {name}"
+    changed = text[:block.start] + text[block.start:block.end].replace(original, planted, 1) + text[block.end:]
+    (problem,) = check_text(changed, doc, REPO, names=[name])
+    lines = problem.diff.splitlines()  # the doc's line (-) and the source's (+)
+    assert problem.name == name and "differs from its dataset" in problem.message
+    assert any(x.startswith("-") and planted in x for x in lines), problem.diff
+    assert any(x.startswith("+") and original in x for x in lines), problem.diff

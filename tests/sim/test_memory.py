@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.apps.cold_runs import load_cold_runs
 from orchestrator.failures import EngineStartError, FailureKind, classify_start_error
 from orchestrator.hardware.engine_args import EngineArgs
 from orchestrator.hardware.gpus import get_gpu
@@ -21,30 +22,43 @@ def llama8b():
     return ModelShape.load("llama-3.1-8b")
 
 
+# What vLLM logged at the cold runs' starts (results/examples/h200-cold-runs).
+COLD = load_cold_runs()
+MEMORY = COLD.memory
+
+
+def _near(value: float, logged, rel: float) -> bool:
+    """Within ``rel`` of the range vLLM logged over its starts."""
+    return logged.low * (1 - rel) <= value <= logged.high * (1 + rel)
+
+
 def test_h200_llama8b_matches_reference(llama8b):
-    gpu = get_gpu("H200")
-    plan = plan_memory(llama8b, gpu, resolved(gpu, gpu_memory_utilization=0.9, max_model_len=4096, max_num_seqs=256))
-    # Reference (vllm serve, 0.26): 109.53-109.76 GiB, 897,280-899,152 tokens, weights 14.96 GiB.
-    assert plan.kv_bytes / GiB == pytest.approx(109.5, rel=0.02)
-    assert plan.kv_tokens == pytest.approx(897_000, rel=0.02)
-    assert plan.weight_bytes_per_gpu / GiB == pytest.approx(14.96, abs=0.01)
+    gpu = get_gpu(COLD.setup.gpu)
+    for seqs in MEMORY.kv_serve_gib.max_num_seqs:
+        args = resolved(gpu, gpu_memory_utilization=COLD.setup.gpu_memory_utilization,
+                        max_model_len=COLD.setup.max_model_len, max_num_seqs=seqs)
+        assert args.max_num_batched_tokens == MEMORY.serve_budget
+        plan = plan_memory(llama8b, gpu, args)
+        assert _near(plan.kv_bytes / GiB, MEMORY.kv_serve_gib, 0.02), (seqs, plan.kv_bytes / GiB)
+        assert _near(plan.kv_tokens, MEMORY.kv_serve_tokens, 0.02), (seqs, plan.kv_tokens)
+        assert plan.weight_bytes_per_gpu / GiB == pytest.approx(MEMORY.weights_gib, abs=0.01)
+        assert plan.cudagraph_bytes / GiB == pytest.approx(MEMORY.cudagraph_gib[seqs], rel=0.08, abs=0.03)
     assert plan.kv_bytes_per_token == 131072
     assert plan.num_blocks == plan.kv_bytes // (16 * 131072)
     assert plan.max_concurrency == pytest.approx(plan.kv_tokens / 4096)
     assert plan.requested_bytes == -(-plan.total_bytes * 9 // 10)
-    # Graph memory as measured: 0.15 GiB at 16 seqs, 0.59 GiB at 256.
-    assert plan.cudagraph_bytes / GiB == pytest.approx(0.59, abs=0.05)
-    small = plan_memory(llama8b, gpu, resolved(gpu, gpu_memory_utilization=0.9, max_model_len=4096, max_num_seqs=16))
-    assert small.cudagraph_bytes / GiB == pytest.approx(0.15, abs=0.03)
 
 
 def test_offline_budget_leaves_less_kv(llama8b):
-    # LLM class: 16384-token profile run -> 108.86 GiB / 891,760 tokens in the reference.
-    gpu = get_gpu("H200")
-    args = EngineArgs(gpu_memory_utilization=0.9, max_model_len=4096, max_num_seqs=256).resolved(
-        device_memory_gib=gpu.memory_gib, device_name=gpu.name, server=False)
-    plan = plan_memory(llama8b, gpu, args)
-    assert plan.kv_tokens == pytest.approx(891_760, rel=0.02)
+    # LLM class: its larger profile run (16,384 tokens) leaves less KV than the server's.
+    gpu = get_gpu(COLD.setup.gpu)
+    for seqs in MEMORY.kv_offline_tokens.max_num_seqs:
+        args = EngineArgs(gpu_memory_utilization=COLD.setup.gpu_memory_utilization,
+                          max_model_len=COLD.setup.max_model_len, max_num_seqs=seqs).resolved(
+            device_memory_gib=gpu.memory_gib, device_name=gpu.name, server=False)
+        assert args.max_num_batched_tokens == MEMORY.offline_budget
+        plan = plan_memory(llama8b, gpu, args)
+        assert _near(plan.kv_tokens, MEMORY.kv_offline_tokens, 0.02), (seqs, plan.kv_tokens)
 
 
 def test_enforce_eager_has_no_graph_memory(llama8b):
