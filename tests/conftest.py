@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import tempfile
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,26 +127,46 @@ def local_ray(env: Optional[Mapping[str, str]] = None, *, num_cpus: int = 3, num
     metrics from Ray's exporter); Ray's 10 s default otherwise, which costs an idle cluster
     ~15 % less CPU. ``dashboard``: the whole dashboard (``ray job submit`` and ``ray job stop`` reach
     the cluster through it; about 1 CPU-s a minute more when idle), on Ray's port or the next free
-    one (``ray._private.worker.get_dashboard_url()``). Yields the session folder (Ray's logs)."""
+    one (``ray._private.worker.get_dashboard_url()``), and a temp folder of its own that names it as
+    the machine's current cluster (:func:`_jobs_come_here`). Yields the session folder (Ray's logs)."""
     import ray
 
     release_shared_cluster()  # one Ray per process
     env = dict(env or {})
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp") if dashboard else None  # short: socket paths
     with _job_agent_of_its_own() if dashboard else nullcontext():
         ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard,
                  namespace="orchestrator", runtime_env={"env_vars": env} if env else None,
+                 **({"_temp_dir": temp_dir} if temp_dir else {}),
                  **({"_system_config": {"metrics_report_interval_ms": 1000}} if ray_metrics else {}))
+    if temp_dir:
+        _jobs_come_here(temp_dir)
     try:
         yield ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - no public API
     finally:
         ray.shutdown()
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _jobs_come_here(temp_dir: str) -> None:
+    """A job submitted to this Ray runs its driver here. Ray's job supervisor gives the driver the
+    address it resolves as ``"auto"``: the ``ray_current_cluster`` file of the cluster's temp folder,
+    which in Ray's shared default (``/tmp/ray``) names the cluster started last on the machine by
+    ``ray start`` or ``ray.cluster_utils.Cluster`` (tests/cluster's three-node cluster), not this one.
+    A job submitted here while that cluster lived ran its driver there (its engine never started in
+    this unit, and its actors showed up in another unit's listing). A temp folder of its own, naming
+    this cluster, makes the resolution land here."""
+    import ray
+
+    ray._private.utils.write_ray_address(ray.get_runtime_context().gcs_address, temp_dir)  # noqa: SLF001
 
 
 @contextmanager
