@@ -160,10 +160,11 @@ def _jobs_come_here(temp_dir: str) -> None:
     """A job submitted to this Ray runs its driver here. Ray's job supervisor gives the driver the
     address it resolves as ``"auto"``: the ``ray_current_cluster`` file of the cluster's temp folder,
     which in Ray's shared default (``/tmp/ray``) names the cluster started last on the machine by
-    ``ray start`` or ``ray.cluster_utils.Cluster`` (tests/cluster's three-node cluster), not this one.
-    A job submitted here while that cluster lived ran its driver there (its engine never started in
-    this unit, and its actors showed up in another unit's listing). A temp folder of its own, naming
-    this cluster, makes the resolution land here."""
+    ``ray start`` or ``ray.cluster_utils.Cluster`` (tests/cluster's three-node cluster), and without
+    that file any Ray found running on the machine (another unit's, a benchmark's). Either way a job
+    submitted here could run its driver elsewhere: its engine never started in this unit, and its
+    actors showed up in another unit's listing. A temp folder of its own, naming this cluster, makes
+    the resolution land here."""
     import ray
 
     ray._private.utils.write_ray_address(ray.get_runtime_context().gcs_address, temp_dir)  # noqa: SLF001
