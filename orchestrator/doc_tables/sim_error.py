@@ -188,14 +188,20 @@ def verdict_text(folder: str | Path) -> str:
 def ranking_text(folder: str | Path) -> str:
     """How many pairs of configurations measured apart each scheme orders as measured, and which it does not."""
     rank = error.ranking(load(folder))
-    parts = []
+    parts, decided = [], []
     for scheme in SCHEMES:
         r = rank[rank["scheme"] == scheme]
         parts.append(f"{SCHEME_NAMES[scheme]} {int(r['right'].sum())} of {int(r['pairs'].sum())}")
+        decided.append(f"{SCHEME_NAMES[scheme]} {int(r['decided_right'].sum())} of {int(r['decided'].sum())}")
+    shipped = rank[rank["scheme"] == SHIPPED]
     lodo = rank[(rank["scheme"] == LEAVE_ONE_OUT) & (rank["wrong"] != "")]
     wrong = [f"`{r.dataset}`: {r.wrong}" for r in lodo.itertuples()]
     return paragraph(
         "Pairs of configurations whose measured first objective differs by more than the study's equivalence "
         f"margin, put in the measured order by the prediction: {series(parts)}.",
+        f"{int(shipped['with_intervals'].sum())} of those pairs have a measured interval on both sides (older "
+        f"datasets recorded none), and {int(shipped['decided'].sum())} of them are told apart by the "
+        f"measurement itself, their intervals apart; on those the prediction gives the measured order: "
+        f"{series(decided)}.",
         (f"Out of order leaving one dataset out: {'; '.join(wrong)}." if wrong
          else "Leaving one dataset out, every such pair is in the measured order."))

@@ -128,3 +128,23 @@ def test_the_fidelity_search_confirms_as_many_real_trials_as_its_gpus_error_asks
         measured += 1
     assert measured == search.confirmations, (measured, search.stop_reason)
     assert "below" in search.stop_reason
+
+
+def _capacity_row(config: str, measured: float, low, high, predicted: float) -> dict:
+    return {"scheme": replay.SHIPPED, "gpu": "H100-80GB", "dataset": "d", "trial_id": config, "config": config,
+            "objective": "capacity_rps", "metric": "capacity_rps", "maximize": True, "margin": 0.05, "level": -1,
+            "measured": measured, "measured_low": low, "measured_high": high, "predicted": predicted,
+            "scored": True}
+
+
+def test_a_pair_counts_as_decided_only_when_its_measured_intervals_lie_apart():
+    frame = pd.DataFrame([
+        _capacity_row("a", 30.0, 0.0, None, 42.0),   # overlaps b: the engine did not tell a and b apart
+        _capacity_row("b", 49.5, 46.9, 58.6, 41.0),  # predicted below a: out of the measured order
+        _capacity_row("c", 16.7, 13.5, 19.2, 25.0),  # apart from b (and below it as predicted); overlaps a
+        _capacity_row("e", 20.0, None, None, 20.0),  # no interval recorded: in no decided pair; below c as predicted
+    ])
+    r = error.ranking(frame).iloc[0]
+    assert (r.pairs, r.right) == (6, 4), r.wrong  # a-b and c-e out of order
+    assert (r.with_intervals, r.decided, r.decided_right) == (3, 1, 1), r.to_dict()  # only b-c decided
+    assert "not told apart as measured" in r.wrong and "30 [0, inf]" in r.wrong

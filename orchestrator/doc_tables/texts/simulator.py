@@ -6,6 +6,7 @@ rank."""
 from __future__ import annotations
 
 import json
+import math
 from itertools import combinations
 from pathlib import Path
 
@@ -61,32 +62,48 @@ INTERACTIVE = "llama3-8b-h200-interactive"
 
 
 def _by_config(frame: pd.DataFrame, scheme: str, dataset: str) -> pd.DataFrame:
-    """A dataset's configurations under ``scheme``: their first objective measured and predicted (medians),
-    as :func:`orchestrator.search.fidelity.error.ranking` compares them."""
+    """A dataset's configurations under ``scheme``: their first objective measured and predicted (medians)
+    and the measured interval (medians of its bounds), as :func:`orchestrator.search.fidelity.error.ranking`
+    compares them."""
     f = error.scored(frame)
     f = f[(f["scheme"] == scheme) & (f["dataset"] == dataset) & (f["level"] == -1) & (f["metric"] == f["objective"])]
+    f = f.assign(low=f["measured_low"].fillna(0.0), high=f["measured_high"].fillna(math.inf))
     return f.groupby("config").agg(y=("measured", "median"), p=("predicted", "median"), margin=("margin", "max"),
-                                   params=("params_json", "first"))
+                                   low=("low", "median"), high=("high", "median"), params=("params_json", "first"),
+                                   trials=("trial_id", "nunique"))
+
+
+def _value(x) -> str:
+    return f"{x.y:.3g} [{x.low:.3g}, {'inf' if math.isinf(x.high) else f'{x.high:.3g}'}]"
 
 
 def interactive_ranking(folder: Path) -> str:
-    """The interactive study's configurations: which schemes rank them as measured, and the pair the
-    simulator cannot tell apart."""
+    """The interactive study's configurations: which schemes rank them as measured, the pair the
+    simulator cannot tell apart, and whether the measurement told that pair apart."""
     frame = sim_error.load(folder)
     rank = error.ranking(frame)
     mine = rank[rank["dataset"] == INTERACTIVE]
     wrong = [sim_error.SCHEME_NAMES[r.scheme] for r in mine.itertuples() if r.right < r.pairs]
+    decided_wrong = [sim_error.SCHEME_NAMES[r.scheme] for r in mine.itertuples() if r.decided_right < r.decided]
+    lodo = mine[mine["scheme"] == LEAVE_ONE_OUT]
     configs = _by_config(frame, LEAVE_ONE_OUT, INTERACTIVE)
     pairs = [(a, b) for (_, a), (_, b) in combinations(configs.iterrows(), 2)
              if abs(a.y - b.y) / min(a.y, b.y) > max(a.margin, b.margin) and (a.p - b.p) * (a.y - b.y) <= 0]
+    n = int(lodo["decided"].sum())
+    decided = (" No pair's measured intervals lie apart." if n == 0 else
+               (" On the pair whose measured intervals lie apart, " if n == 1
+                else f" On the {count_word(n)} pairs whose measured intervals lie apart, ")
+               + ("every scheme gives the measured order." if not decided_wrong
+                  else f"{series(decided_wrong)} do not give the measured order."))
     if not pairs:
         return paragraph(f"The interactive study's {count_word(len(configs))} configurations are ranked as measured "
-                         "from constants not fitted on it.")
+                         "from constants not fitted on it." + decided)
     a, b = pairs[0]
     tokens = {json.loads(x.params)["max_num_batched_tokens"] for x in (a, b)}
     label = f"{tokens.pop():,}-token ones" if len(tokens) == 1 else "two configurations"
     others = [w for w in wrong if w != sim_error.SCHEME_NAMES[LEAVE_ONE_OUT]]
     alike = abs(a.p - b.p) / min(a.p, b.p) <= max(a.margin, b.margin)
+    apart = a.high < b.low or b.high < a.low
     return paragraph(
         f"The interactive study's {count_word(len(configs))} configurations (the {label} are the pair above) are not "
         "all ranked as measured from constants not fitted on it"
@@ -94,7 +111,12 @@ def interactive_ranking(folder: Path) -> str:
            else (f", nor {series(others, 'or')}" if others else ", though every other scheme ranks them so"))
         + f": the simulator predicts the two {label.replace(' ones', ' configurations')} "
         + ("alike" if alike else "in the wrong order")
-        + f", where the engine measured them {abs(a.y - b.y) / min(a.y, b.y):.0%} apart.")
+        + f", where the engine measured them {abs(a.y - b.y) / min(a.y, b.y):.0%} apart"
+        + (f" ({_value(a)} and {_value(b)} req/s, "
+           + ("one engine start each" if a.trials == b.trials == 1 else f"{a.trials} and {b.trials} trials")
+           + ": their intervals overlap, so the measurement did not tell them apart either)." if not apart
+           else f" ({_value(a)} and {_value(b)} req/s).")
+        + decided)
 
 
 # What each dataset of the sim-error benchmark is, as the docs name it (a plural noun without "the" when

@@ -41,27 +41,52 @@ def summary(frame: pd.DataFrame, by: tuple[str, ...] = ("scheme", "gpu", "metric
 def ranking(frame: pd.DataFrame) -> pd.DataFrame:
     """Per scheme and dataset: the pairs of configurations whose measured first objective differs by
     more than the study's equivalence margin (``pairs``), and how many of them the prediction puts
-    in the measured order (``right``; a predicted tie is not). A configuration measured several times
-    counts once, at its median, measured and predicted."""
+    in the measured order (``right``; a predicted tie is not). Of those, ``with_intervals`` counts the
+    pairs whose two configurations recorded a measured interval (older datasets did not), ``decided``
+    those the measurement itself orders, their intervals apart, and ``decided_right`` how many of them
+    the prediction orders so: a pair whose intervals overlap was not told apart by the engine, so its
+    order is no test of the prediction. A configuration measured several times counts once, at its
+    median, measured and predicted (its interval: the medians of its bounds; a bound not found, 0 or
+    unbounded)."""
     f = scored(frame)
     f = f[(f["level"] == -1) & (f["metric"] == f["objective"])]
     rows = []
     for (scheme, gpu, dataset, objective), g in f.groupby(["scheme", "gpu", "dataset", "objective"], sort=False):
+        g = g.assign(low=g["measured_low"].fillna(0.0), high=g["measured_high"].fillna(math.inf),
+                     recorded=g["measured_low"].notna() | g["measured_high"].notna())
         by_config = g.groupby("config").agg(y=("measured", "median"), p=("predicted", "median"),
+                                            low=("low", "median"), high=("high", "median"),
+                                            recorded=("recorded", "any"),
                                             margin=("margin", "max"), maximize=("maximize", "first"))
-        pairs = right = 0
+        pairs = right = with_intervals = decided = decided_right = 0
         wrong = []
         for (a, ra), (b, rb) in combinations(by_config.iterrows(), 2):
             if abs(ra.y - rb.y) / min(ra.y, rb.y) <= max(ra.margin, rb.margin):
                 continue  # equivalent as measured: no order to get right
             pairs += 1
+            recorded = bool(ra.recorded and rb.recorded)
+            with_intervals += recorded
+            apart = recorded and (ra.high < rb.low or rb.high < ra.low)
+            decided += apart
             if np.sign(ra.p - rb.p) == np.sign(ra.y - rb.y):
                 right += 1
+                decided_right += apart
             else:
-                wrong.append(f"{a} (measured {ra.y:.3g}, predicted {ra.p:.3g}) vs {b} ({rb.y:.3g}, {rb.p:.3g})")
+                wrong.append(f"{a} (measured {_measured(ra)}, predicted {ra.p:.3g}) vs {b} ({_measured(rb)}, "
+                             f"{rb.p:.3g})" + ("" if apart or not recorded else ", not told apart as measured"))
         rows.append({"scheme": scheme, "gpu": gpu, "dataset": dataset, "objective": objective,
-                     "configs": len(by_config), "pairs": pairs, "right": right, "wrong": "; ".join(wrong)})
-    return pd.DataFrame(rows, columns=["scheme", "gpu", "dataset", "objective", "configs", "pairs", "right", "wrong"])
+                     "configs": len(by_config), "pairs": pairs, "right": right, "with_intervals": with_intervals,
+                     "decided": decided, "decided_right": decided_right, "wrong": "; ".join(wrong)})
+    return pd.DataFrame(rows, columns=["scheme", "gpu", "dataset", "objective", "configs", "pairs", "right",
+                                       "with_intervals", "decided", "decided_right", "wrong"])
+
+
+def _measured(r) -> str:
+    """A configuration's measured value with its interval where one was recorded: ``30 [0, inf]``."""
+    if not r.recorded:
+        return f"{r.y:.3g}"
+    high = "inf" if math.isinf(r.high) else f"{r.high:.3g}"
+    return f"{r.y:.3g} [{r.low:.3g}, {high}]"
 
 
 def log_sd(frame: pd.DataFrame, scheme: str) -> dict[str, dict[str, float]]:
