@@ -14,14 +14,23 @@ their composition can move the numerics):
     python benchmarks/trained_probe.py [--output DIR]
 
 Prints one line per configuration: agreement, logprob drift, held-out perplexity and its delta,
-and the engine's speculative acceptance.
+and the engine's speculative acceptance. ``--output DIR`` keeps the dataset the docs read
+(docs/trained-models.md's table and bullets come from ``results/examples/trained-probe-cpu-vllm``):
+the study definition and trial rows, the baseline's probe answers, the Optuna journal, the model's
+training record (``model-training.json``: torch's held-out perplexity) and ``command.json`` (the
+command, its date and the configurations by label). The per-request rows, Ray Tune's state and the
+other trials' answers (their columns are in the rows) stay in the temporary run folder: the dataset
+stays well under 1 MB.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,15 +45,35 @@ COLUMNS = ("token_agreement", "prefix_agreement", "logprob_diff_mean", "logprob_
            "perplexity_delta", "engine_spec_acceptance_rate")
 
 
+def keep_dataset(study_dir: Path, output: Path, training: Path, argv) -> None:
+    """Copy what the docs read from the run's folder into ``output``, with the training record and the command."""
+    output.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(study_dir / "trials", output / "trials")
+    for name in ("study.json", "optuna.journal"):
+        shutil.copyfile(study_dir / name, output / name)
+    for baseline in study_dir.glob("probe/*/baseline.json"):
+        (output / baseline.parent.relative_to(study_dir)).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(baseline, output / baseline.relative_to(study_dir))
+    shutil.copyfile(training, output / "model-training.json")
+    command = {"command": "python benchmarks/trained_probe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+               "configurations": [{"label": label, "params": params} for label, params in CONFIGS]}
+    (output / "command.json").write_text(json.dumps(command, indent=2) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--output", type=Path, default=Path(tempfile.mkdtemp(prefix="trained-probe-")))
+    p.add_argument("--output", type=Path, help="keep the dataset in this new folder (default: keep nothing)")
     args = p.parse_args(argv)
+    if args.output is not None and args.output.exists() and any(args.output.iterdir()):
+        p.error(f"{args.output} is not empty: the dataset goes into a new folder")
 
     import ray
 
     from orchestrator.models.modelgen import trained_model_dir
+    from orchestrator.models.training import TRAINING_FILE
     from orchestrator.results import load_trials
+    from orchestrator.results.definition import write_study_definition
     from orchestrator.search.driver import run_study
     from orchestrator.study.spec import parse_study
 
@@ -64,15 +93,18 @@ def main(argv=None) -> int:
                   "baseline": CONFIGS[0][1]},
         "search": {"sampler": "random", "initial_points": [c for _, c in CONFIGS[1:]], "preflight": False},
         "budget": {"trials": len(CONFIGS), "max_concurrent_trials": 1},
-        "output": str(args.output),
+        "output": tempfile.mkdtemp(prefix="trained-probe-"),
     })
+    write_study_definition(study)  # as `orchestrator run` does: the rows' objectives and probe settings
     ray.init(address="local", num_cpus=3, include_dashboard=False, namespace="orchestrator")
     try:
         run = run_study(study, quiet=True, serve_port=8135)
     finally:
         ray.shutdown()
+    if args.output is not None:
+        keep_dataset(Path(run.study_dir), args.output, model_dir / TRAINING_FILE, argv)
     trials = load_trials(run.study_dir)
-    print(f"model {model_dir}; results {args.output}")
+    print(f"model {model_dir}; results {args.output or run.study_dir}")
     print("| configuration | " + " | ".join(COLUMNS) + " |")
     print("| --- " * (len(COLUMNS) + 1) + "|")
     for label, params in CONFIGS:

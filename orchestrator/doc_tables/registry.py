@@ -148,6 +148,17 @@ TABLES.update({t.name: t for t in (
     DocTable("planning-fleet-example", (_module(_plan),), catalogs.fleet_example_table),
 )})
 
+# --- docs/trained-models.md: the tiny trained model probed on CPU vLLM (benchmarks/trained_probe.py's dataset)
+from orchestrator.doc_tables import trained_cpu  # noqa: E402
+
+_PROBE_CPU = _EX + "trained-probe-cpu-vllm"
+TABLES.update({t.name: t for t in (
+    text_block("trained-probe-cpu-setup", (_PROBE_CPU,), trained_cpu.probe_setup),
+    DocTable("trained-probe-cpu", (_PROBE_CPU,), trained_cpu.probe_table),
+    text_block("trained-probe-cpu-findings", (_PROBE_CPU,), trained_cpu.probe_findings),
+    text_block("trained-probe-cpu-guardrail", (_PROBE_CPU,), trained_cpu.probe_guardrail),
+)})
+
 
 def render(name: str, root: Path = ROOT) -> str:
     """The markdown of block ``name``, built from its datasets under ``root``."""

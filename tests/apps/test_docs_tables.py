@@ -135,7 +135,10 @@ PROSE = [("docs/benchmarks.md", "h200-interactive-verdict", "16.7 [13.5, 19.2]",
          ("README.md", "readme-engines", "on an H200", "on an H100"),
          # a setup paragraph's count, and a measured figure of the calibration history
          ("docs/benchmarks.md", "decisions-sim-setup", "20 seeds", "30 seeds"),
-         ("docs/simulator.md", "sim-refit-steps", "median ITL is 7.7–7.9 ms", "median ITL is 7.1–7.9 ms")]
+         ("docs/simulator.md", "sim-refit-steps", "median ITL is 7.7–7.9 ms", "median ITL is 7.1–7.9 ms"),
+         # the CPU probe's figures beside its table (benchmarks/trained_probe.py's dataset)
+         ("docs/trained-models.md", "trained-probe-cpu-findings", "(8.0545 both)", "(8.0554 both)"),
+         ("docs/trained-models.md", "trained-probe-cpu-guardrail", "flips 20% of", "flips 10% of")]
 
 
 @pytest.fixture
