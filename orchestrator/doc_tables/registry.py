@@ -148,6 +148,16 @@ TABLES.update({t.name: t for t in (
     DocTable("planning-fleet-example", (_module(_plan),), catalogs.fleet_example_table),
 )})
 
+# --- benchmarks that time things: each stores its runs under results/examples (docs/benchmarks.md)
+from orchestrator.doc_tables import overhead as _overhead  # noqa: E402
+
+_OVERHEAD = _EX + "orchestration-overhead"
+TABLES.update({t.name: t for t in (
+    text_block("orchestration-overhead-setup", (_OVERHEAD,), _overhead.overhead_setup),
+    DocTable("orchestration-overhead", (_OVERHEAD,), _overhead.overhead_table),
+    text_block("orchestration-overhead-findings", (_OVERHEAD,), _overhead.overhead_findings),
+)})
+
 
 def render(name: str, root: Path = ROOT) -> str:
     """The markdown of block ``name``, built from its datasets under ``root``."""
