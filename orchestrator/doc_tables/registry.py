@@ -150,12 +150,17 @@ TABLES.update({t.name: t for t in (
 
 # --- benchmarks that time things: each stores its runs under results/examples (docs/benchmarks.md)
 from orchestrator.doc_tables import overhead as _overhead  # noqa: E402
+from orchestrator.doc_tables import start_cost as _start_cost  # noqa: E402
 
 _OVERHEAD = _EX + "orchestration-overhead"
+_START_COST = _EX + "run-start-cost"
 TABLES.update({t.name: t for t in (
     text_block("orchestration-overhead-setup", (_OVERHEAD,), _overhead.overhead_setup),
     DocTable("orchestration-overhead", (_OVERHEAD,), _overhead.overhead_table),
     text_block("orchestration-overhead-findings", (_OVERHEAD,), _overhead.overhead_findings),
+    text_block("run-start-cost-setup", (_START_COST,), _start_cost.start_cost_setup),
+    DocTable("run-start-cost", (_START_COST,), _start_cost.start_cost_table),
+    text_block("run-start-cost-findings", (_START_COST,), _start_cost.start_cost_findings),
 )})
 
 
