@@ -150,10 +150,12 @@ TABLES.update({t.name: t for t in (
 
 # --- benchmarks that time things: each stores its runs under results/examples (docs/benchmarks.md)
 from orchestrator.doc_tables import overhead as _overhead  # noqa: E402
+from orchestrator.doc_tables import scaling as _scaling  # noqa: E402
 from orchestrator.doc_tables import start_cost as _start_cost  # noqa: E402
 
 _OVERHEAD = _EX + "orchestration-overhead"
 _START_COST = _EX + "run-start-cost"
+_SCALING = _EX + "parallel-scaling"
 TABLES.update({t.name: t for t in (
     text_block("orchestration-overhead-setup", (_OVERHEAD,), _overhead.overhead_setup),
     DocTable("orchestration-overhead", (_OVERHEAD,), _overhead.overhead_table),
@@ -161,6 +163,9 @@ TABLES.update({t.name: t for t in (
     text_block("run-start-cost-setup", (_START_COST,), _start_cost.start_cost_setup),
     DocTable("run-start-cost", (_START_COST,), _start_cost.start_cost_table),
     text_block("run-start-cost-findings", (_START_COST,), _start_cost.start_cost_findings),
+    text_block("parallel-scaling-setup", (_SCALING,), _scaling.scaling_setup),
+    DocTable("parallel-scaling", (_SCALING,), _scaling.scaling_table),
+    text_block("parallel-scaling-findings", (_SCALING,), _scaling.scaling_findings),
 )})
 
 
