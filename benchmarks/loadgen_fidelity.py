@@ -1,6 +1,11 @@
 """Our load generator against ``vllm bench serve``: same server, same requests, same schedule.
 
-    .venv/bin/python benchmarks/loadgen_fidelity.py [--quick] [--out FILE.json]
+    .venv/bin/python benchmarks/loadgen_fidelity.py [--quick] [--reps 3] [--out DIR]
+
+Stores every repetition (``runs.parquet``), the sustainable-rate ladder (``ladder.parquet``), the
+ground-truth runs (``truth.parquet``) and the run record (``run.json``: command, date, cores, load
+average before and after) in results/examples/loadgen-fidelity; the docs' tables and text are
+computed from them (``orchestrator/doc_tables/loadgen_fidelity.py``).
 
 Servers (started here, on 127.0.0.1, stopped at the end):
 
@@ -34,7 +39,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -42,15 +46,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
 from fidelity_servers import MODEL, Server, start_sim, start_stub, start_vllm, stub_truth  # noqa: E402
 
+from orchestrator.doc_tables import loadgen_fidelity as tables  # noqa: E402
 from orchestrator.loadgen import Endpoint, run_load_sync  # noqa: E402
 from orchestrator.measure.metrics import summarise  # noqa: E402
 from orchestrator.workload.datasets import write_vllm_custom  # noqa: E402
@@ -65,14 +71,13 @@ COMPARED = [
     ("itl_mean_ms", "mean_itl_ms"), ("itl_p50_ms", "median_itl_ms"), ("itl_p99_ms", "p99_itl_ms"),
     ("e2el_mean_ms", "mean_e2el_ms"), ("e2el_p50_ms", "median_e2el_ms"),
 ]
-MAX_LAG_MS = 20.0
-MIN_ACHIEVED = 0.97
+MAX_LAG_MS = tables.MAX_LAG_MS
 
 
 # ---------------------------------------------------------------- ground truth (the stub server)
-def ground_truth(url: str, tokenizer: Path, data: Path, n: int, rate: float, reps: int, tmp: Path) -> dict:
-    """Each tool's TTFT and ITL minus what the stub server did for the same requests (ms)."""
-    errors: dict[str, list[dict]] = {"ours": [], "vllm": []}
+def ground_truth(url: str, tokenizer: Path, data: Path, n: int, rate: float, reps: int, tmp: Path) -> list[dict]:
+    """Per repetition and tool: its TTFT and ITL and what the stub server did for the same requests (ms)."""
+    rows = []
     stub_truth(url)  # reset
     for i in range(reps):
         for tool in (("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")):
@@ -84,17 +89,8 @@ def ground_truth(url: str, tokenizer: Path, data: Path, n: int, rate: float, rep
                 got = {"ttft_p50_ms": r["median_ttft_ms"], "ttft_p99_ms": r["p99_ttft_ms"],
                        "itl_p50_ms": r["median_itl_ms"], "itl_p99_ms": r["p99_itl_ms"]}
             truth = stub_truth(url)
-            errors[tool].append({k: got[k] - truth[k] for k in got} | {"server_" + k: v for k, v in truth.items()})
-    return {tool: {k: float(np.median([e[k] for e in errs])) for k in errs[0]} for tool, errs in errors.items()}
-
-
-def truth_table(result: dict) -> str:
-    lines = ["| metric | server did (ms) | ours: measured - server (ms) | vllm bench serve: measured - server (ms) |",
-             "| --- | ---: | ---: | ---: |"]
-    for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
-        lines.append(f"| {k} | {result['ours']['server_' + k]:.2f} | {result['ours'][k]:+.2f} | "
-                     f"{result['vllm'][k]:+.2f} |")
-    return "\n".join(lines)
+            rows.append({"tool": tool, "rep": i, **got, **{"server_" + k: v for k, v in truth.items() if k in got}})
+    return rows
 
 
 # ---------------------------------------------------------------- the two tools
@@ -172,34 +168,24 @@ def run_vllm(url: str, tokenizer: Path, data: Path, n: int, rate: float, tmp: Pa
 
 
 # ---------------------------------------------------------------- comparisons
-def agreement(url: str, tokenizer: Path, data: Path, n: int, rate: float, reps: int, tmp: Path) -> dict:
-    ours, theirs = [], []
+def agreement(url: str, tokenizer: Path, data: Path, n: int, rate: float, reps: int, tmp: Path,
+              section: str) -> tuple[list[dict], float]:
+    """Every repetition of each tool (the compared metrics under our names), and the largest relative
+    difference between our metrics and vLLM's ``calculate_metrics`` on our last run's records."""
+    rows, last = [], None
     for i in range(reps):
         # Alternate who goes first: slow drift of the machine hits both tools alike.
         for tool in (("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")):
             if tool == "ours":
-                ours.append(run_ours(url, data, n, rate))
+                last = run_ours(url, data, n, rate)
+                rows.append({"section": section, "tool": tool, "rep": i, **{m: last[m] for m, _ in COMPARED}})
             else:
-                theirs.append(run_vllm(url, tokenizer, data, n, rate, tmp))
-    rows = []
-    for mine, key in COMPARED:
-        a = np.array([o[mine] for o in ours], dtype=float)
-        b = np.array([t[key] for t in theirs], dtype=float)
-        ma, mb = float(np.median(a)), float(np.median(b))
-        noise = max(_spread(a), _spread(b))
-        rows.append({"metric": mine, "ours": ma, "vllm": mb, "diff": (ma - mb) / mb if mb else float("nan"),
-                     "noise": noise})
-    return {"rows": rows, "definitions_max_rel_diff": definitions_check(ours[-1]),
-            "ours": [{k: v for k, v in o.items() if k != "_records"} for o in ours],
-            "vllm": [{k: v for k, v in t.items() if not isinstance(v, list)} for t in theirs]}
+                v = run_vllm(url, tokenizer, data, n, rate, tmp)
+                rows.append({"section": section, "tool": tool, "rep": i, **{m: v[k] for m, k in COMPARED}})
+    return rows, definitions_check(last)
 
 
-def _spread(x: np.ndarray) -> float:
-    """Relative range of one tool's repetitions (0 with one repetition)."""
-    return float((x.max() - x.min()) / abs(np.median(x))) if len(x) > 1 and np.median(x) else 0.0
-
-
-def sustainable(url: str, tokenizer: Path, tmp: Path, rates: list[float], seconds: float) -> dict:
+def sustainable(url: str, tokenizer: Path, tmp: Path, rates: list[float], seconds: float) -> list[dict]:
     ladder = []
     for rate in rates:
         n = int(rate * seconds)
@@ -211,95 +197,73 @@ def sustainable(url: str, tokenizer: Path, tmp: Path, rates: list[float], second
                        "ours_ok": o["completed"], "ours_client_us_per_token": o["client_us_per_token"],
                        "vllm_achieved": v["achieved_rate"], "vllm_lag_p99_ms": v["sched_lag_p99_ms"],
                        "vllm_ok": v["completed"]})
-
-    def best(prefix: str) -> Optional[float]:
-        ok = [x["rate"] for x in ladder if x[f"{prefix}_achieved"] and x[f"{prefix}_achieved"] >= MIN_ACHIEVED * x["rate"]
-              and x[f"{prefix}_lag_p99_ms"] <= MAX_LAG_MS]
-        return max(ok) if ok else None
-
-    return {"ladder": ladder, "ours": best("ours"), "vllm": best("vllm")}
-
-
-def table(title: str, result: dict) -> str:
-    lines = [f"{title}", "", "| metric | ours | vllm bench serve | difference | noise (run-to-run) |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    for r in result["rows"]:
-        lines.append(f"| {r['metric']} | {r['ours']:.4g} | {r['vllm']:.4g} | {r['diff']:+.1%} | {r['noise']:.1%} |")
-    lines.append(f"\nvLLM's calculate_metrics on our records vs our metrics: largest relative difference "
-                 f"{result['definitions_max_rel_diff']:.2e}")
-    return "\n".join(lines)
-
-
-def ladder_table(result: dict) -> str:
-    lines = ["| offered req/s | ours: achieved / p99 lag ms | vllm: achieved / p99 lag ms (est.) |",
-             "| ---: | ---: | ---: |"]
-    for x in result["ladder"]:
-        lines.append(f"| {x['rate']:g} | {x['ours_achieved']:.1f} / {x['ours_lag_p99_ms']:.1f} | "
-                     f"{x['vllm_achieved']:.1f} / {x['vllm_lag_p99_ms']:.1f} |")
-    lines.append(f"\nsustainable (achieved >= {MIN_ACHIEVED:.0%}, p99 lag <= {MAX_LAG_MS:g} ms): "
-                 f"ours {result['ours']}, vllm bench serve {result['vllm']} req/s")
-    return "\n".join(lines)
+    return ladder
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer requests and repetitions")
+    ap.add_argument("--quick", action="store_true", help="fewer requests and repetitions (writes nothing by default)")
     ap.add_argument("--reps", type=int, help="repetitions per tool (default 3, quick 1)")
-    ap.add_argument("--skip-vllm", action="store_true")
-    ap.add_argument("--skip-sim", action="store_true")
-    ap.add_argument("--out", help="write all numbers as JSON here")
-    ap.add_argument("--skip-stub", action="store_true")
+    ap.add_argument("--out", type=Path, help="the dataset's folder (default: results/examples/loadgen-fidelity, "
+                                             "for a full run)")
     a = ap.parse_args()
     reps = a.reps or (1 if a.quick else 3)
+    out = a.out or (None if a.quick else EXAMPLES / "loadgen-fidelity")
+    record, t_start = RunRecord.from_argv(), time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="loadgen-fidelity-"))
-    report: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
-                              "python": platform.python_version(), "reps": reps}
+    runs: list[dict] = []
+    extra: dict[str, Any] = {"reps": reps, "python": platform.python_version(), "definitions_max_rel_diff": {}}
     servers: list[Server] = []
     try:
         model_dir = tmp / "tiny-llama"
         subprocess.run([sys.executable, "-m", "orchestrator", "make-model", "tiny-llama", str(model_dir),
                         "--weights", "random"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        if not a.skip_vllm:
-            t = time.perf_counter()
-            server, url = start_vllm(model_dir, tmp)
-            servers.append(server)
-            report["vllm_start_s"] = time.perf_counter() - t
-            n = 40 if a.quick else 160
-            data = dataset(tmp / "cpu.jsonl", n, 64, 32)
-            run_ours(url, dataset(tmp / "warm.jsonl", 16, 64, 32, seed=9), 16, 4.0)  # one-off warm-up costs
-            report["cpu_vllm"] = agreement(url, model_dir, data, n, 4.0, reps, tmp)
-            print(table("CPU vLLM (tiny-llama, 64 in / 32 out, constant 4 req/s)", report["cpu_vllm"]), flush=True)
-            server.stop()
-            servers.remove(server)
-        if not a.skip_sim:
-            server, url = start_sim(tmp)
-            servers.append(server)
-            n = 100 if a.quick else 400
-            data = dataset(tmp / "sim.jsonl", n, 512, 64)
-            run_ours(url, dataset(tmp / "warm2.jsonl", 16, 512, 64, seed=9), 16, 8.0)
-            report["sim"] = agreement(url, model_dir, data, n, 20.0, reps, tmp)
-            print(table("sim engine direct server (Llama-3.1-8B on H100, 512 in / 64 out, constant 20 req/s)",
-                        report["sim"]), flush=True)
-            rates = [50, 100, 200, 300] if a.quick else [50, 100, 200, 300, 400, 600, 800]
-            report["sustainable"] = sustainable(url, model_dir, tmp, rates, 3.0 if a.quick else 5.0)
-            print(ladder_table(report["sustainable"]), flush=True)
-            server.stop()
-            servers.remove(server)
-        if not a.skip_stub:
-            server, url = start_stub(tmp)
-            servers.append(server)
-            n = 100 if a.quick else 300
-            data = dataset(tmp / "stub.jsonl", n, 64, 32)
-            report["ground_truth"] = ground_truth(url, model_dir, data, n, 30.0, reps, tmp)
-            print("stub server (first token after 20 ms, then every 10 ms; 64 in / 32 out, constant 30 req/s)")
-            print(truth_table(report["ground_truth"]), flush=True)
+        t = time.perf_counter()
+        server, url = start_vllm(model_dir, tmp)
+        servers.append(server)
+        extra["vllm_start_s"] = time.perf_counter() - t
+        n = 40 if a.quick else 160
+        data = dataset(tmp / "cpu.jsonl", n, 64, 32)
+        run_ours(url, dataset(tmp / "warm.jsonl", 16, 64, 32, seed=9), 16, 4.0)  # one-off warm-up costs
+        rows, extra["definitions_max_rel_diff"][tables.CPU_VLLM] = agreement(url, model_dir, data, n, 4.0, reps, tmp,
+                                                                             tables.CPU_VLLM)
+        runs += rows
+        print(f"CPU vLLM: {len(rows)} runs", flush=True)
+        server.stop()
+        servers.remove(server)
+        server, url = start_sim(tmp)
+        servers.append(server)
+        n = 100 if a.quick else 400
+        data = dataset(tmp / "sim.jsonl", n, 512, 64)
+        run_ours(url, dataset(tmp / "warm2.jsonl", 16, 512, 64, seed=9), 16, 8.0)
+        rows, extra["definitions_max_rel_diff"][tables.SIM] = agreement(url, model_dir, data, n, 20.0, reps, tmp,
+                                                                        tables.SIM)
+        runs += rows
+        rates = [50, 100, 200, 300] if a.quick else [50, 100, 200, 300, 400, 600, 800]
+        ladder = sustainable(url, model_dir, tmp, rates, 3.0 if a.quick else 5.0)
+        print(f"sim: {len(rows)} runs, ladder of {len(ladder)} rates", flush=True)
+        server.stop()
+        servers.remove(server)
+        server, url = start_stub(tmp)
+        servers.append(server)
+        n = 100 if a.quick else 300
+        data = dataset(tmp / "stub.jsonl", n, 64, 32)
+        truth = ground_truth(url, model_dir, data, n, 30.0, reps, tmp)
     finally:
         for s in servers:
             s.stop()
-        report["load_avg_end"] = os.getloadavg()
-        if a.out:
-            Path(a.out).write_text(json.dumps(report, indent=1, default=str))
         shutil.rmtree(tmp, ignore_errors=True)
+    if out is None:
+        print("--quick: nothing written (give --out to keep it)")
+        return 0
+    import pandas as pd
+
+    frames = {tables.RUNS_FILE: pd.DataFrame(runs), tables.LADDER_FILE: pd.DataFrame(ladder),
+              tables.TRUTH_FILE: pd.DataFrame(truth)}
+    write_dataset(out, record.finish(**extra, seconds=round(time.monotonic() - t_start)),
+                  {name: (lambda p, f=f: f.to_parquet(p, index=False)) for name, f in frames.items()})
+    for build in (tables.cpu_table, tables.sim_table, tables.ladder_table, tables.truth_table, tables.findings):
+        print("\n" + build(out))
     return 0
 
 

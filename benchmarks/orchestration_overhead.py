@@ -15,16 +15,19 @@ That gap holds what happens between trials: the result write to Parquet, the rep
 Tune, Optuna's tell and ask, Tune scheduling the next trial onto the reused actor. With
 ``c`` trials at a time, trial ``k`` (in start order) takes the slot of the ``k-c``-th trial
 to end. The first ``c`` trials took no freed slot (before them is the study's start-up):
-they are left out of both paths. Prints both paths and the ratio of their mean overheads; the target is
-<= 2 s and <= 3% of the trial time.
+they are left out of both paths. The target is <= 2 s and <= 3% of the trial time.
 
-    python benchmarks/orchestration_overhead.py [--trials 6] [--concurrency 1] [--requests 150]
+Stores every trial's phases (``phases.parquet``) and the run (``run.json``: command, date, cores,
+load average before and after) in results/examples/orchestration-overhead; the docs' table and
+text are computed from them (``orchestrator/doc_tables/overhead.py``).
+
+    python benchmarks/orchestration_overhead.py [--trials 6] [--concurrency 1 2] [--requests 150]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import shutil
 import sys
 import tempfile
 import time
@@ -32,6 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
+
+from orchestrator.doc_tables import overhead as tables  # noqa: E402
 from orchestrator.study.spec import parse_study  # noqa: E402
 
 SERVE_PORT = 8150
@@ -68,51 +74,32 @@ def baseline(study, trials: int, serve_port: int) -> list[dict]:
 
     engine = engine_for(study, EngineContext(serve_port=serve_port))
     requests = load_plan(study).requests()
-    phases = []
+    rows, origin = [], time.monotonic()
     for params in CONFIGS[:trials]:
         t0 = time.monotonic()
-        gap = t0 - phases[-1]["end"] if phases else None
         args = engine.resolve(engine_args_from_params({**params, "stream_interval": 4}))
-        dep = engine.deploy(f"base-{len(phases)}", args)
+        dep = engine.deploy(f"base-{len(rows)}", args)
         startup = time.monotonic() - t0
         t1 = time.monotonic()
         with dep:
             run_load_sync(Endpoint(dep.endpoint.base_url, dep.endpoint.model), requests,
                           timeout_s=study.workload.timeout_s)
             load = time.monotonic() - t1
-        end = time.monotonic()
-        wall = end - t0
-        phases.append({"wall": wall, "startup": startup, "load": load, "in_trial": wall - startup - load,
-                       "gap": gap, "end": end})
-    return with_overhead(phases)
+        wall = time.monotonic() - t0
+        rows.append({"started_s": t0 - origin, "wall_s": wall, "startup_s": startup, "load_s": load,
+                     "in_trial_s": wall - startup - load})
+    return rows
 
 
-def with_overhead(phases: list[dict]) -> list[dict]:
-    """Trials that took a freed slot, with ``overhead`` = in-trial overhead + the gap before them."""
-    return [dict(p, overhead=p["in_trial"] + p["gap"], wall=p["wall"] + p["gap"]) for p in phases
-            if p["gap"] is not None]
+def orchestrated_rows(df) -> list[dict]:
+    """Per trial row of the study: its start (seconds after the first) and its phase columns."""
+    first = df["started_at"].min()
+    return [{"started_s": (r.started_at - first).total_seconds(), "wall_s": r.wall_time_s, "startup_s": r.startup_s,
+             "load_s": r.load_window_s, "in_trial_s": r.overhead_s} for r in df.itertuples()]
 
 
-def orchestrated_phases(df, concurrency: int) -> list[dict]:
-    """Per trial (start order): its in-trial overhead, and the gap since the slot it took came free."""
-    rows = sorted(df.itertuples(), key=lambda r: r.started_at)
-    ends = sorted(r.started_at.timestamp() + r.wall_time_s for r in rows)
-    phases = []
-    for k, r in enumerate(rows):
-        start = r.started_at.timestamp()
-        gap = start - ends[k - concurrency] if k >= concurrency else None
-        phases.append({"wall": r.wall_time_s, "startup": r.startup_s, "load": r.load_window_s,
-                       "in_trial": r.overhead_s, "gap": gap})
-    return with_overhead(phases)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--concurrency", type=int, default=1)
-    ap.add_argument("--requests", type=int, default=150, help="measured requests per trial (at 10 req/s)")
-    a = ap.parse_args()
-
+def one_run(trials: int, concurrency: int, requests: int) -> list[dict]:
+    """A fresh local Ray: the bare loop, then the same configurations through ``run_study``."""
     import ray
 
     from orchestrator.cluster.connect import start_serve
@@ -120,33 +107,41 @@ def main() -> None:
     from orchestrator.search.driver import run_study
 
     out = tempfile.mkdtemp(prefix="overhead-")
-    study = parse_study(study_doc(out, a.trials, a.concurrency, a.requests))
-    ray.init(address="local", num_cpus=4, num_gpus=study.hardware.gpus_per_node, include_dashboard=False, namespace="orchestrator",
-             log_to_driver=False)
+    study = parse_study(study_doc(out, trials, concurrency, requests))
+    ray.init(address="local", num_cpus=4, num_gpus=study.hardware.gpus_per_node, include_dashboard=False,
+             namespace="orchestrator", log_to_driver=False)
     try:
         start_serve(SERVE_PORT)
-        base = baseline(study, a.trials, SERVE_PORT)
+        base = baseline(study, trials, SERVE_PORT)
         run_study(study, quiet=True, serve_port=SERVE_PORT)
     finally:
         ray.shutdown()
-    df = load_trials(f"{out}/overhead")
-    orch = orchestrated_phases(df, a.concurrency)
+    orch = orchestrated_rows(load_trials(f"{out}/overhead"))
+    shutil.rmtree(out, ignore_errors=True)
+    return ([dict(r, path=tables.BASELINE, concurrency=concurrency, trial=k) for k, r in enumerate(base)]
+            + [dict(r, path=tables.ORCHESTRATED, concurrency=concurrency, trial=k) for k, r in enumerate(orch)])
 
-    def row(name, ph):
-        ov = [p["overhead"] for p in ph]
-        share = [p["overhead"] / p["wall"] for p in ph]
-        return (f"| {name} | {len(ph)} | {statistics.mean(p['wall'] for p in ph):.1f} | "
-                f"{statistics.mean(p['startup'] for p in ph):.1f} | {statistics.mean(p['load'] for p in ph):.1f} | "
-                f"{statistics.mean(p['in_trial'] for p in ph):.2f} | {statistics.mean(p['gap'] for p in ph):.2f} | "
-                f"{statistics.mean(ov):.2f} | {max(ov):.2f} | {100 * statistics.mean(share):.1f}% |")
 
-    print("| path | trials | wall s (gap included) | start-up s | load window s | in-trial overhead s | "
-          "gap before s | overhead s (mean) | overhead s (max) | overhead / wall |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    print(row("bare loop (baseline)", base))
-    print(row(f"orchestrated (Tune + Optuna + Parquet, concurrency {a.concurrency})", orch))
-    ratio = statistics.mean(p["overhead"] for p in orch) / max(1e-9, statistics.mean(p["overhead"] for p in base))
-    print(f"\norchestrated / baseline overhead: {ratio:.2f}x")
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2], help="one run (fresh Ray) per value")
+    ap.add_argument("--requests", type=int, default=150, help="measured requests per trial (at 10 req/s)")
+    ap.add_argument("--out", type=Path, default=EXAMPLES / "orchestration-overhead")
+    a = ap.parse_args()
+    if a.trials < 2 or a.trials > len(CONFIGS) or min(a.concurrency) < 1 or max(a.concurrency) >= a.trials:
+        ap.error(f"--trials must be 2..{len(CONFIGS)} and each --concurrency 1..trials-1")
+
+    import pandas as pd
+    import ray
+
+    record = RunRecord.from_argv()
+    rows = [r for c in a.concurrency for r in one_run(a.trials, c, a.requests)]
+    frame = pd.DataFrame(rows)
+    write_dataset(a.out, record.finish(ray=ray.__version__, trials=a.trials, requests=a.requests,
+                                       concurrency=a.concurrency),
+                  {tables.PHASES_FILE: lambda p: frame.to_parquet(p, index=False)})
+    print(tables.overhead_table(a.out) + "\n\n" + tables.overhead_findings(a.out))
 
 
 if __name__ == "__main__":

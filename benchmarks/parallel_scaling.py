@@ -10,10 +10,16 @@ simulated engine start (``engine.startup_s``), a low request rate and slow simul
 steps (``engine.calibration.slowdown``), so the trial mostly sleeps, as a real trial
 mostly waits on its GPU. What is left on the CPU (a replica process start per trial, the
 trial process, Serve's controller, the load generator) is reported next to the result:
-the machine's busy share during each run and the CPU seconds per trial.
+the CPU seconds per trial and the share of the machine's cores they kept busy, counted in a
+cpuacct cgroup holding this process and all it starts (else the whole machine's counters).
+
+Stores every trial's row (``trials.parquet``) and the run record (``run.json``: command, date,
+cores, load average before and after, each N's wall time, CPU and GPU peaks) in
+results/examples/parallel-scaling; the docs' table and text are computed from them
+(``orchestrator/doc_tables/scaling.py``).
 
     python benchmarks/parallel_scaling.py [--gpus 1,2,4,8] [--trials 8] [--tp 1] [--load-s 30]
-        [--startup-s 10] [--port 8390] [--markdown FILE]
+        [--startup-s 10] [--port 8390] [--out DIR]
 
 ``--tp 1,2,4`` mixes tensor-parallel sizes (packing); the scaling table uses TP 1.
 """
@@ -31,7 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
+
+from orchestrator.doc_tables import scaling as tables  # noqa: E402
+
 GPUS_PER_NODE = 4
+CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
 
 
 def study_for(out: str, *, gpus: int, trials: int, tps: list[int], load_s: float, startup_s: float):
@@ -62,8 +73,36 @@ def study_for(out: str, *, gpus: int, trials: int, tps: list[int], load_s: float
     })
 
 
-def run_one(gpus: int, args, out: str) -> dict:
-    import psutil
+class CpuCounter:
+    """CPU seconds of this process and everything it starts (a cpuacct cgroup it joins; Linux, root),
+    else of the whole machine (which counts other work too): the machine may be shared."""
+
+    def __init__(self) -> None:
+        self.group = CGROUP_ROOT / f"parallel-scaling-{os.getpid()}"
+        self.own = os.access(CGROUP_ROOT, os.W_OK)
+        if self.own:
+            self.group.mkdir(exist_ok=True)
+            (self.group / "cgroup.procs").write_text(str(os.getpid()))  # children (Ray's processes) inherit it
+
+    def seconds(self) -> float:
+        if self.own:
+            return int((self.group / "cpuacct.usage").read_text()) / 1e9
+        import psutil
+
+        t = psutil.cpu_times()
+        return t.user + t.system + t.nice
+
+    def close(self) -> None:
+        if self.own:  # back to the root group, so the empty one can go
+            (CGROUP_ROOT / "cgroup.procs").write_text(str(os.getpid()))
+            time.sleep(1.0)  # Ray's processes are gone by now; a straggler keeps the group (harmless)
+            try:
+                self.group.rmdir()
+            except OSError:
+                pass
+
+
+def run_one(gpus: int, args, out: str, cpu: CpuCounter) -> tuple[dict, list[dict]]:
     import ray
     from ray.cluster_utils import Cluster
 
@@ -79,23 +118,20 @@ def run_one(gpus: int, args, out: str) -> dict:
         left -= GPUS_PER_NODE
     ray.init(address=c.address, namespace="orchestrator", logging_level="ERROR")
     try:
-        cpu0, t0 = psutil.cpu_times(), time.monotonic()
+        cpu0, t0 = cpu.seconds(), time.monotonic()
         run = run_study(study, quiet=True, serve_port=args.port)
         wall = time.monotonic() - t0
-        cpu1 = psutil.cpu_times()
+        cpu1 = cpu.seconds()
     finally:
         ray.shutdown()
         c.shutdown()
-    busy = (cpu1.user + cpu1.system + cpu1.nice - cpu0.user - cpu0.system - cpu0.nice)
     trials = load_trials(run.study_dir)
-    ok = trials[trials["status"] == "completed"]
-    return {
-        "gpus": gpus, "wall_s": wall, "trials": len(trials), "completed": len(ok),
-        "trial_s": float(trials["wall_time_s"].mean()), "startup_s": float(ok["startup_s"].mean()),
-        "load_s": float(ok["load_window_s"].mean()), "queue_s": float(trials["queue_s"].fillna(0).mean()),
-        "cpu_s_per_trial": busy / max(1, len(trials)), "busy": busy / (wall * (os.cpu_count() or 1)),
-        "peaks": run.gpu_peaks,
-    }
+    rows = [{"gpus": gpus, "trial_id": r.trial_id, "status": str(r.status), "wall_time_s": float(r.wall_time_s),
+             "startup_s": float(r.startup_s), "load_window_s": float(r.load_window_s),
+             "queue_s": 0.0 if r.queue_s != r.queue_s or r.queue_s is None else float(r.queue_s)}
+            for r in trials.itertuples()]
+    return {"gpus": gpus, "wall_s": wall, "cpu_s": cpu1 - cpu0,
+            "peaks": [[int(u), int(t)] for u, t in run.gpu_peaks.values()]}, rows
 
 
 def main(argv=None) -> int:
@@ -106,30 +142,31 @@ def main(argv=None) -> int:
     ap.add_argument("--load-s", type=float, default=30.0, help="simulated load window per trial")
     ap.add_argument("--startup-s", type=float, default=10.0, help="simulated engine start per trial")
     ap.add_argument("--port", type=int, default=8390)
-    ap.add_argument("--markdown")
+    ap.add_argument("--out", type=Path, default=EXAMPLES / "parallel-scaling",
+                    help="the dataset's folder (TP 1 only: the docs' table)")
     args = ap.parse_args(argv)
+    gpus = [int(x) for x in args.gpus.split(",")]
+    if 1 not in gpus:
+        ap.error("--gpus must include 1 (the speed-up's baseline)")
 
-    rows = []
+    import pandas as pd
+
+    record, cpu = RunRecord.from_argv(), CpuCounter()
+    runs, trials = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in [int(x) for x in args.gpus.split(",")]:
-            r = run_one(n, args, f"{tmp}/out-{n}")
-            rows.append(r)
+        for n in gpus:
+            r, rows = run_one(n, args, f"{tmp}/out-{n}", cpu)
+            runs.append(r)
+            trials += rows
             print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}),
                   file=sys.stderr, flush=True)
-    base = next((r for r in rows if r["gpus"] == 1), rows[0])
-    lines = ["| GPUs | trials | wall s | speed-up | target 0.9 N | efficiency | trial s (start + load) | "
-             "CPU s / trial | machine busy | most GPUs leased per node |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        speed = base["wall_s"] * (base["gpus"] / base["gpus"]) / r["wall_s"]
-        peaks = ", ".join(f"{u}/{t}" for u, t in r["peaks"].values())
-        lines.append(f"| {r['gpus']} | {r['completed']}/{r['trials']} | {r['wall_s']:.0f} | {speed:.2f} | "
-                     f"{0.9 * r['gpus']:.1f} | {speed / r['gpus']:.0%} | {r['trial_s']:.0f} ({r['startup_s']:.0f} + "
-                     f"{r['load_s']:.0f}) | {r['cpu_s_per_trial']:.1f} | {r['busy']:.0%} | {peaks} |")
-    table = "\n".join(lines)
-    print(table)
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+    cpu.close()
+    frame = pd.DataFrame(trials)
+    write_dataset(args.out, record.finish(runs=runs, trials=args.trials, tp=args.tp, load_s=args.load_s,
+                                          startup_s=args.startup_s, gpus_per_node=GPUS_PER_NODE,
+                                          cpu_counted="cgroup" if cpu.own else "machine"),
+                  {tables.TRIALS_FILE: lambda p: frame.to_parquet(p, index=False)})
+    print(tables.scaling_table(args.out))
     return 0
 
 

@@ -16,6 +16,11 @@ for the run (Linux, root). Without one the machine's CPU counters are read inste
 count whatever else runs: run it on an idle machine. A third figure is the command line alone:
 ``build_parser`` for ``run`` only against every command (the lazy command modules), in-process.
 
+Stores every run's wall and CPU seconds (``runs.parquet``) and the run record (``run.json``:
+command, date, cores, load average before and after, how CPU was counted) in
+results/examples/run-start-cost; the docs' table and text are computed from them
+(``orchestrator/doc_tables/start_cost.py``).
+
     python benchmarks/run_start_cost.py [--repeats 5] [--trials 6]
 """
 
@@ -23,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +39,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.measure.confidence import t_of  # noqa: E402
+from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
+
+from orchestrator.doc_tables import start_cost as tables  # noqa: E402
 
 BEFORE = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "0", "RAY_prestart_worker_first_driver": "1"}
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
@@ -75,12 +81,6 @@ def timed_run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def interval(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    half = t_of(0.9, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return f"{mean:6.2f} [{mean - half:.2f}, {mean + half:.2f}] (min {min(values):.2f}, max {max(values):.2f})"
-
-
 def parser_cost(repeats: int) -> tuple[list[float], list[float]]:
     """Seconds of ``build_parser(['run', ...])`` and ``build_parser()`` in fresh interpreters."""
     code = ("import time, sys; t = time.process_time(); from orchestrator.cli import build_parser; "
@@ -98,7 +98,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=EXAMPLES / "run-start-cost")
     args = ap.parse_args()
+    if args.repeats < 2 or args.trials < 1:
+        ap.error("--repeats must be >= 2 (the interval needs a spread) and --trials >= 1")
+    import pandas as pd
+
+    record = RunRecord.from_argv()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         doc = yaml.safe_load((REPO / "search_spaces" / "quickstart.yaml").read_text())
         doc["engine"] = {**doc["engine"], "mode": "virtual"}
@@ -107,26 +114,22 @@ def main() -> int:
         base_env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
         for key in BEFORE:
             base_env.pop(key, None)
-        results: dict[str, list[tuple[float, float]]] = {"now": [], "before": []}
         for i in range(args.repeats):
-            for name, extra in (("now", {}), ("before", BEFORE)):
+            for name, extra in ((tables.NOW, {}), (tables.BEFORE, BEFORE)):
                 out = Path(tmp) / f"{name}-{i}"
                 argv = [sys.executable, "-m", "orchestrator", "run", str(study), "--output", str(out),
                         "--trials", str(args.trials), "--quiet"]
-                results[name].append(timed_run(argv, {**base_env, **extra}))
-                print(f"  {name:6s} run {i + 1}: {results[name][-1][0]:.1f} s wall, {results[name][-1][1]:.1f} CPU-s",
-                      flush=True)
-    counted = "a cgroup per run" if os.access(CGROUP_ROOT, os.W_OK) else "the machine's counters"
-    print(f"\n`orchestrator run` of the virtual quickstart ({args.trials} trials), {args.repeats} runs each, "
-          f"CPU from {counted}; mean [90% interval]:")
-    for name in ("before", "now"):
-        print(f"  {name:6s} CPU-s {interval([c for _, c in results[name]])}   wall s "
-              f"{interval([w for w, _ in results[name]])}")
-    ratio = statistics.fmean(c for _, c in results["now"]) / statistics.fmean(c for _, c in results["before"])
-    print(f"  now / before CPU: {ratio:.2f}x")
+                wall, cpu = timed_run(argv, {**base_env, **extra})
+                rows.append({"variant": name, "repeat": i, "wall_s": wall, "cpu_s": cpu})
+                print(f"  {name:6s} run {i + 1}: {wall:.1f} s wall, {cpu:.1f} CPU-s", flush=True)
     one, every = parser_cost(args.repeats)
-    print(f"\ncommand line, CPU-s to import and build the parser: `run` only {interval(one)}, every command "
-          f"{interval(every)}; ratio {statistics.fmean(one) / statistics.fmean(every):.2f}x")
+    rows += [{"variant": name, "repeat": i, "wall_s": float("nan"), "cpu_s": cpu}
+             for name, values in ((tables.PARSER_RUN, one), (tables.PARSER_EVERY, every)) for i, cpu in enumerate(values)]
+    frame = pd.DataFrame(rows)
+    counted = "cgroup" if os.access(CGROUP_ROOT, os.W_OK) else "machine"
+    write_dataset(args.out, record.finish(trials=args.trials, repeats=args.repeats, cpu_counted=counted),
+                  {tables.RUNS_FILE: lambda p: frame.to_parquet(p, index=False)})
+    print(tables.start_cost_table(args.out) + "\n\n" + tables.start_cost_findings(args.out))
     return 0
 
 

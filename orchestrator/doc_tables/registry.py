@@ -160,6 +160,36 @@ TABLES.update({t.name: t for t in (
 )})
 
 
+# --- benchmarks that time things: each stores its runs under results/examples (docs/benchmarks.md)
+from orchestrator.doc_tables import loadgen_fidelity as _loadgen  # noqa: E402
+from orchestrator.doc_tables import overhead as _overhead  # noqa: E402
+from orchestrator.doc_tables import scaling as _scaling  # noqa: E402
+from orchestrator.doc_tables import start_cost as _start_cost  # noqa: E402
+
+_OVERHEAD = _EX + "orchestration-overhead"
+_START_COST = _EX + "run-start-cost"
+_SCALING = _EX + "parallel-scaling"
+_LOADGEN = _EX + "loadgen-fidelity"
+TABLES.update({t.name: t for t in (
+    text_block("orchestration-overhead-setup", (_OVERHEAD,), _overhead.overhead_setup),
+    DocTable("orchestration-overhead", (_OVERHEAD,), _overhead.overhead_table),
+    text_block("orchestration-overhead-findings", (_OVERHEAD,), _overhead.overhead_findings),
+    text_block("run-start-cost-setup", (_START_COST,), _start_cost.start_cost_setup),
+    DocTable("run-start-cost", (_START_COST,), _start_cost.start_cost_table),
+    text_block("run-start-cost-findings", (_START_COST,), _start_cost.start_cost_findings),
+    text_block("parallel-scaling-setup", (_SCALING,), _scaling.scaling_setup),
+    DocTable("parallel-scaling", (_SCALING,), _scaling.scaling_table),
+    text_block("parallel-scaling-findings", (_SCALING,), _scaling.scaling_findings),
+    text_block("loadgen-fidelity-setup", (_LOADGEN,), _loadgen.setup_text),
+    DocTable("loadgen-fidelity-cpu", (_LOADGEN,), _loadgen.cpu_table),
+    text_block("loadgen-fidelity-definitions", (_LOADGEN,), _loadgen.definitions_text),
+    DocTable("loadgen-fidelity-sim", (_LOADGEN,), _loadgen.sim_table),
+    DocTable("loadgen-fidelity-ladder", (_LOADGEN,), _loadgen.ladder_table),
+    DocTable("loadgen-fidelity-truth", (_LOADGEN,), _loadgen.truth_table),
+    text_block("loadgen-fidelity-findings", (_LOADGEN,), _loadgen.findings),
+)})
+
+
 def render(name: str, root: Path = ROOT) -> str:
     """The markdown of block ``name``, built from its datasets under ``root``."""
     return _render(name, str(Path(root).resolve()))
