@@ -20,7 +20,7 @@ import pandas as pd
 
 from orchestrator.doc_tables.blocks import join, paragraph, series, span
 from orchestrator.doc_tables.h200 import markdown
-from orchestrator.doc_tables.search_efficiency import code_block
+from orchestrator.doc_tables.search_efficiency import code_block, machine
 
 WINDOWS_FILE, RUN_FILE = "windows.parquet", "run.json"
 SLO_METRICS = ("ttft_p99_ms", "ttft_p90_ms", "ttft_p50_ms", "tpot_p50_ms", "e2el_p99_ms")  # the studies' usual limits
@@ -96,7 +96,7 @@ def coverage_setup(folder: str | Path) -> str:
                   f"intervals (`orchestrator/measure/confidence.py`: block bootstrap, {blocks} s blocks, widened per "
                   "statistic):"),
         code_block(run["command"]),
-        paragraph(f"{run['cores']} cores (load average {run['load_average_1m']:g} at the start), one process, "
+        paragraph(f"{machine(run)}, one process, "
                   f"{run['seconds'] / 60:.0f} minutes, at commit {run['commit']} on {run['date']}; "
                   f"{len(windows.drop_duplicates(['rate', 'seed']))} windows:"))
 

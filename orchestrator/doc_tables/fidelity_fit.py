@@ -18,7 +18,7 @@ import pandas as pd
 
 from orchestrator.doc_tables.blocks import bullets, join, paragraph, series
 from orchestrator.doc_tables.h200 import markdown
-from orchestrator.doc_tables.search_efficiency import code_block
+from orchestrator.doc_tables.search_efficiency import code_block, machine
 
 FITS_FILE, PREDICTIONS_FILE, RUN_FILE = "fits.parquet", "predictions.parquet", "run.json"
 FIELDS = ("step_overhead", "compute_efficiency", "bandwidth_efficiency", "frontend_latency")
@@ -83,8 +83,7 @@ def fit_run(folder: str | Path) -> str:
         "(trial order), per trial (the old fit) and per level (the new one); the calibrated simulator then predicts "
         "the capacity of every other completed trial of that study and of "
         f"{series([f'`{d}`' for d in run['also_held_out']])}. The timer (`fit s`) covers the fit alone, in one "
-        f"process (its simulations): it is this machine's, {run['cores']} cores (load average "
-        f"{run['load_average_1m']:g} at the start), {run['jobs']} fits at a time, {run['seconds']:.0f} s in all, "
+        f"process (its simulations): it is this machine's, {machine(run)}, {run['jobs']} fits at a time, {run['seconds']:.0f} s in all, "
         f"at commit {run['commit']} on {run['date']}."))
 
 
