@@ -20,7 +20,7 @@ import pandas as pd
 
 from orchestrator.doc_tables.blocks import join, paragraph, series, span
 from orchestrator.doc_tables.h200 import markdown
-from orchestrator.doc_tables.search_efficiency import code_block, machine
+from orchestrator.doc_tables.search_efficiency import code_block, duration, machine
 
 WINDOWS_FILE, RUN_FILE = "windows.parquet", "run.json"
 SLO_METRICS = ("ttft_p99_ms", "ttft_p90_ms", "ttft_p50_ms", "tpot_p50_ms", "e2el_p99_ms")  # the studies' usual limits
@@ -97,7 +97,7 @@ def coverage_setup(folder: str | Path) -> str:
                   "statistic):"),
         code_block(run["command"]),
         paragraph(f"{machine(run)}, one process, "
-                  f"{run['seconds'] / 60:.0f} minutes, at commit {run['commit']} on {run['date']}; "
+                  f"{duration(run['seconds'])}, at commit {run['commit']} on {run['date']}; "
                   f"{len(windows.drop_duplicates(['rate', 'seed']))} windows:"))
 
 
@@ -119,9 +119,9 @@ def coverage_findings(folder: str | Path) -> str:
             by_metric.setdefault(r.metric, []).append(r)
         parts = [f"{NAMES.get(m, m)} at {series([f'{r.rate:g}' for r in rs])} req/s ({_pcts(r.coverage for r in rs)})"
                  for m, rs in by_metric.items()]
-        sentences.append(f"Under-covered (more than {UNDER:.0%} short): {series(parts)}."
+        sentences.append(f"Under-covered (more than {100 * UNDER:.0f} points short): {series(parts)}."
                          + (f" TPOT p99's tail moves with the batch size over longer than a {run['duration']:g} s "
                             "window." if "tpot_p99_ms" in by_metric else ""))
     else:
-        sentences.append(f"No metric at any rate covered more than {UNDER:.0%} less often than promised.")
+        sentences.append(f"No metric at any rate covered more than {100 * UNDER:.0f} points less often than promised.")
     return paragraph(*sentences)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from orchestrator.doc_tables.blocks import bullets, count_word, join, paragraph, series, span
 from orchestrator.doc_tables.h200 import markdown
-from orchestrator.doc_tables.search_efficiency import code_block, machine
+from orchestrator.doc_tables.search_efficiency import code_block, duration, machine
 
 CASES_FILE, BASELINES_FILE, RUN_FILE = "cases.parquet", "baselines.parquet", "run.json"
 HIDDEN = ("hidden_step_overhead", "hidden_bandwidth_efficiency", "hidden_launch")
@@ -100,8 +100,8 @@ def multifidelity_run(folder: str | Path) -> str:
                   f"(GP) seeds, each stopped at {run['baseline_cap']} trials; the fidelity search at "
                   f"{run['cap']} real trials."),
         code_block(run["command"]),
-        paragraph(f"{machine(run)}, {run['jobs']} process{'' if run['jobs'] == 1 else 'es'}, {run['seconds'] / 60:.0f} "
-                  f"minutes in all with scoring the {len(grids)} grids"
+        paragraph(f"{machine(run)}, {run['jobs']} process{'' if run['jobs'] == 1 else 'es'}, "
+                  f"{duration(run['seconds'])} in all with scoring the {len(grids)} grids"
                   + (f" ({span(timed)} s each)" if timed else "") + f", at commit {run['commit']} on {run['date']}. "
                   "\"goodput error\" is the shipped simulator's error on the first pick, before any fit, and on the "
                   "last; \"fitted\" are the multipliers after "

@@ -151,6 +151,11 @@ def _ratio_word(r: Row, default: Row) -> str:
     return f"{name} {r.median:g} ({r.median / default.median:.2f}x {theirs}'s)"
 
 
+def duration(seconds: float) -> str:
+    """``95 s``, ``34 minutes``."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+
+
 def machine(run: dict[str, Any]) -> str:
     """``2 cores (load average 3.1 at the start: other work shared the machine)``."""
     load = float(run["load_average_1m"])
