@@ -110,7 +110,7 @@ def coverage_findings(folder: str | Path) -> str:
     under = [r for r in rows if r.coverage < promise - UNDER]
     sentences = []
     if slo:
-        sentences.append(f"The intervals of the metrics studies usually limit ({series([NAMES[m] for m in SLO_METRICS])})"
+        sentences.append(f"The intervals of the metrics that studies usually limit ({series([NAMES[m] for m in SLO_METRICS])})"
                          f" covered the truth {_pcts(r.coverage for r in slo)} of the time at every rate, against "
                          f"{promise:.0%} promised.")
     if under:
