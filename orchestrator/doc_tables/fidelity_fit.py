@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.doc_tables.blocks import bullets, join, paragraph, series
+from orchestrator.doc_tables.blocks import bullets, count_word, join, paragraph, series
 from orchestrator.doc_tables.h200 import markdown
 from orchestrator.doc_tables.search_efficiency import code_block, machine
 
@@ -83,7 +83,7 @@ def fit_run(folder: str | Path) -> str:
         "(trial order), per trial (the old fit) and per level (the new one); the calibrated simulator then predicts "
         "the capacity of every other completed trial of that study and of "
         f"{series([f'`{d}`' for d in run['also_held_out']])}. The timer (`fit s`) covers the fit alone, in one "
-        f"process (its simulations): it is this machine's, {machine(run)}, {run['jobs']} fits at a time, {run['seconds']:.0f} s in all, "
+        f"process (its simulations): it is this machine's, {machine(run)}, {count_word(run['jobs'])} fit{'' if run['jobs'] == 1 else 's'} at a time, {run['seconds']:.0f} s in all, "
         f"at commit {run['commit']} on {run['date']}."))
 
 
@@ -113,9 +113,7 @@ def fit_findings(folder: str | Path) -> str:
             + order + f": {series([_ahead(t, p) for t, p in pairs])}. Below the uncalibrated median ({base.median:.1%}): "
             + series([f"{w} at k = {series([str(f.k) for f in fs])}" if fs else f"{w} at no k"
                       for w, fs in better.items()])
-            + ". The simulator's own constants were fitted to these same H200 levels (docs/simulator.md): what is "
-            "left is per-configuration (the eager configuration's error in the fidelity run's table is no "
-            "multiplier's to fix), which the residual model carries, not the calibration.")
+            + ". The simulator's own constants were fitted to these same H200 levels (docs/simulator.md).")
     stalled = [f for f in all_fits if f.k > 0 and not f.moved]
     items = [head]
     if stalled:
