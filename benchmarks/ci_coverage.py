@@ -10,19 +10,27 @@ windows whose interval holds the truth; an honest 90% interval covers about 90%.
 
 What the timer covers: nothing is timed; the figures are coverage shares and interval widths.
 
-    python benchmarks/ci_coverage.py [--seeds 60] [--duration 12] [--rates 40,50,55] [--markdown FILE]
+    python benchmarks/ci_coverage.py [--seeds 60] [--duration 12] [--rates 40,50,55] [--markdown FILE] [--output DIR]
+
+``--output results/examples/ci-coverage`` stores the dataset docs/benchmarks.md's table and figures are
+generated from (:mod:`orchestrator.doc_tables.ci_coverage`): every window's point value and interval
+per metric, and the run (``run.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
+import time
 from pathlib import Path
 
-import numpy as np
+import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import dataset  # noqa: E402
+from orchestrator.doc_tables import ci_coverage as tables  # noqa: E402
 
 from orchestrator.measure.blocks import BLOCK_S  # noqa: E402
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, metric_intervals  # noqa: E402
@@ -63,51 +71,45 @@ def window(rate: float, duration: float, seed: int):
     return [r for r in records if not r.warmup]
 
 
-def coverage(rate: float, seeds: int, duration: float, blocks=BLOCKS_S) -> list[dict]:
-    points: dict[str, list[float]] = {m: [] for m in METRICS}
-    bands: dict[tuple[str, float], list[tuple[float, float]]] = {}
+def windows(rate: float, seeds: int, duration: float, blocks=BLOCKS_S) -> list[dict]:
+    """One row per window, metric and block length: the window's point value and its interval."""
+    rows = []
     for seed in range(seeds):
         recs = window(rate, duration, 1000 + seed)
         m = summarise(recs).as_dict()
-        for name in METRICS:
-            points[name].append(m[name])
         for b in blocks:
-            for name, iv in metric_intervals(recs, METRICS, block_s=b, seed=seed).items():
-                bands.setdefault((name, b), []).append((iv.low, iv.high))
-    rows = []
-    for name in METRICS:
-        truth = statistics.median(points[name])
-        spread = (np.percentile(points[name], 95) - np.percentile(points[name], 5)) / truth
-        for b in blocks:
-            ivs = bands.get((name, b), [])
-            covered = sum(lo <= truth <= hi for lo, hi in ivs) / max(len(ivs), 1)
-            width = statistics.median((hi - lo) / truth for lo, hi in ivs) if ivs else float("nan")
-            rows.append({"rate": rate, "metric": name, "block_s": b, "truth": truth, "spread_90": spread,
-                         "coverage": covered, "median_width": width})
+            ivs = metric_intervals(recs, METRICS, block_s=b, seed=seed)
+            for name in METRICS:
+                iv = ivs.get(name)
+                rows.append({"rate": rate, "seed": seed, "metric": name, "block_s": b, "point": m[name],
+                             "interval": iv is not None, "low": None if iv is None else iv.low,
+                             "high": None if iv is None else iv.high})
     return rows
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=60)
     ap.add_argument("--duration", type=float, default=12.0)
     ap.add_argument("--rates", default="40,50,55")
     ap.add_argument("--blocks", default=",".join(f"{b:g}" for b in BLOCKS_S), help="block lengths (s) to compare")
     ap.add_argument("--markdown", help="also write the table here")
-    a = ap.parse_args()
+    ap.add_argument("--output", type=Path, help="write the dataset here (windows.parquet, run.json)")
+    a = ap.parse_args(argv)
     blocks = tuple(float(b) for b in a.blocks.split(","))
-    rows = [r for rate in (float(x) for x in a.rates.split(",")) for r in coverage(rate, a.seeds, a.duration, blocks)]
-    lines = [f"Coverage of {DEFAULT_CONFIDENCE:.0%} intervals, {a.seeds} seeds x {a.duration:g} s windows "
-             "(virtual simulator, H200 chat workload, vLLM's defaults)", "",
-             "| rate req/s | metric | truth (median) | seeds' 5-95% spread | block s | coverage | median interval width |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| {r['rate']:g} | {r['metric']} | {r['truth']:.4g} | {r['spread_90']:.1%} | {r['block_s']:g} | "
-                     f"{r['coverage']:.0%} | {r['median_width']:.1%} |")
-    text = "\n".join(lines)
+    rates = tuple(float(x) for x in a.rates.split(","))
+    facts = dataset.run_facts("ci_coverage.py", sys.argv[1:] if argv is None else argv)
+    t0 = time.monotonic()
+    frame = pd.DataFrame([r for rate in rates for r in windows(rate, a.seeds, a.duration, blocks)])
+    text = "\n".join([f"Coverage of {DEFAULT_CONFIDENCE:.0%} intervals, {a.seeds} seeds x {a.duration:g} s windows "
+                      "(virtual simulator, H200 chat workload, vLLM's defaults)", "", tables.table(frame, block_column=True)])
     print(text)
     if a.markdown:
         Path(a.markdown).write_text(text + "\n")
+    if a.output:
+        run = {**facts, "seeds": a.seeds, "duration": a.duration, "rates": list(rates), "blocks": list(blocks),
+               "confidence": DEFAULT_CONFIDENCE, "seconds": round(time.monotonic() - t0, 1)}
+        print(f"wrote {dataset.write(a.output, {tables.WINDOWS_FILE: frame}, run)}")
     return 0
 
 

@@ -16,7 +16,11 @@ the median and max |error| of the held-out capacities, and the fit's wall time (
 the simulations of the fit and of the held-out trials, nothing else). k = 0 is the
 uncalibrated simulator.
 
-    python benchmarks/fidelity_fit.py --max-k 4 --jobs 2
+    python benchmarks/fidelity_fit.py --max-k 4 --jobs 2 [--markdown FILE] [--output DIR]
+
+``--output results/examples/fidelity-fit`` stores the dataset docs/benchmarks.md's table and figures
+are generated from (:mod:`orchestrator.doc_tables.fidelity_fit`): each fit, every held-out trial's
+measured and predicted capacity, and the run (``run.json``).
 """
 
 from __future__ import annotations
@@ -28,10 +32,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import dataset  # noqa: E402
+from orchestrator.doc_tables import fidelity_fit as tables  # noqa: E402
 
 FIT_FROM = ROOT / "results/examples/llama3-8b-h200"
 ALSO_HELD_OUT = (ROOT / "results/examples/llama3-8b-h200-fidelity",)
@@ -46,8 +54,8 @@ def _trials(path: Path) -> list[dict]:
     out = []
     for _, t in trials.iterrows():
         rows = levels[levels["trial_id"] == t["trial_id"]].to_dict("records")
-        out.append({"trial_id": t["trial_id"], "params": json.loads(t["params_json"]),
-                    "row": t.to_dict(), "levels": rows})
+        out.append({"dataset": str(path.relative_to(ROOT)), "trial_id": t["trial_id"],
+                    "params": json.loads(t["params_json"]), "row": t.to_dict(), "levels": rows})
     return out
 
 
@@ -63,18 +71,18 @@ def one(args) -> dict:
     t0 = time.monotonic()
     for t in fitted[:k]:
         measured = {m: t["row"].get(m) for m in fidelity_metrics(study)}
-        if way == "per level":
+        if way == tables.PER_LEVEL:
             measured["levels"] = fit_levels(study, t["levels"])
         search.observe(t["params"], "completed", measured, refit=False)
     if k:
         search.refit()
     fit_s = time.monotonic() - t0
     scores = score_in_simulator(study, [t["params"] for t in held], search.calibration())
-    errs = [abs(m["capacity_rps"] - t["row"]["capacity_rps"]) / t["row"]["capacity_rps"]
-            for t, (_, m) in zip(held, scores)]
-    return {"k": k, "way": way, "calibration": search.calibration(), "fit_s": fit_s, "held_out": len(held),
-            "median": float(np.median(errs)), "max": float(np.max(errs)),
-            "within_10": sum(e <= 0.10 for e in errs), "fit_rms": search.fit_rms}
+    predictions = [{"k": k, "way": way, "dataset": t["dataset"], "trial_id": t["trial_id"],
+                    "measured": float(t["row"]["capacity_rps"]), "predicted": float(m["capacity_rps"])}
+                   for t, (_, m) in zip(held, scores)]
+    fit = {"k": k, "way": way, **search.calibration(), "fit_s": round(fit_s, 1), "fit_rms": search.fit_rms}
+    return {"fit": fit, "predictions": predictions}
 
 
 def main(argv=None) -> int:
@@ -82,23 +90,26 @@ def main(argv=None) -> int:
     ap.add_argument("--max-k", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--output", type=Path, help="write the dataset here (fits.parquet, predictions.parquet, run.json)")
     args = ap.parse_args(argv)
-    jobs = [(0, "uncalibrated")] + [(k, w) for k in range(1, args.max_k + 1) for w in ("per trial", "per level")]
+    facts = dataset.run_facts("fidelity_fit.py", sys.argv[1:] if argv is None else argv)
+    jobs = [(0, tables.UNCALIBRATED)] + [(k, w) for k in range(1, args.max_k + 1)
+                                         for w in (tables.PER_TRIAL, tables.PER_LEVEL)]
     t0 = time.monotonic()
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(one, jobs))
-    lines = ["| real trials fitted | fit | held-out capacity \\|error\\|: median / max | within 10% | "
-             "calibration (step, compute, bandwidth, frontend) | fit s |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        cal = ", ".join(f"{v:.2f}" for v in r["calibration"].values())
-        lines.append(f"| {r['k']} | {r['way']} | {r['median']:.1%} / {r['max']:.1%} | "
-                     f"{r['within_10']} of {r['held_out']} | {cal} | {r['fit_s']:.0f} |")
-    text = "\n".join(lines)
+        results = list(pool.map(one, jobs))
+    fits = pd.DataFrame([r["fit"] for r in results])
+    predictions = pd.DataFrame([p for r in results for p in r["predictions"]])
+    text = tables.table(fits, predictions)
     print(text)
     print(f"({time.monotonic() - t0:.0f} s in all, {args.jobs} processes)")
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
+    if args.output:
+        run = {**facts, "max_k": args.max_k, "jobs": args.jobs, "fit_from": str(FIT_FROM.relative_to(ROOT)),
+               "also_held_out": [str(p.relative_to(ROOT)) for p in ALSO_HELD_OUT],
+               "seconds": round(time.monotonic() - t0, 1)}
+        print(f"wrote {dataset.write(args.output, {tables.FITS_FILE: fits, tables.PREDICTIONS_FILE: predictions}, run)}")
     return 0
 
 

@@ -12,9 +12,13 @@ same loop as a study).
 
 Landscapes: the four of ``benchmarks/search_efficiency.py``.
 
-    python benchmarks/multifidelity.py [--seeds 5] [--gp-seeds 3] [--jobs 2] [--markdown FILE]
+    python benchmarks/multifidelity.py [--seeds 5] [--gp-seeds 2] [--jobs 2] [--markdown FILE] [--output DIR]
 
 Target: median <= 5 real trials to reach 95% of the true optimum.
+
+``--output results/examples/multifidelity`` stores the dataset docs/benchmarks.md's table and figures
+are generated from (:mod:`orchestrator.doc_tables.multifidelity`): one row per case, every baseline
+search's trial count, and the run (``run.json``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import copy
 import hashlib
 import json
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -34,9 +37,11 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import dataset  # noqa: E402
 import search_efficiency as se  # noqa: E402
 
 TARGET = 0.95
+TRIALS_BOUND = 5  # the target: median real trials to reach TARGET of the true optimum
 CAP = 12  # real trials a fidelity search may take here (it stops at the target: the count is what is measured)
 # Hidden "real" coefficients: (step_overhead, bandwidth_efficiency, launch cost outside graphs) multipliers.
 PERTURBATIONS = {
@@ -90,25 +95,29 @@ def _kept(study) -> list[str]:
     return list(dict.fromkeys(list(fm.FIT_METRICS) + study_metrics(study) + ["goodput"]))
 
 
-def score_grid(name: str, perturbation: Optional[tuple], jobs: int, cache: Optional[Path]) -> list:
-    """Every grid point scored, unperturbed (None) or as the hidden real engine: [(params, status, metrics)]."""
+def score_grid(name: str, perturbation: Optional[tuple], jobs: int,
+               cache: Optional[Path]) -> tuple[list, Optional[float]]:
+    """Every grid point scored, unperturbed (None) or as the hidden real engine: [(params, status, metrics)];
+    and the seconds that took (None: read from the cache)."""
     study = fidelity_study(name)
     grid = study.space.grid()
     cal = {} if perturbation is None else {"step_overhead": perturbation[0], "bandwidth_efficiency": perturbation[1]}
-    tag = hashlib.sha256(json.dumps([study.fingerprint(), perturbation, len(grid)]).encode()).hexdigest()[:12]
+    # Keyed by the code too: a changed simulator scores a new grid.
+    tag = hashlib.sha256(json.dumps([study.fingerprint(), perturbation, len(grid),
+                                     se.code_version()]).encode()).hexdigest()[:12]
     path = cache / f"mf-{name}-{tag}.json" if cache else None
     if path is not None and path.is_file():
-        return json.loads(path.read_text())
+        return json.loads(path.read_text()), None
     t0 = time.monotonic()
     chunks = [grid[i::jobs * 4] for i in range(jobs * 4)]
     with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(perturbation,)) as pool:
         out = [x for part in pool.map(_score_chunk, [(name, cal, c) for c in chunks]) for x in part]
-    print(f"  {name} {perturbation or 'simulator'}: {len(out)} points in {time.monotonic() - t0:.0f} s",
-          file=sys.stderr)
+    seconds = time.monotonic() - t0
+    print(f"  {name} {perturbation or 'simulator'}: {len(out)} points in {seconds:.0f} s", file=sys.stderr)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out))
-    return out
+    return out, seconds
 
 
 # ------------------------------------------------------------------ one fidelity search
@@ -162,8 +171,8 @@ def fidelity_run(args) -> dict[str, Any]:
 
 
 def _baseline(args) -> tuple:
-    name, key, sampler, seed, points, goal, cap = args
-    return key, sampler, seed, se.trials_to_target(name, sampler, seed, points, goal, cap)
+    name, case, sampler, seed, points, goal, cap = args
+    return case, sampler, seed, se.trials_to_target(name, sampler, seed, points, goal, cap)
 
 
 def to_points(study, scored: list) -> dict:
@@ -187,57 +196,66 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default=os.environ.get("SEARCH_BENCH_CACHE",
                                                       str(Path.home() / ".cache" / "orchestrator-bench")))
     ap.add_argument("--markdown")
+    ap.add_argument("--output", type=Path, help="write the dataset here (cases.parquet, baselines.parquet, run.json)")
     args = ap.parse_args(argv)
     names, perts = args.landscapes.split(","), args.perturbations.split(",")
+    for given, known in ((names, se.LANDSCAPES), (perts, PERTURBATIONS)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            ap.error(f"unknown {', '.join(unknown)} (known: {', '.join(known)})")
     cache = Path(args.cache) if args.cache else None
+
+    import pandas as pd
+
+    from orchestrator.doc_tables import multifidelity as tables
+    from orchestrator.search.fidelity import model as fm
+
+    facts = dataset.run_facts("multifidelity.py", sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
-    cases = []
+    cases, grid_seconds = [], []
     for name in names:
         study = fidelity_study(name)
-        sim_grid = score_grid(name, None, args.jobs, cache)
+        sim_grid, seconds = score_grid(name, None, args.jobs, cache)
+        grid_seconds.append({"landscape": name, "perturbation": None, "seconds": seconds})
         for pert in perts:
-            truth = score_grid(name, PERTURBATIONS[pert], args.jobs, cache)
+            truth, seconds = score_grid(name, PERTURBATIONS[pert], args.jobs, cache)
+            grid_seconds.append({"landscape": name, "perturbation": pert, "seconds": seconds})
             points = to_points(study, truth)
             best = max((p.goodput for p in points.values() if p.feasible), default=0.0)
-            cases.append((name, pert, sim_grid, truth, points, TARGET * best))
+            cases.append((name, pert, sim_grid, truth, points, best))
     with ProcessPoolExecutor(args.jobs) as pool:
-        mf = list(pool.map(fidelity_run, [(n, g, t, goal) for n, _, g, t, _, goal in cases]))
+        mf = list(pool.map(fidelity_run, [(n, g, t, TARGET * best) for n, _, g, t, _, best in cases]))
         tasks = []
-        for i, (name, pert, _, _, points, goal) in enumerate(cases):
-            tasks += [(name, i, "tpe", s, points, goal, args.baseline_cap) for s in range(args.seeds)]
-            tasks += [(name, i, "gp", s, points, goal, args.baseline_cap) for s in range(args.gp_seeds)]
-        base: dict = {}
-        for i, sampler, _, n in pool.map(_baseline, tasks, chunksize=1):
-            base.setdefault((i, sampler), []).append(n)
+        for i, (name, pert, _, _, points, best) in enumerate(cases):
+            tasks += [(name, i, "tpe", s, points, TARGET * best, args.baseline_cap) for s in range(args.seeds)]
+            tasks += [(name, i, "gp", s, points, TARGET * best, args.baseline_cap) for s in range(args.gp_seeds)]
+        found = list(pool.map(_baseline, tasks, chunksize=1))
 
-    def shown(x) -> str:
-        return f">{args.baseline_cap}" if x > args.baseline_cap else f"{x:g}"
-
-    lines = ["| landscape | perturbation | fidelity sim: real trials to 95% | simulations | "
-             "goodput error, first / last pick | fitted step_overhead, bandwidth_efficiency | TPE median | GP median |",
-             "|---|---|---:|---:|---:|---|---:|---:|"]
-    reached = []
-    for i, ((name, pert, *_), r) in enumerate(zip(cases, mf)):
-        tpe, gp = statistics.median(base[(i, "tpe")]), statistics.median(base[(i, "gp")])
-        reached.append(r["reached"] if r["reached"] is not None else CAP + 1)
-        err = (f"{r['first_error']:.0%} / {r['last_error']:.0%}" if r["first_error"] is not None else "-")
-        got = r["reached"] if r["reached"] is not None else f"not in {r['stopped']} ({r['stop_reason']})"
-        cal = r["calibration"]
-        lines.append(f"| {name} | {pert} | {got} | {r['simulations']} | {err} | "
-                     f"{cal['step_overhead']:.2f}, {cal['bandwidth_efficiency']:.2f} | {shown(tpe)} | {shown(gp)} |")
-    med = statistics.median(reached)
-    verdict = (f"fidelity sim: median {med:g} real trials to 95% of the true optimum over {len(cases)} cases "
-               f"(target <= 5): {'MET' if med <= 5 else 'MISSED'}; worst {max(reached)}")
-    table = "\n".join(lines)
-    print(table)
-    print()
-    print(verdict)
+    case_rows = []
+    for (name, pert, _, truth, _, best), r in zip(cases, mf):
+        hidden = PERTURBATIONS[pert]
+        case_rows.append({"landscape": name, "perturbation": pert, "hidden_step_overhead": hidden[0],
+                          "hidden_bandwidth_efficiency": hidden[1], "hidden_launch": hidden[2],
+                          "grid_size": len(truth), "true_best_goodput": best, "reached": r["reached"],
+                          "stopped": r["stopped"], "stop_reason": r["stop_reason"], "simulations": r["simulations"],
+                          "seconds": round(r["seconds"], 1), "first_error": r["first_error"],
+                          "last_error": r["last_error"], **{f: r["calibration"][f] for f in tables.FITTED}})
+    frame = pd.DataFrame(case_rows).astype({"reached": "Int64"})
+    baselines = pd.DataFrame([{"landscape": cases[i][0], "perturbation": cases[i][1], "sampler": sampler, "seed": seed,
+                               "trials": n, "cap": args.baseline_cap} for i, sampler, seed, n in found])
+    run = {**facts, "seeds": args.seeds, "gp_seeds": args.gp_seeds, "baseline_cap": args.baseline_cap, "cap": CAP,
+           "target": TARGET, "trials_bound": TRIALS_BOUND, "jobs": args.jobs, "grid_seconds": grid_seconds,
+           "bounds": {f: list(b) for f, b in fm.BOUNDS.items()}, "seconds": round(time.monotonic() - t0, 1)}
+    text = tables.table(frame, baselines, run)
+    print(text)
     print(f"{time.monotonic() - t0:.0f} s")
     for c, r in zip(cases, mf):
         print(f"  {c[0]} {c[1]}: fitted {', '.join(f'{k} {v:.2f}' for k, v in r['calibration'].items())}; "
               f"{r['simulations']} simulations, {r['seconds']:.0f} s", file=sys.stderr)
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n\n" + verdict + "\n")
+        Path(args.markdown).write_text(text + "\n")
+    if args.output:
+        print(f"wrote {dataset.write(args.output, {tables.CASES_FILE: frame, tables.BASELINES_FILE: baselines}, run)}")
     return 0
 
 

@@ -12,9 +12,13 @@ from it, as in a real study, and does not count). Median over seeds, for every s
 with the random and grid samplers of the same run as baselines.
 
     python benchmarks/search_efficiency.py [--seeds 10] [--samplers tpe,nsga2,gp,random,grid]
-        [--landscapes NAME,...] [--jobs 2] [--cache DIR] [--markdown FILE]
+        [--landscapes NAME,...] [--jobs 2] [--cache DIR] [--markdown FILE] [--output DIR]
 
 Target: the default sampler (tpe) needs <= 15% of the grid's trials.
+
+``--output results/examples/search-efficiency`` stores the dataset docs/benchmarks.md's table and
+figures are generated from (:mod:`orchestrator.doc_tables.search_efficiency`): every grid point
+measured, every search's trial count, and the run (``run.json``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,7 @@ import argparse
 import copy
 import hashlib
 import json
-import math
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -34,6 +36,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pandas as pd  # noqa: E402
+
+import dataset  # noqa: E402
 
 TARGET = 0.95
 DEFAULT_SAMPLER = "tpe"
@@ -145,19 +152,21 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
-def measure_grid(name: str, jobs: int, cache: Optional[Path]) -> dict[tuple, Point]:
+def measure_grid(name: str, jobs: int, cache: Optional[Path]) -> tuple[dict[tuple, Point], Optional[float]]:
+    """Every grid point measured, and the seconds that took (None: read from the cache)."""
     study = landscape_study(name)
     grid = study.space.grid()
     # Keyed by the study and the code that measures it: a changed simulator is a new landscape.
     tag = hashlib.sha256(json.dumps([study.fingerprint(), len(grid), code_version()]).encode()).hexdigest()[:12]
     path = cache / f"{name}-{tag}.json" if cache else None
     if path is not None and path.is_file():
-        return {key(params): Point(tuple(v), c, st, g) for params, v, c, st, g in json.loads(path.read_text())}
+        return {key(params): Point(tuple(v), c, st, g) for params, v, c, st, g in json.loads(path.read_text())}, None
     chunks = [grid[i::jobs * 8] for i in range(jobs * 8)]
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         points = dict(kv for part in pool.map(_measure_many, [(name, c) for c in chunks]) for kv in part)
-    print(f"  {name}: measured {len(points)} grid points in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    seconds = time.monotonic() - t0
+    print(f"  {name}: measured {len(points)} grid points in {seconds:.0f} s", file=sys.stderr)
     # The cache is only sound if a configuration always measures the same: check a few.
     for p in grid[:: max(1, len(grid) // 3)][:3]:
         assert measure(name, p) == points[key(p)], f"{name}: the virtual simulator is not deterministic at {p}"
@@ -165,7 +174,7 @@ def measure_grid(name: str, jobs: int, cache: Optional[Path]) -> dict[tuple, Poi
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps([[dict(k), list(p.values), p.constraints, p.status, p.goodput]
                                     for k, p in points.items()]))
-    return points
+    return points, seconds
 
 
 # ------------------------------------------------------------------ one search
@@ -199,8 +208,11 @@ def _search(args) -> tuple[str, str, int, int]:
 
 
 # ------------------------------------------------------------------ report
-def median(xs: list[int]) -> float:
-    return float(statistics.median(xs))
+def grid_frame(landscapes: dict[str, dict[tuple, Point]]) -> pd.DataFrame:
+    """One row per measured grid point: what the optimum and the points near it are computed from."""
+    return pd.DataFrame([{"landscape": name, "config": json.dumps(dict(k), sort_keys=True), "status": p.status,
+                          "feasible": p.feasible, "goodput": p.goodput}
+                         for name, points in landscapes.items() for k, p in points.items()])
 
 
 def main(argv=None) -> int:
@@ -215,68 +227,56 @@ def main(argv=None) -> int:
     ap.add_argument("--gp-cap", type=float, default=0.25,
                     help="GP runs stop at this share of the grid (about a second per proposal)")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--output", type=Path, help="write the dataset here (grid.parquet, searches.parquet, run.json)")
     args = ap.parse_args(argv)
     samplers = args.samplers.split(",")
     names = args.landscapes.split(",")
+    unknown = sorted(set(names) - set(LANDSCAPES))
+    if unknown:
+        ap.error(f"no landscape {', '.join(unknown)} (known: {', '.join(LANDSCAPES)})")
     cache = Path(args.cache) if args.cache else None
 
+    from orchestrator.doc_tables import search_efficiency as tables
+
+    facts = dataset.run_facts("search_efficiency.py", sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
-    landscapes = {}
+    grids: dict[str, dict[tuple, Point]] = {}
+    grid_seconds: dict[str, Optional[float]] = {}
+    caps: dict[str, int] = {}
+    goals: dict[str, float] = {}
     for name in names:
-        points = measure_grid(name, args.jobs, cache)
+        points, seconds = measure_grid(name, args.jobs, cache)
+        grids[name], grid_seconds[name] = points, None if seconds is None else round(seconds, 1)
         best = max((p.goodput for p in points.values() if p.feasible), default=0.0)
-        good = sum(1 for p in points.values() if p.feasible and p.goodput >= TARGET * best)
-        feasible = sum(1 for p in points.values() if p.feasible)
-        started = sum(1 for p in points.values() if p.status == "completed")
-        landscapes[name] = dict(points=points, best=best, good=good, feasible=feasible, started=started,
-                                size=len(points))
-        print(f"  {name}: {len(points)} points, {started} start, {feasible} meet the SLOs, best goodput "
-              f"{best:.2f} req/s, {good} within {TARGET:.0%} of it", file=sys.stderr)
+        goals[name] = TARGET * best
+        caps[name] = len(points)
+        print(f"  {name}: {len(points)} points, {sum(p.status == 'completed' for p in points.values())} start, "
+              f"{sum(p.feasible for p in points.values())} meet the SLOs, best goodput {best:.2f} req/s, "
+              f"{sum(p.feasible and p.goodput >= goals[name] for p in points.values())} within {TARGET:.0%} of it",
+              file=sys.stderr)
 
-    tasks = []
-    for name in names:
-        L = landscapes[name]
-        for sampler in samplers:
-            cap = L["size"] if sampler != "gp" else max(10, int(args.gp_cap * L["size"]))
-            tasks += [(name, sampler, seed, L["points"], TARGET * L["best"], cap) for seed in range(args.seeds)]
-    results: dict[tuple[str, str], list[int]] = {}
+    def cap_of(name: str, sampler: str) -> int:
+        return caps[name] if sampler != "gp" else max(10, int(args.gp_cap * caps[name]))
+
+    tasks = [(name, sampler, seed, grids[name], goals[name], cap_of(name, sampler))
+             for name in names for sampler in samplers for seed in range(args.seeds)]
+    t1 = time.monotonic()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for name, sampler, seed, n in pool.map(_search, tasks, chunksize=1):
-            results.setdefault((name, sampler), []).append(n)
-    elapsed = time.monotonic() - t0
-
-    lines = [f"| landscape | grid size | within {TARGET:.0%} | sampler | median trials | p90 | share of grid | "
-             "vs random | vs grid |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    summary = {}
-    for name in names:
-        L = landscapes[name]
-        base = {b: median(results[(name, b)]) for b in ("random", "grid") if (name, b) in results}
-        for sampler in samplers:
-            xs = sorted(results[(name, sampler)])
-            m = median(xs)
-            p90 = xs[min(len(xs) - 1, math.ceil(0.9 * len(xs)) - 1)]
-            cap = L["size"] if sampler != "gp" else max(10, int(args.gp_cap * L["size"]))
-            summary[(name, sampler)] = m / L["size"]
-            ratios = [f"{m / base[b]:.2f}" if b in base else "-" for b in ("random", "grid")]
-
-            def shown(x: float) -> str:  # a run that never reached the target counts as cap + 1
-                return f">{cap}" if x > cap else f"{x:g}"
-
-            lines.append(f"| {name} | {L['size']} | {L['good']} | {sampler} | {shown(m)} | {shown(p90)} | "
-                         f"{m / L['size']:.1%} | {ratios[0]} | {ratios[1]} |")
-    default_shares = [summary[(n, DEFAULT_SAMPLER)] for n in names if (n, DEFAULT_SAMPLER) in summary]
-    verdict = ""
-    if default_shares:
-        worst = max(default_shares)
-        verdict = (f"default sampler ({DEFAULT_SAMPLER}): median share of the grid's trials {worst:.1%} on the "
-                   f"hardest landscape (target <= 15%): {'MET' if worst <= 0.15 else 'MISSED'}")
-    table = "\n".join(lines)
-    print(table)
-    print()
-    print(verdict)
-    print(f"{args.seeds} seeds per sampler; {elapsed:.0f} s")
+        found = list(pool.map(_search, tasks, chunksize=1))
+    sampling = time.monotonic() - t1
+    searches = pd.DataFrame([{"landscape": name, "sampler": sampler, "seed": seed, "trials": n,
+                              "cap": cap_of(name, sampler)} for name, sampler, seed, n in found])
+    grid = grid_frame(grids)
+    run = {**facts, "seeds": args.seeds, "samplers": samplers, "target": TARGET, "default_sampler": DEFAULT_SAMPLER,
+           "gp_cap": args.gp_cap, "jobs": args.jobs, "grid_seconds": grid_seconds,
+           "sampling_seconds": round(sampling, 1), "seconds": round(time.monotonic() - t0, 1)}
+    text = tables.table(grid, searches, run)
+    print(text)
+    print(f"{args.seeds} seeds per sampler; {time.monotonic() - t0:.0f} s")
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n\n" + verdict + "\n")
+        Path(args.markdown).write_text(text + "\n")
+    if args.output:
+        print(f"wrote {dataset.write(args.output, {tables.GRID_FILE: grid, tables.SEARCHES_FILE: searches}, run)}")
     return 0
 
 

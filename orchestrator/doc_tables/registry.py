@@ -52,6 +52,7 @@ from orchestrator.doc_tables import trained as trained_tables
 from orchestrator.doc_tables import window_noise
 from orchestrator.doc_tables.blocks import KINDS, DocBlock
 from orchestrator.doc_tables.blocks import text as text_block
+from orchestrator.doc_tables.stored_benchmarks import BLOCKS as STORED_BENCHMARKS  # --- stored benchmarks
 from orchestrator.doc_tables.texts.catalog import TEXTS
 from orchestrator.results import repeatability
 
@@ -115,6 +116,8 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
     DocTable("sim-error-margins", (_EX + "sim-error",), sim_error.margins_table),
     text_block("sim-error-verdict", (_EX + "sim-error",), sim_error.verdict_text),
     text_block("sim-error-ranking", (_EX + "sim-error",), sim_error.ranking_text),
+    # --- simulator benchmarks that store their datasets (docs/benchmarks.md; orchestrator/doc_tables/stored_benchmarks.py)
+    *STORED_BENCHMARKS,
     # the prose beside them (orchestrator/doc_tables/texts/)
     *TEXTS,
 )}

@@ -1,0 +1,76 @@
+"""Writing a benchmark's dataset: its raw rows and a ``run.json`` of how they were made.
+
+A benchmark whose numbers the docs show writes them under ``results/examples/<name>/``; the docs'
+tables and the figures beside them are computed from those files (``orchestrator/doc_tables``),
+never copied from a printout. The folder is written whole or not at all: a run killed midway
+leaves the previous dataset in place.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_FILE = "run.json"
+
+
+def commit() -> str:
+    """The repository's short commit (with ``+dirty`` when tracked files differ from it), or ""."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "orchestrator", "benchmarks"], cwd=ROOT,
+                               timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head + ("+dirty" if head and dirty else "")
+
+
+def command(script: str, argv: Optional[Sequence[str]]) -> str:
+    """The command line as run from the repository root (an output folder inside it named relatively)."""
+    words = []
+    for w in argv or ():
+        p = Path(w)
+        if p.is_absolute() and p.resolve().is_relative_to(ROOT):
+            w = str(p.resolve().relative_to(ROOT))
+        words.append(w)
+    return shlex.join(["python", f"benchmarks/{script}", *words])
+
+
+def run_facts(script: str, argv: Optional[Sequence[str]], **extra: Any) -> dict[str, Any]:
+    """What the docs state about a run: the command, the commit, when, and the machine's cores and load."""
+    return {"command": command(script, argv), "commit": commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2), **extra}
+
+
+def write(out: Path, tables: Mapping[str, Any], run: Mapping[str, Any]) -> Path:
+    """Write ``tables`` (file name -> DataFrame, as Parquet) and ``run`` (as run.json) into ``out``, replacing
+    what was there. Everything goes to a sibling temporary folder first, which then takes ``out``'s name."""
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp's folder is private; the dataset is not
+        for name, frame in tables.items():
+            frame.to_parquet(tmp / name, index=False)
+        (tmp / RUN_FILE).write_text(json.dumps(dict(run), indent=2, sort_keys=True) + "\n")
+        old = out.with_name(f".{out.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)  # same folder, so the same filesystem: a rename
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
