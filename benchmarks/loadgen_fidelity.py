@@ -53,7 +53,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
+from dataset import EXAMPLES, RunRecord, write  # noqa: E402
 from fidelity_servers import MODEL, Server, start_sim, start_stub, start_vllm, stub_truth  # noqa: E402
 
 from orchestrator.doc_tables import loadgen_fidelity as tables  # noqa: E402
@@ -260,8 +260,7 @@ def main() -> int:
 
     frames = {tables.RUNS_FILE: pd.DataFrame(runs), tables.LADDER_FILE: pd.DataFrame(ladder),
               tables.TRUTH_FILE: pd.DataFrame(truth)}
-    write_dataset(out, record.finish(**extra, seconds=round(time.monotonic() - t_start)),
-                  {name: (lambda p, f=f: f.to_parquet(p, index=False)) for name, f in frames.items()})
+    print(f"wrote {write(out, frames, record.finish(**extra, seconds=round(time.monotonic() - t_start)))}")
     for build in (tables.cpu_table, tables.sim_table, tables.ladder_table, tables.truth_table, tables.findings):
         print("\n" + build(out))
     return 0

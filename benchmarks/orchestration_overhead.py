@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
+from dataset import EXAMPLES, RunRecord, write  # noqa: E402
 
 from orchestrator.doc_tables import overhead as tables  # noqa: E402
 from orchestrator.study.spec import parse_study  # noqa: E402
@@ -138,9 +138,8 @@ def main() -> None:
     record = RunRecord.from_argv()
     rows = [r for c in a.concurrency for r in one_run(a.trials, c, a.requests)]
     frame = pd.DataFrame(rows)
-    write_dataset(a.out, record.finish(ray=ray.__version__, trials=a.trials, requests=a.requests,
-                                       concurrency=a.concurrency),
-                  {tables.PHASES_FILE: lambda p: frame.to_parquet(p, index=False)})
+    run = record.finish(ray=ray.__version__, trials=a.trials, requests=a.requests, concurrency=a.concurrency)
+    print(f"wrote {write(a.out, {tables.PHASES_FILE: frame}, run)}")
     print(tables.overhead_table(a.out) + "\n\n" + tables.overhead_findings(a.out))
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
+from dataset import EXAMPLES, RunRecord, write  # noqa: E402
 
 from orchestrator.doc_tables import scaling as tables  # noqa: E402
 
@@ -162,10 +162,9 @@ def main(argv=None) -> int:
                   file=sys.stderr, flush=True)
     cpu.close()
     frame = pd.DataFrame(trials)
-    write_dataset(args.out, record.finish(runs=runs, trials=args.trials, tp=args.tp, load_s=args.load_s,
-                                          startup_s=args.startup_s, gpus_per_node=GPUS_PER_NODE,
-                                          cpu_counted="cgroup" if cpu.own else "machine"),
-                  {tables.TRIALS_FILE: lambda p: frame.to_parquet(p, index=False)})
+    run = record.finish(runs=runs, trials=args.trials, tp=args.tp, load_s=args.load_s, startup_s=args.startup_s,
+                        gpus_per_node=GPUS_PER_NODE, cpu_counted="cgroup" if cpu.own else "machine")
+    print(f"wrote {write(args.out, {tables.TRIALS_FILE: frame}, run)}")
     print(tables.scaling_table(args.out))
     return 0
 

@@ -39,7 +39,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_dataset import EXAMPLES, RunRecord, write_dataset  # noqa: E402
+from dataset import EXAMPLES, RunRecord, write  # noqa: E402
 
 from orchestrator.doc_tables import start_cost as tables  # noqa: E402
 
@@ -127,8 +127,8 @@ def main() -> int:
              for name, values in ((tables.PARSER_RUN, one), (tables.PARSER_EVERY, every)) for i, cpu in enumerate(values)]
     frame = pd.DataFrame(rows)
     counted = "cgroup" if os.access(CGROUP_ROOT, os.W_OK) else "machine"
-    write_dataset(args.out, record.finish(trials=args.trials, repeats=args.repeats, cpu_counted=counted),
-                  {tables.RUNS_FILE: lambda p: frame.to_parquet(p, index=False)})
+    run = record.finish(trials=args.trials, repeats=args.repeats, cpu_counted=counted)
+    print(f"wrote {write(args.out, {tables.RUNS_FILE: frame}, run)}")
     print(tables.start_cost_table(args.out) + "\n\n" + tables.start_cost_findings(args.out))
     return 0
 

@@ -13,7 +13,7 @@ from conftest import REPO
 from orchestrator.doc_tables import overhead, scaling, start_cost
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_dataset import RUN_FILE, RunRecord, write_dataset  # noqa: E402
+from dataset import RUN_FILE, RunRecord, write_files  # noqa: E402
 
 EX = REPO / "results" / "examples"
 
@@ -34,7 +34,7 @@ def test_the_gap_before_a_trial_runs_from_the_slot_it_took():
 def test_a_dataset_is_replaced_whole_or_left_as_it_was(tmp_path):
     folder = tmp_path / "bench"
     record = RunRecord("python benchmarks/x.py")
-    write_dataset(folder, record.finish(), {"a.json": lambda p: p.write_text("1")})
+    write_files(folder, record.finish(), {"a.json": lambda p: p.write_text("1")})
     run = json.loads((folder / RUN_FILE).read_text())
     assert run["command"] == "python benchmarks/x.py" and len(run["load_avg_before"]) == 3
     assert len(run["load_avg_after"]) == 3 and run["cpu_count"] >= 1
@@ -44,7 +44,7 @@ def test_a_dataset_is_replaced_whole_or_left_as_it_was(tmp_path):
         raise RuntimeError("the run died")
 
     with pytest.raises(RuntimeError):
-        write_dataset(folder, record.finish(), {"a.json": lambda p: p.write_text("2"), "b.json": broken})
+        write_files(folder, record.finish(), {"a.json": lambda p: p.write_text("2"), "b.json": broken})
     assert (folder / "a.json").read_text() == "1" and not (folder / "b.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]  # no temporary folder left behind
 
