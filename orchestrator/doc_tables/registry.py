@@ -160,6 +160,7 @@ TABLES.update({t.name: t for t in (
     DocTable("trained-probe-cpu", (_PROBE_CPU,), trained_cpu.probe_table),
     text_block("trained-probe-cpu-findings", (_PROBE_CPU,), trained_cpu.probe_findings),
     text_block("trained-probe-cpu-guardrail", (_PROBE_CPU,), trained_cpu.probe_guardrail),
+    text_block("trained-tiny-training", (_PROBE_CPU,), trained_cpu.training_measured),
 )})
 
 

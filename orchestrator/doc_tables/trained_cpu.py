@@ -176,3 +176,18 @@ def probe_guardrail(folder: Path) -> str:
         + "; on a GPU, set it a margin below the measured floor. `perplexity_delta <= 0.01 * heldout_perplexity` (1 %) "
         "bounds the quality loss itself. Which question the guardrail asks, the same answers or the same quality, is "
         "the user's choice."], "*")
+
+
+def training_measured(folder: Path) -> str:
+    """The `tiny` recipe's training as the probe's model recorded it (``model-training.json``): machine,
+    load, steps, tokens, wall and CPU seconds, loss and held-out perplexity."""
+    t = _training(folder)
+    v, load = t["versions"], t["load_average"]
+    return paragraph(
+        f"The `{t['recipe']['name']}` recipe trained on {t['threads']} {t['device'].upper()} threads of this "
+        f"repository's machine, `torch` {v['torch'].split('+')[0]}, Python {'.'.join(v['python'].split('.')[:2])}, "
+        f"the load average {min(load):.1f} to {max(load):.1f} when it ended (1, 5 and 15 minutes): {t['steps']} steps, "
+        f"{t['train_tokens']:,} training tokens, **{t['seconds']:.0f} s wall, {t['cpu_seconds']:.0f} CPU s** "
+        f"(`training.json` records both), loss {t['loss_first']:.2f} to {t['loss_last']:.2f}, **held-out perplexity "
+        f"{t['heldout_perplexity']:.2f}** (a flat model: {t['uniform_perplexity']:g}). Recorded with the probe's "
+        "dataset; earlier trainings' files are not kept.")
