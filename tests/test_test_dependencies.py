@@ -29,6 +29,7 @@ def _norm(name: str) -> str:
 
 def _imported_top_level_modules() -> dict[str, list[str]]:
     local = {p.stem for p in TESTS.rglob("*.py")} | {p.name for p in TESTS.rglob("*") if p.is_dir()}
+    local |= {p.stem for p in (REPO / "benchmarks").glob("*.py")}  # the repository's own scripts, on sys.path
     found: dict[str, list[str]] = {}
     for path in sorted(TESTS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
