@@ -27,16 +27,20 @@ for config in $configs; do
     echo "skipped $config start $k: not enough of the call left"; continue
   fi
   t0=$(date +%s)
+  log="$out/server-$config-k$k.log"
+  # the marks orchestrator/engines/vllm/start_log.py reads: the process's start and the server answering
+  echo "# started $(date -u '+%Y-%m-%d %H:%M:%S.%6N')" > "$log"
   python3 -m vllm.entrypoints.openai.api_server --model "$model" --served-model-name llama-3.1-8b \
     --load-format dummy --max-num-seqs $seqs --max-num-batched-tokens $tokens --gpu-memory-utilization 0.9 \
     --max-model-len 4096 --port 8100 --disable-uvicorn-access-log --uvicorn-log-level warning \
-    > "$out/server-$config-k$k.log" 2>&1 &
+    >> "$log" 2>&1 &
   server=$!
   trap 'kill $server 2>/dev/null' EXIT INT TERM
   until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8100/health', timeout=2)" 2>/dev/null; do
-    kill -0 $server 2>/dev/null || { echo "vllm serve exited"; tail -30 "$out/server-$config-k$k.log"; exit 1; }
+    kill -0 $server 2>/dev/null || { echo "vllm serve exited"; tail -30 "$log"; exit 1; }
     sleep 1
   done
+  echo "# ready $(date -u '+%Y-%m-%d %H:%M:%S.%6N')" >> "$log"
   echo "$config start $k: vllm serve up after $(( $(date +%s) - t0 )) s"
   python3 benchmarks/repeatability.py run "$study" --seeds 0 --output "$out" --label "$prefix-$config-k$k" \
     --params "{\"max_num_seqs\": $seqs, \"max_num_batched_tokens\": $tokens}" || rc=$?

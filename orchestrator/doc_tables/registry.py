@@ -92,8 +92,12 @@ TABLES: dict[str, DocBlock] = {t.name: t for t in (
     DocTable("starts", (_EX + "starts-h100", _EX + "starts-cpu-vllm"), decision_tables.starts_table),
     DocTable("starts-paired-h100", (_EX + "starts-h100",),
              functools.partial(decision_tables.paired_starts_table, better="tuned", baseline="defaults")),
+    DocTable("starts-h100-one-machine", (_EX + "starts-h100-one-machine",), decision_tables.starts_table),
+    DocTable("starts-paired-h100-one-machine", (_EX + "starts-h100-one-machine",),
+             functools.partial(decision_tables.paired_starts_table, better="tuned", baseline="defaults")),
     # docs/benchmarks.md: where engine starts went
     DocTable("start-phases-h100", (_EX + "starts-h100",), start_phases.server_log_phases_table),
+    DocTable("start-wall-h100", (_EX + "starts-h100-one-machine",), start_phases.server_up_table),
     DocTable("start-cache-cpu", (_EX + "start-cache-cpu-vllm",), start_phases.start_cache_table),
     DocTable("start-cache-h100", (_EX + "start-cache-h100",), start_phases.start_cache_table),
     DocTable("start-cache-h100-measured", (_EX + "start-cache-h100",), start_phases.start_cache_measured_table),

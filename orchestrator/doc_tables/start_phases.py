@@ -13,6 +13,7 @@ import json
 import re
 import statistics
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -56,6 +57,53 @@ def server_log_phases_table(folder: Path) -> str:
                                                                                "profile_s", "ready_s")}
             lines.append(f"| {config} | median of {len(later)} from the cache | {_s(med['load_s'])} | {_s(med['compile_s'])} | "
                          f"{_s(med['graphs_s'], '.0f')} | {_s(med['profile_s'])} | {_s(med['ready_s'], '.0f')} |")
+    return "\n".join(lines)
+
+
+_UP_AFTER = re.compile(r"^(?P<config>[\w-]+) start (?P<start>\d+): vllm serve up after (?P<s>\d+) s$", re.M)
+_STAMPED = re.compile(r"(?:INFO|WARNING|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d)")
+_ENGINE_CORE = re.compile(r"Initializing a V1 LLM engine")
+
+
+def _stamp_s(line: Optional[str], first: datetime) -> Optional[float]:
+    m = _STAMPED.search(line or "")
+    return (datetime.strptime(f"{first.year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S") - first).total_seconds() if m else None
+
+
+def server_up_rows(folder: Path) -> list[dict]:
+    """Where a bare ``vllm serve`` start's wall went, per start: the driver's seconds from launching the
+    process to ``/health`` answering (``calls/*.txt``, ``benchmarks/starts_gpu.sh``'s output), split by
+    the server log's own stamps (whole seconds): before vLLM's first line (Python and vLLM's imports),
+    the API server until the engine-core process logs (its spawn and imports), then the engine's
+    phases as :func:`start_phases` reads them."""
+    up = {(m.group("config"), int(m.group("start"))): int(m.group("s"))
+          for call in sorted((folder / "calls").glob("*.txt")) for m in _UP_AFTER.finditer(call.read_text())}
+    rows = []
+    for path in (folder / "server-logs").glob("server-*.log.gz"):
+        m = _LOG.search(path.name)
+        config, k = m.group("config"), int(m.group("start"))
+        with gzip.open(path, "rt") as f:
+            text = f.read()
+        stamped = [ln for ln in text.splitlines() if _STAMPED.search(ln)]
+        first = datetime.strptime(f"2000-{_STAMPED.search(stamped[0]).group(1)}", "%Y-%m-%d %H:%M:%S")
+        served = _stamp_s(next((ln for ln in stamped if "Starting vLLM" in ln), None), first)
+        after = up.get((config, k))
+        rows.append({"config": config, "start": k, "up_s": after, "phases": start_phases(text),
+                     "before_log_s": None if after is None or served is None else max(0.0, after - served),
+                     "api_to_core_s": _stamp_s(next((ln for ln in stamped if _ENGINE_CORE.search(ln)), None), first)})
+    return sorted(rows, key=lambda r: (r["config"], r["start"]))
+
+
+def server_up_table(folder: Path) -> str:
+    """:func:`server_up_rows` as a table, one start per row."""
+    lines = ["| configuration | start | server up after s | before vLLM's first log line s | API server to engine "
+             "core s | weights s | torch.compile s | CUDA graphs s | profile, KV cache, warm-up s | engine ready "
+             "to server up s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in server_up_rows(folder):
+        p = r["phases"]
+        lines.append(f"| {r['config']} | {r['start']} | {_s(r['up_s'], '.0f')} | {_s(r['before_log_s'], '.0f')} | "
+                     f"{_s(r['api_to_core_s'], '.0f')} | {_s(p.load_s)} | {_compile_cell(p.compile_s, p.compile_cached)} "
+                     f"| {_s(p.graphs_s, '.0f')} | {_s(p.profile_s)} | {_s(p.ready_s, '.0f')} |")
     return "\n".join(lines)
 
 

@@ -14,7 +14,8 @@ alike, so their draws are **paired** (:func:`metric_draws`, :mod:`orchestrator.r
 Windows measured apart (a level measured again) are never joined inside a block. Alone, that
 interval is too narrow for tails: a window cannot see fluctuations slower than itself, and a
 redrawn p99 never exceeds the window's largest values (on the simulator, 90% bootstrap intervals
-of a 12 s window's p99 TTFT covered the truth 60-67% of the time). So each is widened by a factor
+of a 12 s window's tails cover the truth far less often than 90%: ``benchmarks/ci_coverage.py
+--blocks``). So each is widened by a factor
 per statistic (:data:`INFLATION`), the one that made the simulator's intervals cover as
 often as they say; ``benchmarks/ci_coverage.py`` measures that coverage, and the
 repeatability benchmark checks the capacity intervals on real engines. The engine adds noise

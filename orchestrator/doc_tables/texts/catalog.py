@@ -22,6 +22,7 @@ SIM, CPU, H200, H100 = (_EX + d for d in ("repeatability-sim", "repeatability-cp
 QUANT, SPEC = _EX + "trained-base-quant-h100", _EX + "trained-base-spec-h100"
 DECISIONS, STARTS_H100, STARTS_CPU = _EX + "decisions-sim", _EX + "starts-h100", _EX + "starts-cpu-vllm"
 START_CACHE_H100, FIDELITY_H100 = _EX + "start-cache-h100", _EX + "fidelity-h100"
+STARTS_ONE_MACHINE = _EX + "starts-h100-one-machine"
 SIM_ERROR = _EX + "sim-error"
 
 TEXTS: tuple[DocBlock, ...] = (
@@ -34,6 +35,8 @@ TEXTS: tuple[DocBlock, ...] = (
     text("decisions-sim-coverage", (DECISIONS,), decisions.decisions_coverage),
     text("starts-setup", (STARTS_H100, STARTS_CPU), setups.starts_setup),
     text("starts-findings", (STARTS_H100, STARTS_CPU), decisions.starts_findings),
+    text("starts-one-machine-findings", (STARTS_ONE_MACHINE,), decisions.one_machine_findings),
+    text("start-wall-h100-findings", (STARTS_ONE_MACHINE,), start_cache.start_wall_findings),
     text("start-cache-h100-findings", (START_CACHE_H100, FIDELITY_H100), start_cache.start_cache_findings),
     text("h200-ingress-targets", (INGRESS,), h200_runs.ingress_targets),
     text("h200-ingress-findings", (INGRESS,), h200_runs.ingress_findings),

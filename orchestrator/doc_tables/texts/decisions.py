@@ -204,7 +204,8 @@ def _steady(folder: Path, series_name: str) -> str:
     return (f"**The tuned configuration moves by up to {spread:.0%} between starts** "
             f"({series([f'{c:.1f}' for c in cap])}). Its binding metric was {series(stories)}. "
             f"The engine's token pace moved with it: ITL p50 {paces}. "
-            f"{count_word(ill).capitalize()} of {count_word(len(g))} rows are marked `capacity_conditioned: false`; "
+            + (f"{count_word(ill).capitalize()} of {count_word(len(g))} rows are marked `capacity_conditioned: "
+               "false`; " if ill else "No row is marked `capacity_conditioned: false`; ") +
             f"{_hold(holds, len(g)).lower()} the median, at a median half-width of ±{half:.0%}. A search spent "
             f"{span(again)} of its {span(windows)} windows measuring levels again (a level is measured again only "
             f"within {math.exp(-NEAR_LIMIT):.2f}x to {math.exp(NEAR_LIMIT):.2f}x of its limit: where the binding "
@@ -256,4 +257,54 @@ def starts_findings(h100: str | Path, cpu: str | Path) -> str:
         _cpu(cpu),
         f"A search took {span(walls)} s of wall time on the H100 (its windows, the warm-up and drains), the "
         f"engine start outside the trial's timer.",
+    ], "*")
+
+
+def _lower_side(folder: Path, series_name: str, target: float = 0.10) -> str:
+    """What sets the lower side of a steady configuration's capacity intervals: the met levels below
+    its capacity that no start could decide (an interval reaching the limit)."""
+    df = _starts(folder)
+    g = df[df["series"] == series_name]
+    cap, low = g["capacity_rps"].to_numpy(dtype=float), g["capacity_rps_low"].to_numpy(dtype=float)
+    high = g["capacity_rps_high"].fillna(np.inf).to_numpy(dtype=float)
+    half = float(np.median((high - low) / 2 / cap))
+    below = float(np.median((cap - low) / cap))
+    above = float(np.median((high - cap) / cap))
+    metric = str(g["capacity_binding"].dropna().mode().iloc[0])
+    undecided = []
+    for d, c in zip(_study_dirs(folder, series_name), cap):
+        lv = _levels(d)
+        met = lv[(lv["rate"] < c) & lv["slo_met"].astype(bool)].sort_values("rate")
+        open_ = met[~met["slo_decided"].astype(bool)]
+        if len(open_):
+            undecided.append(open_.iloc[-1])
+    limit = _limit(_study_dirs(folder, series_name)[0], metric)
+    verdict = "meets" if half <= target else "misses"
+    told = (f"The median half-width, ±{half:.0%}, {verdict} the ±{target:.0%} target.")
+    if not undecided:
+        return told
+    rates = sorted({round(float(r["rate"]), 2) for r in undecided})
+    return (f"{told} The interval is lopsided: {below:.0%} below the estimate, {above:.0%} above it (median). "
+            f"The met levels just below the estimate ({series([f'{r:.1f}' for r in rates])} req/s) were not "
+            f"decided on {'any start' if len(undecided) == len(g) else _of(len(undecided), len(g), 'start')}: "
+            f"`{metric}` read {span([r[metric] for r in undecided])} ms there, but its interval reached "
+            f"{span([r[metric + '_high'] for r in undecided])} ms against the {limit:g} ms limit (8 s windows of "
+            f"{span([r['num_requests'] for r in undecided])} requests, widened by the tail's window noise), so the "
+            f"fit's resampled crossings reach down to {span(low)} req/s. Longer windows at the levels near the "
+            f"limit would narrow it; this run did not try them.")
+
+
+def one_machine_findings(folder: str | Path) -> str:
+    """The starts of ``benchmarks/starts_gpu.sh`` on one machine with the current search: the defaults,
+    the tuned configuration and what bounds its interval, the paired difference, each start's wall."""
+    folder = Path(folder)
+    walls = _starts(folder)["wall_time_s"]
+    done = [int(m) for call in sorted((folder / "calls").glob("*.txt"))
+            for m in __import__("re").findall(r"start \d+: done after (\d+) s", call.read_text())]
+    return bullets([
+        _ill_conditioned(folder, "starts-h100-defaults"),
+        _steady(folder, "starts-h100-tuned") + " " + _lower_side(folder, "starts-h100-tuned"),
+        _paired(folder, "tuned", "defaults"),
+        f"A search took {span(walls)} s of wall time; a whole start, from launching `vllm serve` to its process "
+        f"gone after the search, {span(done)} s.",
     ], "*")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.doc_tables.blocks import bullets, span
-from orchestrator.doc_tables.start_phases import arm_trials, measured_pairs
+from orchestrator.doc_tables.start_phases import arm_trials, measured_pairs, server_up_rows
 from orchestrator.results.predictions import prediction_share
 from orchestrator.results.query import load_trials
 
@@ -71,3 +71,24 @@ def fidelity_h100_findings(study: Path) -> str:
         f"ITL p99 sat at {itl} ms at every level measured, against the {limit:.0f} ms limit: the capacities are "
         f"ill-conditioned, and {low0} of {len(trials)} intervals reach down to 0.",
     ], mark="*")
+
+
+def start_wall_findings(folder: Path) -> str:
+    """What the bare starts' table says: the first start of each configuration against those that found
+    vLLM's compile cache, and how much of a cached start is Python processes starting."""
+    rows = [r for r in server_up_rows(Path(folder)) if r["up_s"] is not None]
+    compiled = [r for r in rows if r["phases"].compile_cached is False]
+    cached = [r for r in rows if r["phases"].compile_cached]
+    med = {k: statistics.median(r[k] for r in cached) for k in ("up_s", "before_log_s", "api_to_core_s")}
+    python = med["before_log_s"] + med["api_to_core_s"]
+    return bullets([
+        f"A configuration's first start on the machine compiled ({span([r['up_s'] for r in compiled])} s to "
+        f"`/health`); those that found vLLM's compile cache took {span([r['up_s'] for r in cached])} s (median "
+        f"{med['up_s']:.0f} s, {med['up_s'] / statistics.median(r['up_s'] for r in compiled):.0%} of the first).",
+        f"Of a cached start's median {med['up_s']:.0f} s, {python:.0f} s ({python / med['up_s']:.0%}) pass before "
+        f"the engine does any GPU work: {med['before_log_s']:.0f} s before vLLM's first log line (the API server's "
+        f"Python and vLLM's imports) and {med['api_to_core_s']:.0f} s from there until the engine-core process "
+        "logs (its spawn, imports and the tokenizer). The GPU phases (weights, graphs from the cache, profile) "
+        "take the rest. The compile cache has already done what it can; what is left of a start is processes "
+        "starting, which only a process kept warm between trials could save (not measured here).",
+    ], "*")
