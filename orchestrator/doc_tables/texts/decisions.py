@@ -15,8 +15,9 @@ import pandas as pd
 
 from orchestrator.doc_tables.blocks import bullets, count_word, paragraph, series, span
 from orchestrator.doc_tables.decisions import _starts, decision_counts
+from orchestrator.doc_tables.window_noise import estimate_window_noise
 from orchestrator.measure.confidence import DEFAULT_CONFIDENCE
-from orchestrator.measure.engine_noise import CPU_START_NOISE
+from orchestrator.measure.engine_noise import CPU_START_NOISE, GPU_WINDOW_NOISE
 from orchestrator.results.levels import load_levels
 from orchestrator.results.definition import read_study_definition
 from orchestrator.results.paired import BETTER, EQUIVALENT, PAIRED_WIDEN, TIED, WORSE, compare
@@ -301,10 +302,18 @@ def one_machine_findings(folder: str | Path) -> str:
     walls = _starts(folder)["wall_time_s"]
     done = [int(m) for call in sorted((folder / "calls").glob("*.txt"))
             for m in __import__("re").findall(r"start \d+: done after (\d+) s", call.read_text())]
+    windows = pd.read_parquet(folder / "windows.parquet")
+    noise = {m: estimate_window_noise(windows, m) for m in ("ttft_p99_ms", "ttft_p90_ms")}
     return bullets([
         _ill_conditioned(folder, "starts-h100-defaults"),
         _steady(folder, "starts-h100-tuned") + " " + _lower_side(folder, "starts-h100-tuned"),
         _paired(folder, "tuned", "defaults"),
+        f"**Window noise on these starts** (`windows.parquet`: {noise['ttft_p99_ms']['groups']} levels measured in "
+        f"two windows, as `benchmarks/window_noise.py windows` writes them): TTFT p99 "
+        f"{noise['ttft_p99_ms']['noise']:.2f} (log sd), p90 {noise['ttft_p90_ms']['noise']:.2f}, against the GPU "
+        f"prior every interval above carries, {GPU_WINDOW_NOISE.sd_of('ttft_p99_ms'):.2f} and "
+        f"{GPU_WINDOW_NOISE.sd_of('ttft_p90_ms'):.2f} (`GPU_WINDOW_NOISE`, the H200's). Not acted on yet: one "
+        "workload on one machine.",
         f"A search took {span(walls)} s of wall time; a whole start, from launching `vllm serve` to its process "
         f"gone after the search, {span(done)} s.",
     ], "*")
