@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     blocks = tuple(float(b) for b in a.blocks.split(","))
     rates = tuple(float(x) for x in a.rates.split(","))
-    facts = dataset.run_facts("ci_coverage.py", sys.argv[1:] if argv is None else argv)
+    record = dataset.RunRecord.for_script("ci_coverage.py", sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
     frame = pd.DataFrame([r for rate in rates for r in windows(rate, a.seeds, a.duration, blocks)])
     text = "\n".join([f"Coverage of {DEFAULT_CONFIDENCE:.0%} intervals, {a.seeds} seeds x {a.duration:g} s windows "
@@ -107,8 +107,8 @@ def main(argv=None) -> int:
     if a.markdown:
         Path(a.markdown).write_text(text + "\n")
     if a.output:
-        run = {**facts, "seeds": a.seeds, "duration": a.duration, "rates": list(rates), "blocks": list(blocks),
-               "confidence": DEFAULT_CONFIDENCE, "seconds": round(time.monotonic() - t0, 1)}
+        run = record.finish(**{"seeds": a.seeds, "duration": a.duration, "rates": list(rates), "blocks": list(blocks),
+               "confidence": DEFAULT_CONFIDENCE, "seconds": round(time.monotonic() - t0, 1)})
         print(f"wrote {dataset.write(a.output, {tables.WINDOWS_FILE: frame}, run)}")
     return 0
 

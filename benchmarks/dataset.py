@@ -5,9 +5,9 @@ tables and the figures beside them are computed from those files (``orchestrator
 never copied from a printout. The folder is written whole or not at all (:func:`write_files`): a run
 killed midway leaves the previous dataset in place.
 
-Two records of a run: :func:`run_facts` (the simulator benchmarks: the load when it started) and
-:class:`RunRecord` (the benchmarks that time things, on a machine that may be shared: the load before
-and after, which their docs text quotes).
+One record of a run, :class:`RunRecord`, in every benchmark's ``run.json``: the command, the commit,
+when it started, and how busy the machine was (its cores, the load average before and after), which
+the docs text quotes beside the figures.
 """
 
 from __future__ import annotations
@@ -52,13 +52,6 @@ def command(script: str, argv: Optional[Sequence[str]]) -> str:
     return shlex.join(["python", f"benchmarks/{script}", *words])
 
 
-def run_facts(script: str, argv: Optional[Sequence[str]], **extra: Any) -> dict[str, Any]:
-    """What the docs state about a run: the command, the commit, when, and the machine's cores and load."""
-    return {"command": command(script, argv), "commit": commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2), **extra}
-
-
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -73,6 +66,11 @@ class RunRecord:
     load_avg_before: list[float] = field(default_factory=_load)
     load_avg_after: list[float] = field(default_factory=list)
     commit: str = field(default_factory=commit)
+
+    @classmethod
+    def for_script(cls, script: str, argv: Optional[Sequence[str]]) -> "RunRecord":
+        """The record of ``benchmarks/<script>`` run with ``argv``, started now."""
+        return cls(command(script, argv))
 
     @classmethod
     def from_argv(cls) -> "RunRecord":

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", help="also write the table here")
     ap.add_argument("--output", type=Path, help="write the dataset here (fits.parquet, predictions.parquet, run.json)")
     args = ap.parse_args(argv)
-    facts = dataset.run_facts("fidelity_fit.py", sys.argv[1:] if argv is None else argv)
+    record = dataset.RunRecord.for_script("fidelity_fit.py", sys.argv[1:] if argv is None else argv)
     jobs = [(0, tables.UNCALIBRATED)] + [(k, w) for k in range(1, args.max_k + 1)
                                          for w in (tables.PER_TRIAL, tables.PER_LEVEL)]
     t0 = time.monotonic()
@@ -106,9 +106,9 @@ def main(argv=None) -> int:
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.output:
-        run = {**facts, "max_k": args.max_k, "jobs": args.jobs, "fit_from": str(FIT_FROM.relative_to(ROOT)),
+        run = record.finish(**{"max_k": args.max_k, "jobs": args.jobs, "fit_from": str(FIT_FROM.relative_to(ROOT)),
                "also_held_out": [str(p.relative_to(ROOT)) for p in ALSO_HELD_OUT],
-               "seconds": round(time.monotonic() - t0, 1)}
+               "seconds": round(time.monotonic() - t0, 1)})
         print(f"wrote {dataset.write(args.output, {tables.FITS_FILE: fits, tables.PREDICTIONS_FILE: predictions}, run)}")
     return 0
 

@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     from orchestrator.doc_tables import multifidelity as tables
     from orchestrator.search.fidelity import model as fm
 
-    facts = dataset.run_facts("multifidelity.py", sys.argv[1:] if argv is None else argv)
+    record = dataset.RunRecord.for_script("multifidelity.py", sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
     cases, grid_seconds = [], []
     for name in names:
@@ -243,9 +243,9 @@ def main(argv=None) -> int:
     frame = pd.DataFrame(case_rows).astype({"reached": "Int64"})
     baselines = pd.DataFrame([{"landscape": cases[i][0], "perturbation": cases[i][1], "sampler": sampler, "seed": seed,
                                "trials": n, "cap": args.baseline_cap} for i, sampler, seed, n in found])
-    run = {**facts, "seeds": args.seeds, "gp_seeds": args.gp_seeds, "baseline_cap": args.baseline_cap, "cap": CAP,
+    run = record.finish(**{"seeds": args.seeds, "gp_seeds": args.gp_seeds, "baseline_cap": args.baseline_cap, "cap": CAP,
            "target": TARGET, "trials_bound": TRIALS_BOUND, "jobs": args.jobs, "grid_seconds": grid_seconds,
-           "bounds": {f: list(b) for f, b in fm.BOUNDS.items()}, "seconds": round(time.monotonic() - t0, 1)}
+           "bounds": {f: list(b) for f, b in fm.BOUNDS.items()}, "seconds": round(time.monotonic() - t0, 1)})
     text = tables.table(frame, baselines, run)
     print(text)
     print(f"{time.monotonic() - t0:.0f} s")

@@ -238,7 +238,7 @@ def main(argv=None) -> int:
 
     from orchestrator.doc_tables import search_efficiency as tables
 
-    facts = dataset.run_facts("search_efficiency.py", sys.argv[1:] if argv is None else argv)
+    record = dataset.RunRecord.for_script("search_efficiency.py", sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
     grids: dict[str, dict[tuple, Point]] = {}
     grid_seconds: dict[str, Optional[float]] = {}
@@ -267,9 +267,9 @@ def main(argv=None) -> int:
     searches = pd.DataFrame([{"landscape": name, "sampler": sampler, "seed": seed, "trials": n,
                               "cap": cap_of(name, sampler)} for name, sampler, seed, n in found])
     grid = grid_frame(grids)
-    run = {**facts, "seeds": args.seeds, "samplers": samplers, "target": TARGET, "default_sampler": DEFAULT_SAMPLER,
+    run = record.finish(**{"seeds": args.seeds, "samplers": samplers, "target": TARGET, "default_sampler": DEFAULT_SAMPLER,
            "gp_cap": args.gp_cap, "jobs": args.jobs, "grid_seconds": grid_seconds,
-           "sampling_seconds": round(sampling, 1), "seconds": round(time.monotonic() - t0, 1)}
+           "sampling_seconds": round(sampling, 1), "seconds": round(time.monotonic() - t0, 1)})
     text = tables.table(grid, searches, run)
     print(text)
     print(f"{args.seeds} seeds per sampler; {time.monotonic() - t0:.0f} s")

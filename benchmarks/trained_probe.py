@@ -17,7 +17,7 @@ Prints one line per configuration: agreement, logprob drift, held-out perplexity
 and the engine's speculative acceptance. ``--output DIR`` keeps the dataset the docs read
 (docs/trained-models.md's table and bullets come from ``results/examples/trained-probe-cpu-vllm``):
 the study definition and trial rows, the baseline's probe answers, the Optuna journal, the model's
-training record (``model-training.json``: torch's held-out perplexity) and ``command.json`` (the
+training record (``model-training.json``: torch's held-out perplexity) and ``run.json`` (the
 command, its date and the configurations by label). The per-request rows, Ray Tune's state and the
 other trials' answers (their columns are in the rows) stay in the temporary run folder: the dataset
 stays well under 1 MB.
@@ -26,14 +26,14 @@ stays well under 1 MB.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dataset import RunRecord, write_files  # noqa: E402
 
 CONFIGS = [  # (label, searched parameters); the first is the probe's baseline
     ("baseline", {"dtype": "float32", "max_num_seqs": 8, "num_speculative_tokens": 0}),
@@ -45,20 +45,22 @@ COLUMNS = ("token_agreement", "prefix_agreement", "logprob_diff_mean", "logprob_
            "perplexity_delta", "engine_spec_acceptance_rate")
 
 
-def keep_dataset(study_dir: Path, output: Path, training: Path, argv) -> None:
-    """Copy what the docs read from the run's folder into ``output``, with the training record and the command."""
-    output.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(study_dir / "trials", output / "trials")
-    for name in ("study.json", "optuna.journal"):
-        shutil.copyfile(study_dir / name, output / name)
-    for baseline in study_dir.glob("probe/*/baseline.json"):
-        (output / baseline.parent.relative_to(study_dir)).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(baseline, output / baseline.relative_to(study_dir))
-    shutil.copyfile(training, output / "model-training.json")
-    command = {"command": "python benchmarks/trained_probe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-               "configurations": [{"label": label, "params": params} for label, params in CONFIGS]}
-    (output / "command.json").write_text(json.dumps(command, indent=2) + "\n")
+def keep_dataset(study_dir: Path, output: Path, training: Path, record: RunRecord) -> None:
+    """Copy what the docs read from the run's folder into ``output`` (whole or not at all), with the
+    training record and the run's record (``run.json``: the command and the configurations)."""
+
+    def probes(path: Path) -> None:
+        for baseline in study_dir.glob("probe/*/baseline.json"):
+            (path / baseline.parent.relative_to(study_dir / "probe")).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(baseline, path / baseline.relative_to(study_dir / "probe"))
+
+    run = record.finish(configurations=[{"label": label, "params": params} for label, params in CONFIGS])
+    write_files(output, run, {
+        "trials": lambda path: shutil.copytree(study_dir / "trials", path),
+        "study.json": lambda path: shutil.copyfile(study_dir / "study.json", path),
+        "optuna.journal": lambda path: shutil.copyfile(study_dir / "optuna.journal", path),
+        "probe": probes,
+        "model-training.json": lambda path: shutil.copyfile(training, path)})
 
 
 def main(argv=None) -> int:
@@ -68,6 +70,7 @@ def main(argv=None) -> int:
     if args.output is not None and args.output.exists() and any(args.output.iterdir()):
         p.error(f"{args.output} is not empty: the dataset goes into a new folder")
 
+    record = RunRecord.for_script("trained_probe.py", sys.argv[1:] if argv is None else argv)
     import ray
 
     from orchestrator.models.modelgen import trained_model_dir
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
     finally:
         ray.shutdown()
     if args.output is not None:
-        keep_dataset(Path(run.study_dir), args.output, model_dir / TRAINING_FILE, argv)
+        keep_dataset(Path(run.study_dir), args.output, model_dir / TRAINING_FILE, record)
     trials = load_trials(run.study_dir)
     print(f"model {model_dir}; results {args.output or run.study_dir}")
     print("| configuration | " + " | ".join(COLUMNS) + " |")

@@ -97,7 +97,7 @@ def coverage_setup(folder: str | Path) -> str:
                   "statistic):"),
         code_block(run["command"]),
         paragraph(f"{machine(run)}, one process, "
-                  f"{duration(run['seconds'])}, at commit {run['commit']} on {run['date']}; "
+                  f"{duration(run['seconds'])}, at commit {run['commit']} on {run['started'][:10]}; "
                   f"{len(windows.drop_duplicates(['rate', 'seed']))} windows:"))
 
 

@@ -90,7 +90,7 @@ def fit_run(folder: str | Path) -> str:
         "the capacity of every other completed trial of that study and of "
         f"{series([f'`{d}`' for d in run['also_held_out']])}. The timer (`fit s`) covers the fit alone, in one "
         f"process (its simulations): it is this machine's, {machine(run)}, {count_word(run['jobs'])} fit{'' if run['jobs'] == 1 else 's'} at a time, {run['seconds']:.0f} s in all, "
-        f"at commit {run['commit']} on {run['date']}."))
+        f"at commit {run['commit']} on {run['started'][:10]}."))
 
 
 def _adjective(way: str) -> str:

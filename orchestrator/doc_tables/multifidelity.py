@@ -102,7 +102,7 @@ def multifidelity_run(folder: str | Path) -> str:
         code_block(run["command"]),
         paragraph(f"{machine(run)}, {run['jobs']} process{'' if run['jobs'] == 1 else 'es'}, "
                   f"{duration(run['seconds'])} in all with scoring the {len(grids)} grids"
-                  + (f" ({span(timed)} s each)" if timed else "") + f", at commit {run['commit']} on {run['date']}. "
+                  + (f" ({span(timed)} s each)" if timed else "") + f", at commit {run['commit']} on {run['started'][:10]}. "
                   "\"goodput error\" is the shipped simulator's error on the first pick, before any fit, and on the "
                   "last; \"fitted\" are the multipliers after "
                   + ("that one real trial." if one_trial else "the last real trial.")))

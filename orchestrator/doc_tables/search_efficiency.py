@@ -142,7 +142,7 @@ def efficiency_run(folder: str | Path) -> str:
                 + (f" in {span(timed)} s each)" if timed else ", from the cache)"))
     return join(code_block(run["command"]), paragraph(
         f"{machine(run)}, {run['jobs']} process{'' if run['jobs'] == 1 else 'es'}, {run['sampling_seconds']:.0f} s of sampling "
-        f"{measured}, at commit {run['commit']} on {run['date']}. Median and p90 over {run['seeds']} seeds per "
+        f"{measured}, at commit {run['commit']} on {run['started'][:10]}. Median and p90 over {run['seeds']} seeds per "
         f"sampler; GP stops at {run['gp_cap']:.0%} of the grid:"))
 
 
@@ -158,8 +158,8 @@ def duration(seconds: float) -> str:
 
 def machine(run: dict[str, Any]) -> str:
     """``2 cores (load average 3.1 at the start: other work shared the machine)``."""
-    load = float(run["load_average_1m"])
-    return (f"{run['cores']} cores (load average {load:g} at the start"
+    load = float(run["load_avg_before"][0])
+    return (f"{run['cpu_count']} cores (load average {load:g} at the start"
             + (": other work shared the machine)" if load >= 1 else ")"))
 
 

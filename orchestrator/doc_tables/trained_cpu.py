@@ -2,7 +2,7 @@
 
 The dataset, ``results/examples/trained-probe-cpu-vllm``, is what ``benchmarks/trained_probe.py
 --output`` keeps: the study definition and trial rows, the baseline's probe answers, the journal, the
-model's ``model-training.json`` (torch's held-out perplexity after training) and ``command.json``
+model's ``model-training.json`` (torch's held-out perplexity after training) and ``run.json``
 (the command, its date and the configurations by label). The table reads the trials' probe columns;
 the bullets read the same rows, the baseline's answers and the training record, and choose their
 claims from the numbers.
@@ -39,7 +39,7 @@ class Probed:
 
 
 def _command(folder: Path) -> dict:
-    return json.loads((Path(folder) / "command.json").read_text())
+    return json.loads((Path(folder) / "run.json").read_text())
 
 
 def _training(folder: Path) -> dict:
@@ -110,7 +110,7 @@ def probe_setup(folder: Path) -> str:
     spec = "no speculation" if not base.get("num_speculative_tokens") else "speculation"
     return paragraph(
         f"The tiny trained model on CPU {versions(trials_of(Path(folder)), 'vllm')} "
-        f"(`{command['command']}`, run {command['date'][:10]}: one study, one engine start per configuration, the "
+        f"(`{command['command']}`, run {command['started'][:10]}: one study, one engine start per configuration, the "
         f"probe's {probe['prompts']} prompts of {probe['min_input_tokens']}..{probe['max_input_tokens']} ids, "
         f"{probe['output_tokens']} greedy tokens each, at `probe.concurrency` {probe['concurrency']} so that batches "
         f"form; the baseline {base['dtype']}, `max_num_seqs` {base['max_num_seqs']}, {spec}):")
