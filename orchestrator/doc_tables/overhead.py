@@ -100,7 +100,8 @@ def _span(values: list[float], fmt: str) -> str:
 def load_average(run: dict) -> str:
     """How busy the machine was, from the run record: cores and the 1-minute load average before and after."""
     before, after = run["load_avg_before"][0], run["load_avg_after"][0]
-    return (f"{run['cpu_count']} cores shared with other work (1-minute load average {before:.1f} before the run, "
+    shared = " shared with other work" if max(before, after) >= 2 else ""  # a 2-core machine with the run alone: ~1
+    return (f"{run['cpu_count']} cores{shared} (1-minute load average {before:.1f} before the run, "
             f"{after:.1f} after), run {run['started'][:10]}")
 
 
