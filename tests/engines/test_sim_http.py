@@ -147,3 +147,39 @@ def test_good_requests_still_work(doors, door):
     status, _, got = call(doors[door], "/v1/chat/completions", "POST", chat(max_completion_tokens=2, stream=True,
                                                                             stream_options={"include_usage": True}))
     assert status == 200 and '"completion_tokens": 2' in got and got.rstrip().endswith("data: [DONE]")
+
+
+def _running(base: str) -> float:
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def test_a_client_that_goes_away_ends_its_request(doors):
+    """As vLLM aborts a request whose client disconnected, the simulator stops generating it (and
+    frees its slot) as soon as the stream cannot be written, not when the request would have ended."""
+    import http.client
+    import time
+    from urllib.parse import urlparse
+
+    base, tokens, read = doors["direct"], 4000, 40
+    url = urlparse(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps(completion(max_tokens=tokens, ignore_eos=True, stream=True)),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    t0, chunks = time.monotonic(), 0
+    while chunks < read:  # the request's own pace: what the rest of it would take
+        chunks += resp.fp.readline().startswith(b"data: {")
+    left_s = (time.monotonic() - t0) / read * (tokens - read)
+    assert left_s > 1.0, f"the request would end in {left_s:.2f} s: too soon to tell an abort from its end"
+    assert _running(base) == 1
+    conn.sock.shutdown(2)
+    conn.close()
+    gone = time.monotonic()
+    while _running(base) and time.monotonic() - gone < left_s:
+        time.sleep(0.05)
+    assert _running(base) == 0 and time.monotonic() - gone < left_s / 3, (time.monotonic() - gone, left_s)
+    status, _, got = call(base, "/v1/completions", "POST", completion(max_tokens=2))
+    assert status == 200 and got["usage"]["completion_tokens"] == 2  # the server goes on answering

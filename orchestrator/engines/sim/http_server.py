@@ -20,6 +20,7 @@ histograms, see :mod:`orchestrator.engines.sim.metrics`) and ``/engine_facts``.
 """
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -314,9 +315,13 @@ async def serve_direct(front: OpenAIFrontend, host: str, port: int) -> tuple[web
             return web.json_response(answer, status=status)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        async for chunk in answer:
-            await resp.write(chunk)
-        await resp.write_eof()
+        try:
+            async with contextlib.aclosing(answer) as chunks:  # closed now, not when collected: aborts the request
+                async for chunk in chunks:
+                    await resp.write(chunk)
+            await resp.write_eof()
+        except ConnectionResetError:  # the client went away (a window's end, its timeout): as vLLM, stop quietly
+            pass
         return resp
 
     async def health(_):
