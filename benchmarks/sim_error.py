@@ -21,10 +21,8 @@ look; it writes nothing unless ``--out`` is given).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -34,6 +32,8 @@ from typing import Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from dataset import RunRecord, write  # noqa: E402
 
 EXAMPLES = ROOT / "results" / "examples"
 OUT = EXAMPLES / "sim-error"
@@ -79,14 +79,6 @@ class PoolSimulate:
         return [self.done[k].result() for k in keys]
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2, help="simulation processes")
@@ -103,6 +95,7 @@ def main(argv=None) -> int:
     from orchestrator.search.fidelity import replay
 
     iterations = args.iterations or fm.FIT_ITERATIONS
+    record = RunRecord.for_script("sim_error.py", sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
     trials, skipped = replay.recorded_trials(EXAMPLES)
     if args.datasets:
@@ -132,14 +125,9 @@ def main(argv=None) -> int:
     fits = pd.DataFrame([record for _, record in results])
     print(f"{simulate.ran} simulations, {time.monotonic() - t0:.0f} s, {args.jobs} processes", flush=True)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        errors.to_parquet(out / tables.ERRORS_FILE, index=False)
-        fits.to_parquet(out / tables.FITS_FILE, index=False)
-        (out / tables.RUN_FILE).write_text(json.dumps({
-            "command": f"python benchmarks/sim_error.py --jobs {args.jobs}"
-                       + (f" --iterations {args.iterations}" if args.iterations else ""),
-            "commit": _commit(), "iterations": iterations, "simulations": simulate.ran,
-            "seconds": round(time.monotonic() - t0), "left_out": skipped}, indent=2, sort_keys=True) + "\n")
+        write(out, {tables.ERRORS_FILE: errors, tables.FITS_FILE: fits},
+              record.finish(iterations=iterations, simulations=simulate.ran, seconds=round(time.monotonic() - t0),
+                            left_out=skipped))
         print(f"wrote {out}")
         for build in (tables.by_gpu_table, tables.by_dataset_table, tables.margins_table):
             print("\n" + build(out))

@@ -49,6 +49,25 @@ def test_a_dataset_is_replaced_whole_or_left_as_it_was(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]  # no temporary folder left behind
 
 
+def test_every_benchmark_dataset_has_one_run_record_shape():
+    # the keys RunRecord writes, in every run.json under results/examples (older records may lack the
+    # machine's figures they did not measure, never name them otherwise)
+    fields = set(RunRecord("x").__dict__)
+    renamed = {"cores", "date", "load_average_1m"}
+    records = sorted(EX.glob("*/" + RUN_FILE))
+    assert len(records) >= 9
+    for path in records:
+        run = json.loads(path.read_text())
+        assert {"command", "started"} <= set(run), path
+        assert not renamed & set(run), path
+    assert {"command", "started", "cpu_count", "load_avg_before", "load_avg_after", "commit"} <= fields
+
+
+def test_a_run_record_names_the_command_from_the_repository_root():
+    record = RunRecord.for_script("x.py", ["--output", str(EX / "x"), "--seeds", "3"])
+    assert record.command == "python benchmarks/x.py --output results/examples/x --seeds 3"
+
+
 @pytest.mark.parametrize("dataset,build", [("orchestration-overhead", overhead.overhead_setup),
                                            ("run-start-cost", start_cost.start_cost_setup),
                                            ("parallel-scaling", scaling.scaling_setup)])
