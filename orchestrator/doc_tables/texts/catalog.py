@@ -35,6 +35,7 @@ TEXTS: tuple[DocBlock, ...] = (
     text("decisions-sim-coverage", (DECISIONS,), decisions.decisions_coverage),
     text("starts-setup", (STARTS_H100, STARTS_CPU), setups.starts_setup),
     text("starts-findings", (STARTS_H100, STARTS_CPU), decisions.starts_findings),
+    text("starts-one-machine-setup", (STARTS_ONE_MACHINE,), setups.one_machine_setup),
     text("starts-one-machine-findings", (STARTS_ONE_MACHINE,), decisions.one_machine_findings),
     text("start-wall-h100-findings", (STARTS_ONE_MACHINE,), start_cache.start_wall_findings),
     text("start-cache-h100-findings", (START_CACHE_H100, FIDELITY_H100), start_cache.start_cache_findings),

@@ -91,6 +91,27 @@ def starts_setup(h100: Path, cpu: Path) -> str:
     ], mark="*")
 
 
+def one_machine_setup(folder: Path) -> str:
+    """The paragraph before the one-machine starts' tables: when, which vLLM, how many device calls,
+    and the starts that began but are not in the tables (cut off by a call's time limit)."""
+    import re
+
+    folder = Path(folder)
+    rows = _starts(folder)
+    calls = sorted((folder / "calls").glob("*.txt"))
+    began = {(m.group(1), int(m.group(2))) for c in calls
+             for m in re.finditer(r"^(\w+) start (\d+): vllm serve up after", c.read_text(), re.M)}
+    done = {(s.rsplit("-", 1)[-1], int(k)) for s, k in zip(rows["series"], rows["start"])}
+    cut = sorted(began - done)
+    told = "; ".join(f"{config} start {k}" for config, k in cut)
+    return paragraph(
+        f"The starts above ran on two machines, and tuned starts 1–4 with an earlier search (it measured a level "
+        f"again wherever the binding metric sat near its limit). Run again on one H100 lease "
+        f"({rows['started_at'].min():%Y-%m-%d}, vLLM {_minor(_version(rows, 'vllm'))}, {count_word(len(calls))} "
+        f"device calls back to back" + (f"; {told} was cut off by a call's time limit during its search and is "
+                                        f"left out" if cut else "") + "; `calls/` holds each call's output):")
+
+
 # ---------------------------------------------------------------- repeatability
 def repeatability_setup(sim: Path, h200: Path, h100: Path) -> str:
     s, g200, g100 = runs(sim), runs(h200), runs(h100)
