@@ -8,6 +8,7 @@ benchmarks' Parquet files, by the functions the tables use.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -301,7 +302,7 @@ def one_machine_findings(folder: str | Path) -> str:
     folder = Path(folder)
     walls = _starts(folder)["wall_time_s"]
     done = [int(m) for call in sorted((folder / "calls").glob("*.txt"))
-            for m in __import__("re").findall(r"start \d+: done after (\d+) s", call.read_text())]
+            for m in re.findall(r"start \d+: done after (\d+) s", call.read_text())]
     windows = pd.read_parquet(folder / "windows.parquet")
     noise = {m: estimate_window_noise(windows, m) for m in ("ttft_p99_ms", "ttft_p90_ms")}
     return bullets([

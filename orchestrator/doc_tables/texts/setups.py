@@ -8,6 +8,7 @@ Pure readers of the benchmarks' folders (``benchmarks/decisions.py``, ``benchmar
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -94,8 +95,6 @@ def starts_setup(h100: Path, cpu: Path) -> str:
 def one_machine_setup(folder: Path) -> str:
     """The paragraph before the one-machine starts' tables: when, which vLLM, how many device calls,
     and the starts that began but are not in the tables (cut off by a call's time limit)."""
-    import re
-
     folder = Path(folder)
     rows = _starts(folder)
     calls = sorted((folder / "calls").glob("*.txt"))
